@@ -1,0 +1,1 @@
+"""Model families. Each module declares its coefficient schema (see dynjax.coeffs)."""
