@@ -1,0 +1,266 @@
+"""Frozen-Controller Audit interventions: pure functions of (coeffs, schema, key | calib).
+
+Every function here reads only axis *names* from the schema (see :mod:`dynjax.coeffs`), so
+one implementation serves gates, MUDD mixing weights, MoD/MoE routing values and unit gates.
+All of them are jittable and vmappable over keys; close over ``schema`` (it is static data,
+not an array pytree)::
+
+    run = jax.jit(jax.vmap(lambda k: cross_input(coeffs, schema, k)))
+    reassigned = run(jax.random.split(key, 20))      # 20 paired reassignments at once
+
+Conventions:
+
+- Reassignment direction: ``permute(..., "example", donor)`` gives ``out[e] = c[donor[e]]``,
+  i.e. example ``e`` *receives* the coefficients of example ``donor[e]``.
+- Pairing: a randomized condition splits its key once, ``k_donor, k_token = split(key)``.
+  ``cross_input`` uses ``k_donor``, ``token_shuffle`` uses ``k_token`` and ``cross_shuffle``
+  uses both, so ``cross_shuffle(c, s, k) == token_shuffle(cross_input(c, s, k), s, k)``
+  and the 2x2 factorial CC/DC/CS/DS is paired reassignment by reassignment.
+- Means are taken over ``calib`` (an independent calibration set's coefficients, same schema)
+  when given, as the FCA prescribes; with ``calib=None`` they use ``coeffs`` itself, which
+  is only a unit-test convenience (the profile then sees the evaluation inputs).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from dynjax.coeffs import Axes, Coeffs, Schema, axis_size, check, is_axes, map_with_axes
+
+# Axes along which token_shuffle draws independent permutations (one per index).
+TOKEN_SHUFFLE_INDEPENDENT = ("layer", "stream", "example")
+
+
+# ----------------------------------------------------------------------------- primitives
+
+def permute(coeffs: Coeffs, schema: Schema, axis: str, perm) -> Coeffs:
+    """``out = take(c, perm, axis)`` in every leaf that has ``axis``; other leaves unchanged."""
+    perm = jnp.asarray(perm)
+    if perm.ndim != 1:
+        raise ValueError(f"perm must be one-dimensional, got shape {perm.shape}")
+
+    def one(a, axes: Axes):
+        i = axes.index(axis)
+        if i is None:
+            return a
+        if a.shape[i] != perm.shape[0]:
+            raise ValueError(f"perm has length {perm.shape[0]} but axis {axis!r} of a "
+                             f"coefficient of shape {a.shape} has size {a.shape[i]}")
+        return jnp.take(a, perm, axis=i)
+
+    return map_with_axes(one, coeffs, schema)
+
+
+def _float_mean(x, axis):
+    """Mean in at least float32 (bf16 sums lose too much), keepdims for broadcasting."""
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"a mean of coefficients needs a floating dtype, got {x.dtype}")
+    return jnp.mean(x.astype(jnp.promote_types(x.dtype, jnp.float32)), axis=axis, keepdims=True)
+
+
+def mean_over(coeffs: Coeffs, schema: Schema, over: Sequence[str], calib: Coeffs | None = None
+              ) -> Coeffs:
+    """Replace each leaf by its mean over the named axes ``over``, broadcast to its shape.
+
+    The mean is taken over ``calib`` (same schema, any size along averaged axes) when given,
+    else over ``coeffs``. Leaves lacking one of the axes simply skip it. Dtypes are kept.
+    """
+    over = tuple(over)
+    source = coeffs if calib is None else calib
+    if calib is not None:
+        check(calib, schema)
+
+    def one(axes: Axes, a, c):
+        dims = tuple(axes.index(n) for n in over if n in axes)
+        m = _float_mean(c, dims) if dims else c
+        try:
+            return jnp.broadcast_to(m, a.shape).astype(a.dtype)
+        except ValueError:
+            raise ValueError(f"calibration coefficient of shape {c.shape} (axes {axes.names}) "
+                             f"cannot stand in for shape {a.shape} after averaging over {over}; "
+                             "kept axes must have equal sizes") from None
+
+    return jax.tree.map(one, schema, coeffs, source, is_leaf=is_axes)
+
+
+# ------------------------------------------------------------------------------- samplers
+
+def derangement(key, n: int):
+    """A permutation of ``range(n)`` with no fixed point, uniform over all derangements.
+
+    Rejection sampling of uniform permutations inside ``lax.while_loop`` (expected ~e draws,
+    so cheap; jittable and vmappable). Exact uniformity makes every donor map equally
+    likely, so each example's donor is uniform over the other n-1 examples.
+    """
+    n = int(n)
+    if n < 2:
+        raise ValueError(f"a derangement needs at least 2 examples, got n={n}: cross-input "
+                         "reassignment is undefined for a single example")
+    idx = jnp.arange(n)
+
+    def body(state):
+        k, _ = state
+        k, sub = jax.random.split(k)
+        return k, jax.random.permutation(sub, n)
+
+    def has_fixed_point(state):
+        return jnp.any(state[1] == idx)
+
+    return jax.lax.while_loop(has_fixed_point, body, body((key, idx)))[1]
+
+
+def token_permutations(key, n_tokens: int, shape: Sequence[int] = ()):
+    """Independent uniform permutations of ``range(n_tokens)``, one per index of ``shape``.
+
+    Returns int array ``shape + (n_tokens,)``. Uses ``jax.random.permutation`` per key, not
+    an argsort of uniforms (ties among float32 uniforms would bias towards identity).
+    """
+    shape = tuple(int(s) for s in shape)
+    count = 1
+    for s in shape:
+        count *= s
+    keys = jax.random.split(key, count)
+    perms = jax.vmap(lambda k: jax.random.permutation(k, n_tokens))(keys)
+    return perms.reshape(shape + (n_tokens,))
+
+
+def condition_keys(key):
+    """``(k_donor, k_token)``: the one split every randomized condition uses (pairing)."""
+    k_donor, k_token = jax.random.split(key)
+    return k_donor, k_token
+
+
+# ----------------------------------------------------------------------------- conditions
+
+def correct(coeffs: Coeffs, schema: Schema, calib: Coeffs | None = None) -> Coeffs:
+    """CC: the cached coefficients in their own coordinates."""
+    return coeffs
+
+
+def cross_input(coeffs: Coeffs, schema: Schema, key) -> Coeffs:
+    """DC: one global derangement of examples, the same donor map for every leaf."""
+    k_donor, _ = condition_keys(key)
+    n = axis_size(coeffs, schema, "example")
+    return permute(coeffs, schema, "example", derangement(k_donor, n))
+
+
+def _shuffle_leaf(a, axes: Axes, key):
+    """Permute ``token`` independently per index of the leaf's layer/stream/example axes.
+
+    All other axes (source, unit, expert) move together with their token, so a token's
+    coefficient vector stays whole and only its position changes.
+    """
+    t = axes.index("token")
+    if t is None:
+        return a
+    batch = [axes.index(n) for n in axes.names if n in TOKEN_SHUFFLE_INDEPENDENT]
+    front = batch + [t]
+    x = jnp.moveaxis(a, front, list(range(len(front))))
+    batch_shape, n_tok, rest = x.shape[:len(batch)], x.shape[len(batch)], x.shape[len(front):]
+    perms = token_permutations(key, n_tok, batch_shape).reshape(-1, n_tok)
+    flat = x.reshape((-1, n_tok) + rest)
+    out = jax.vmap(lambda xb, pb: jnp.take(xb, pb, axis=0))(flat, perms)
+    return jnp.moveaxis(out.reshape(x.shape), list(range(len(front))), front)
+
+
+def token_shuffle(coeffs: Coeffs, schema: Schema, key) -> Coeffs:
+    """CS: token positions permuted independently per (leaf, layer, stream, example).
+
+    Examples do *not* share a permutation: independent draws average the penalty over more
+    orderings per reassignment. Values and support within each (layer, stream, example)
+    are kept; only token alignment breaks. Each leaf of a per-layer list gets its own key.
+    """
+    _, k_token = condition_keys(key)
+    leaves, treedef = jax.tree.flatten(coeffs)
+    axes_list = jax.tree.leaves(schema, is_leaf=is_axes)
+    check(coeffs, schema)
+    out = [_shuffle_leaf(a, ax, jax.random.fold_in(k_token, i))
+           for i, (a, ax) in enumerate(zip(leaves, axes_list))]
+    return jax.tree.unflatten(treedef, out)
+
+
+def cross_shuffle(coeffs: Coeffs, schema: Schema, key) -> Coeffs:
+    """DS: cross_input then token_shuffle, with the same donor map and perms as each alone."""
+    return token_shuffle(cross_input(coeffs, schema, key), schema, key)
+
+
+def layer_position_mean(coeffs: Coeffs, schema: Schema, calib: Coeffs | None = None) -> Coeffs:
+    """Layer x PositionMean: mean over calibration examples; layer, stream, position, source kept."""
+    return mean_over(coeffs, schema, ("example",), calib)
+
+
+def static_profile(coeffs: Coeffs, schema: Schema, calib: Coeffs | None = None) -> Coeffs:
+    """StaticProfile: mean over calibration examples and tokens (gates: LayerMean; MUDD: StaticMixMean)."""
+    return mean_over(coeffs, schema, ("example", "token"), calib)
+
+
+def structure_removed(coeffs: Coeffs, schema: Schema, calib: Coeffs | None = None) -> Coeffs:
+    """StructureRemoved: SourceUniformMean for leaves with ``source``, GlobalMean for the rest.
+
+    SourceUniformMean: per leaf, target layer and stream, every source gets the static
+    profile's signed sum over sources divided by the number of sources (= its mean over
+    example, token and source), so the signed sum per target layer and stream is kept.
+    GlobalMean: one scalar for *all* leaves without ``source`` together, the element-weighted
+    mean of their calibration values (mass-matched; a per-layer list of gate leaves shares
+    it, so the depth profile is flattened, not kept).
+    """
+    source = coeffs if calib is None else calib
+    if calib is not None:
+        check(calib, schema)
+    flat = [c for ax, c in zip(jax.tree.leaves(schema, is_leaf=is_axes), jax.tree.leaves(source))
+            if "source" not in ax]
+    if flat:
+        total = sum(jnp.sum(_float_mean(c, None)) * c.size for c in flat)
+        global_mean = total / sum(c.size for c in flat)
+
+    def one(axes: Axes, a, c):
+        if "source" in axes:
+            dims = tuple(axes.index(n) for n in ("example", "token", "source") if n in axes)
+            return jnp.broadcast_to(_float_mean(c, dims), a.shape).astype(a.dtype)
+        return jnp.full(a.shape, global_mean, a.dtype)
+
+    return jax.tree.map(one, schema, coeffs, source, is_leaf=is_axes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    """A registry entry. Randomized: ``fn(coeffs, schema, key)``; else ``fn(coeffs, schema, calib)``."""
+
+    name: str
+    fn: Callable
+    randomized: bool
+    doc: str
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+CONDITIONS: dict[str, Condition] = {c.name: c for c in (
+    Condition("correct", correct, False, "cached coefficients in their own coordinates (CC)"),
+    Condition("cross_input", cross_input, True,
+              "global derangement across examples; multiset kept (DC)"),
+    Condition("token_shuffle", token_shuffle, True,
+              "token positions permuted per layer, stream and example (CS)"),
+    Condition("cross_shuffle", cross_shuffle, True,
+              "cross_input and token_shuffle with paired draws (DS)"),
+    Condition("layer_position_mean", layer_position_mean, False,
+              "mean over calibration examples; layer, stream, position, source kept"),
+    Condition("static_profile", static_profile, False,
+              "mean over calibration examples and positions (LayerMean / StaticMixMean)"),
+    Condition("structure_removed", structure_removed, False,
+              "GlobalMean (one scalar) or SourceUniformMean (signed source sum kept)"),
+)}
+
+
+def apply_condition(name: str, coeffs: Coeffs, schema: Schema, *, key=None,
+                    calib: Coeffs | None = None) -> Coeffs:
+    """Call registry entry ``name`` with the argument its kind needs (key or calib)."""
+    cond = CONDITIONS[name]
+    if cond.randomized:
+        if key is None:
+            raise ValueError(f"condition {name!r} is randomized and needs a key")
+        return cond.fn(coeffs, schema, key)
+    return cond.fn(coeffs, schema, calib)

@@ -1,0 +1,134 @@
+"""Residual-gate family: h[l+1, t] = h[l, t] + g[l, t] * F_l(h[l])[t].
+
+Variants (``ModelConfig.variant``), as in the Frozen-Controller Audit paper:
+
+- ``dense``        g = 1, no coefficient.
+- ``uniform``      one learned scalar for every layer and token (or a fixed, mass-matched
+                   value when ``uniform_value`` is set).
+- ``layer_static`` one learned scalar per layer.
+- ``feature_gate`` g[l, t] = gate_max * sigmoid(MLP(features[l, t])), the features being
+                   attention entropy (mean over heads), KL(attn_l || attn_{l-1}) (mean over
+                   heads; layer 0 compares with the uniform causal distribution), the
+                   normalised log-partition lse / log(max(visible keys, 2)) (mean over
+                   heads), and the relative update norm ||F_l(h)[t]|| / ||h[l, t]||.
+- ``fixed_depth``  a dense model that builds only ``fixed_depth`` blocks.
+
+Where gradients stop: the four features are computed under ``stop_gradient``, so the
+controller reads the backbone but never shapes it through its inputs; the backbone is
+trained only through the gated update g * F, and the controller only through g.
+
+Coefficients: every gated variant records ``{"gate": (layer, example, token)}`` float32,
+so one audit serves all variants. Every gated variant still executes every block.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from dynjax.coeffs import Axes
+from dynjax.models.transformer import Block, Embed, Head, ModelConfig, scan_layers
+
+VARIANTS = ("dense", "uniform", "layer_static", "feature_gate", "fixed_depth")
+GATE_AXES = Axes(("layer", "example", "token"))
+
+
+def schema(cfg: ModelConfig):
+    """The coefficient schema of a gate model: empty for dense and fixed_depth."""
+    return {} if cfg.variant in ("dense", "fixed_depth") else {"gate": GATE_AXES}
+
+
+def attention_features(logits, lse, prev_logp, update, h):
+    """The four per-token controller features, (B, T, 4), float32 and gradient-free."""
+    logits, lse, prev_logp, update, h = jax.lax.stop_gradient((logits, lse, prev_logp, update, h))
+    logp = logits - lse[..., None]                         # (B, H, T, T); masked -> ~-1e30
+    p = jnp.exp(logp)                                      # exactly 0 where masked
+    entropy = -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1)
+    kl = jnp.sum(jnp.where(p > 0, p * (logp - prev_logp), 0.0), axis=-1)
+    visible = jnp.sum(p > 0, axis=-1).astype(jnp.float32)
+    lse_norm = lse / jnp.log(jnp.maximum(visible, 2.0))
+    per_head = jnp.stack([entropy, kl, lse_norm], axis=-1).mean(axis=1)  # (B, T, 3)
+    upd = jnp.linalg.norm(update.astype(jnp.float32), axis=-1)
+    res = jnp.linalg.norm(h.astype(jnp.float32), axis=-1)
+    rel = upd / (res + 1e-6)
+    return jnp.concatenate([per_head, rel[..., None]], axis=-1), logp
+
+
+class Controller(nn.Module):
+    """Small MLP from the four features to a bounded gate; starts at g = gate_max / 2."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, features):
+        z = nn.Dense(self.cfg.controller_hidden, name="hidden", kernel_init=nn.with_logical_partitioning(
+            nn.initializers.lecun_normal(), (None, None)))(features)
+        z = nn.Dense(1, name="out", kernel_init=nn.with_logical_partitioning(
+            nn.initializers.zeros, (None, None)))(nn.gelu(z))
+        return self.cfg.gate_max * jax.nn.sigmoid(z[..., 0])
+
+
+class GateLayer(nn.Module):
+    """One block plus its residual rule. Carry: (h, positions, previous attention log-probs).
+
+    ``gate`` is the (B, T) coefficient to apply, or None to let the controller produce it.
+    The combine step sees (h, g, F) through an optimisation barrier in both modes, so a
+    replayed gate is applied by exactly the same compiled arithmetic as a recorded one.
+    """
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, carry, gate):
+        h, positions, prev_logp = carry
+        update, (logits, lse) = Block(self.cfg, name="block")(h, positions)
+        if self.cfg.variant in ("dense", "fixed_depth"):
+            return (h + update, positions, prev_logp), None
+        if gate is None:  # record: the controller runs
+            features, logp = attention_features(logits, lse, prev_logp, update, h)
+            gate = Controller(self.cfg, name="controller")(features)
+            prev_logp = logp
+        h, g, update = jax.lax.optimization_barrier((h, gate, update))
+        h = h + g[..., None].astype(h.dtype) * update
+        return (h, positions, prev_logp), g
+
+
+class GatedDecoder(nn.Module):
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, tokens, coeffs=None):
+        cfg = self.cfg
+        B, T = tokens.shape
+        positions = jnp.broadcast_to(jnp.arange(T), (B, T))
+        h = Embed(cfg, name="embed")(tokens)
+        n_layers = cfg.fixed_depth if cfg.variant == "fixed_depth" else cfg.n_layers
+
+        gates = None if coeffs is None else coeffs["gate"]
+        if gates is None and cfg.variant in ("uniform", "layer_static"):
+            gates = jnp.broadcast_to(self.static_gate()[:, None, None], (n_layers, B, T))
+        prev_logp = None
+        if cfg.variant == "feature_gate" and gates is None:
+            # Layer 0's KL reference: the uniform distribution over visible keys.
+            visible = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]
+            uniform = jnp.where(visible, -jnp.log(jnp.arange(1, T + 1, dtype=jnp.float32))[:, None],
+                                -1e30)
+            prev_logp = jnp.broadcast_to(uniform, (B, cfg.n_heads, T, T))
+        if gates is not None:
+            gates = gates.astype(jnp.float32)
+        layers = scan_layers(GateLayer, cfg, n_layers)
+        (h, _, _), recorded = layers((h, positions, prev_logp), gates)
+        logits = Head(cfg, name="head")(h)
+        return logits, ({} if recorded is None else {"gate": recorded})
+
+    def static_gate(self):
+        """(layers,) gate values of the uniform and layer_static variants."""
+        cfg = self.cfg
+        if cfg.variant == "uniform":
+            if cfg.uniform_value is not None:
+                g = jnp.asarray(cfg.uniform_value, jnp.float32)
+            else:
+                g = self.param("uniform_gate", nn.initializers.ones, ())
+            return jnp.broadcast_to(g, (cfg.n_layers,))
+        return self.param("layer_gate", nn.with_logical_partitioning(
+            nn.initializers.ones, ("layers",)), (cfg.n_layers,))

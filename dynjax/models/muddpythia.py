@@ -1,0 +1,553 @@
+"""MUDDPythia: a Pythia-style decoder whose layers read a *dynamic dense* mix of all earlier layers.
+
+Reimplemented from the description of the official PyTorch code (Caiyun-AI/MUDDFormer,
+``pytorch/muddpythia``) and checked against reference outputs of that code
+(``tests/data/muddpythia_tiny.npz``). Plain JAX functions over a params pytree; no Flax
+module, because a pretrained checkpoint is the main use and plain dicts map onto its names.
+
+The forward pass, in one breath. ``X_0`` is the token embedding. Block ``i`` reads four
+input streams (q, k, v, r), and writes ``X_{i+1} = x_r + Attn(LN x_q, LN x_k, LN x_v) +
+FFN(LN x_r)`` (parallel residual on the r stream). After every block a small MLP, the *DA
+controller*, looks at ``X_{i+1}`` and emits per-token coefficients ``A_i`` of shape
+``(C_i, B, T, S_i)``: for each of the ``C_i`` streams of the next block (4, or 1 after the last
+block) a weight on each of the ``S_i = i + 2`` sources ``X_0 .. X_{i+1}``. The next block's
+streams are ``sum_s A_i[c, ..., s] * X_s``. Those coefficients are what dynjax records and
+replays:
+
+    cfg, params = from_state_dict(state_dict)           # official PyTorch names
+    logits, coeffs = apply(cfg, params, ids)             # record: the DA MLPs run
+    logits2, _ = apply(cfg, params, ids, coeffs=coeffs)  # replay: the DA MLPs do not run
+
+``coeffs = {"mix": [A_0, ..., A_{L-1}]}`` holds the *total* coefficients (DA output plus the
+static ``dense_bs`` bias), in float32 whatever the compute dtype, with the schema
+``schema(cfg)``. Numerical details that matter for parity (each moves the tiny logits by more
+than 1e-5): the rotary cos/sin table is rounded to float16, GELU is the exact erf form,
+QK RMS norm is applied before rotary, and every norm uses eps = 1e-5.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import math
+import os
+from typing import Any, Mapping, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dynjax.coeffs import Axes
+
+F32 = jnp.float32
+
+# --------------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------------
+
+# Architecture switches of the official config that this file implements. A config.json that
+# sets any of them differently describes another model, so loading it fails loudly.
+_SUPPORTED_SWITCHES = {
+    "use_qk_norm": True, "use_parallel_residual": True, "use_linear_bias": True,
+    "dense": True, "dynamic_dense": True, "dense_type": "qkvr", "sepln": True,
+    "expand_last": True, "round64": True, "stack_hidden": False, "tie_word_embeddings": False,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """MUDDPythia architecture. Frozen and made of tuples, so it is hashable: a static jit arg."""
+
+    n_layer: int
+    dim: int
+    n_head: int
+    head_dim: int
+    rotary_dims: int                 # rotary applies to the first rotary_dims of each head
+    vocab_size: int
+    ffn_widths: tuple[int, ...]      # FFN hidden width of each layer (grows with depth)
+    da_widths: tuple[int, ...]       # hidden width K_i of each layer's DA controller MLP
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+    block_size: int = 2048           # longest sequence (length of the official rope table)
+    dtype: str = "float32"           # compute and parameter dtype: "float32" or "bfloat16"
+
+    def __post_init__(self):
+        object.__setattr__(self, "ffn_widths", tuple(int(w) for w in self.ffn_widths))
+        object.__setattr__(self, "da_widths", tuple(int(w) for w in self.da_widths))
+        if len(self.ffn_widths) != self.n_layer or len(self.da_widths) != self.n_layer:
+            raise ValueError("ffn_widths and da_widths need one entry per layer")
+        if self.n_head * self.head_dim != self.dim:
+            raise ValueError(f"n_head * head_dim = {self.n_head * self.head_dim} != dim {self.dim}")
+        if self.rotary_dims % 2 or not 0 <= self.rotary_dims <= self.head_dim:
+            raise ValueError(f"rotary_dims {self.rotary_dims} must be even and <= head_dim")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype {self.dtype!r}: use 'float32' or 'bfloat16'")
+
+    def n_streams(self, i: int) -> int:
+        """C_i: streams fed by the mix after block i (q, k, v, r; only one after the last)."""
+        return 4 if i < self.n_layer - 1 else 1
+
+    def n_sources(self, i: int) -> int:
+        """S_i: sources mixed after block i: the embedding and the outputs of blocks 0..i."""
+        return i + 2
+
+    @staticmethod
+    def ffn_width_rule(intermediate_size: int, n_layer: int, i: int) -> int:
+        """Official depth-growing FFN width: from 0.5x to 1.5x the base, rounded to 128."""
+        return int(round(intermediate_size * (i / (n_layer - 1) + 0.5) / 128) * 128)
+
+    @staticmethod
+    def da_width_rule(n_streams: int, n_sources: int, last: bool) -> int:
+        """Official DA hidden width (round64): always rounds *up past* a multiple of 64."""
+        return (n_streams * n_sources * (4 if last else 1) // 64 + 1) * 64
+
+    @classmethod
+    def from_hf(cls, hf: Mapping[str, Any], dtype: str = "float32") -> "Config":
+        """Build from an official ``config.json`` dict (gpt-fast style field names)."""
+        for key, want in _SUPPORTED_SWITCHES.items():
+            if key in hf and hf[key] != want:
+                raise ValueError(f"config {key}={hf[key]!r} is not supported (this "
+                                 f"implementation covers {key}={want!r})")
+        try:
+            n_layer, dim, n_head = int(hf["n_layer"]), int(hf["dim"]), int(hf["n_head"])
+            vocab = int(hf["vocab_size"])
+        except KeyError as e:
+            raise ValueError(f"config lacks the field {e.args[0]!r}") from None
+        n_local = hf.get("n_local_heads", -1)
+        if n_local not in (-1, None, n_head):
+            raise ValueError(f"config n_local_heads={n_local} (grouped-query attention) is "
+                             "not supported")
+        head_dim = dim // n_head                      # the official code overwrites head_dim
+        base_ffn = hf.get("intermediate_size") or 4 * dim
+        last = n_layer - 1
+        return cls(
+            n_layer=n_layer, dim=dim, n_head=n_head, head_dim=head_dim,
+            rotary_dims=int(head_dim * float(hf.get("rotary_pct", 0.25))),
+            vocab_size=vocab,
+            ffn_widths=tuple(cls.ffn_width_rule(base_ffn, n_layer, i) for i in range(n_layer)),
+            da_widths=tuple(cls.da_width_rule(4 if i < last else 1, i + 2, i == last)
+                            for i in range(n_layer)),
+            rope_base=float(hf.get("rope_base", 10000.0)),
+            norm_eps=float(hf.get("norm_eps", 1e-5)),
+            block_size=int(hf.get("block_size", 2048)),
+            dtype=dtype)
+
+
+def schema(cfg: Config):
+    """Named axes of the coefficient pytree: one (stream, example, token, source) leaf per layer."""
+    return {"mix": [Axes(("stream", "example", "token", "source")) for _ in range(cfg.n_layer)]}
+
+
+SCHEMA_FOR = schema
+
+
+# --------------------------------------------------------------------------------------------
+# Official parameter names <-> params pytree
+# --------------------------------------------------------------------------------------------
+
+def _param_table(cfg: Config):
+    """(official name, path in our pytree, official shape, transpose?) for every parameter.
+
+    Linear weights are stored (out, in) officially and (in, out) here, so ``x @ w`` reads
+    like the math. This one table drives loading, validation and export.
+    """
+    D, V, hd = cfg.dim, cfg.vocab_size, cfg.head_dim
+    rows = [("tok_embeddings.weight", ("embed",), (V, D), False)]
+
+    def linear(name, path, n_in, n_out, bias=True):
+        rows.append((f"{name}.weight", path + ("w",), (n_out, n_in), True))
+        if bias:
+            rows.append((f"{name}.bias", path + ("b",), (n_out,), False))
+
+    def norm(name, path):
+        rows.append((f"{name}.weight", path + ("scale",), (D,), False))
+        rows.append((f"{name}.bias", path + ("bias",), (D,), False))
+
+    for i in range(cfg.n_layer):
+        L = ("layers", i)
+        for w in ("wq", "wk", "wv", "wo"):
+            linear(f"layers.{i}.attention.{w}", L + ("attn", w), D, D)
+        rows.append((f"layers.{i}.attention.q_norm.weight", L + ("attn", "q_norm"), (hd,), False))
+        rows.append((f"layers.{i}.attention.k_norm.weight", L + ("attn", "k_norm"), (hd,), False))
+        F = cfg.ffn_widths[i]
+        linear(f"layers.{i}.feed_forward.w1", L + ("ffn", "w1"), D, F)
+        linear(f"layers.{i}.feed_forward.w2", L + ("ffn", "w2"), F, D)
+        norm(f"layers.{i}.ffn_norm", L + ("ffn_norm",))
+        if i == 0:   # layer 0's q, k, v all read the embedding: one shared norm
+            norm("layers.0.attention_norm", L + ("attn_norms", 0))
+        else:        # later layers read three different mixed streams: one norm each
+            for j in range(3):
+                norm(f"layers.{i}.attention_norms.{j}", L + ("attn_norms", j))
+        C, S, K = cfg.n_streams(i), cfg.n_sources(i), cfg.da_widths[i]
+        rows.append((f"dense_bs.{i}", L + ("da", "bias"), (C, S), False))
+        rows.append((f"dynamic_dense.{i}.w1.weight", L + ("da", "w1"), (K, D), True))
+        rows.append((f"dynamic_dense.{i}.w2.weight", L + ("da", "w2"), (C * S, K), True))
+    norm("norm", ("norm",))
+    rows.append(("output.weight", ("lm_head",), (V, D), True))
+    return rows
+
+
+# Non-parameter buffers a PyTorch state dict may carry; they are recomputed here.
+_IGNORED_BUFFERS = ("freqs_cis", "causal_mask", "kv_cache", "inv_freq", "k_cache", "v_cache")
+
+
+def _to_numpy(x) -> np.ndarray:
+    """numpy / jax / torch-like tensor -> numpy, without importing torch."""
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "detach"):           # torch tensor
+        x = x.detach().cpu()
+        try:
+            return x.numpy()
+        except TypeError:              # torch bfloat16 has no numpy dtype
+            return x.float().numpy()
+    if hasattr(x, "numpy") and not hasattr(x, "__jax_array__") and not isinstance(x, jax.Array):
+        return np.asarray(x.numpy())
+    return np.asarray(x)
+
+
+def _infer_config(sd: Mapping[str, np.ndarray], dtype: str) -> Config:
+    """Read the architecture off the parameter shapes (rope settings take official defaults)."""
+    def shape(name):
+        if name not in sd:
+            raise ValueError(f"state dict lacks the parameter {name!r}")
+        return sd[name].shape
+
+    V, D = shape("tok_embeddings.weight")
+    n_layer = 0
+    while f"layers.{n_layer}.attention.wq.weight" in sd:
+        n_layer += 1
+    if n_layer == 0:
+        raise ValueError("state dict lacks the parameter 'layers.0.attention.wq.weight'")
+    hd = shape("layers.0.attention.q_norm.weight")[0]
+    if D % hd:
+        raise ValueError(f"parameter 'layers.0.attention.q_norm.weight' has size {hd}, "
+                         f"which does not divide dim {D}")
+    return Config(
+        n_layer=n_layer, dim=D, n_head=D // hd, head_dim=hd, rotary_dims=int(hd * 0.25),
+        vocab_size=V,
+        ffn_widths=tuple(shape(f"layers.{i}.feed_forward.w1.weight")[0] for i in range(n_layer)),
+        da_widths=tuple(shape(f"dynamic_dense.{i}.w1.weight")[0] for i in range(n_layer)),
+        dtype=dtype)
+
+
+def from_state_dict(state_dict: Mapping[str, Any], config: Optional[Mapping[str, Any]] = None,
+                    dtype: Optional[str] = None, strict: bool = True):
+    """Official PyTorch state dict -> (Config, params).
+
+    ``config`` is the official config.json as a dict; without it the architecture is inferred
+    from shapes and the rope settings take the official defaults (base 10000, 25% rotary).
+    ``dtype`` defaults to bfloat16 if every float parameter is bfloat16, else float32.
+    Missing, misshapen or (with ``strict``) unknown parameters raise ValueError naming them.
+    A common prefix such as ``model.`` before ``tok_embeddings.weight`` is stripped.
+    """
+    sd = {str(k): v for k, v in state_dict.items()}
+    if "tok_embeddings.weight" not in sd:
+        prefixes = {k[: -len("tok_embeddings.weight")] for k in sd
+                    if k.endswith(".tok_embeddings.weight")}
+        if len(prefixes) == 1:
+            p = prefixes.pop()
+            sd = {k[len(p):]: v for k, v in sd.items() if k.startswith(p)}
+    sd = {k: _to_numpy(v) for k, v in sd.items()}
+    if dtype is None:
+        kinds = {a.dtype.name for a in sd.values() if a.dtype.kind in "fV" or "bfloat" in a.dtype.name}
+        dtype = "bfloat16" if kinds == {"bfloat16"} else "float32"
+    cfg = Config.from_hf(config, dtype) if config is not None else _infer_config(sd, dtype)
+
+    params: dict = {}
+    seen = set()
+    for name, path, want, transpose in _param_table(cfg):
+        if name not in sd:
+            raise ValueError(f"state dict lacks the parameter {name!r} (expected shape {want})")
+        a = sd[name]
+        if tuple(a.shape) != want:
+            raise ValueError(f"parameter {name!r} has shape {tuple(a.shape)}, expected {want}")
+        seen.add(name)
+        a = jnp.asarray(a.T if transpose else a, dtype=cfg.dtype)
+        node = params
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = a
+    if strict:
+        unknown = sorted(k for k in sd if k not in seen
+                         and not any(b in k for b in _IGNORED_BUFFERS))
+        if unknown:
+            raise ValueError(f"state dict has unexpected parameter(s) {unknown[:8]}"
+                             + (" ..." if len(unknown) > 8 else ""))
+    # Lists, not int-keyed dicts, for the layer and norm indices.
+    params["layers"] = [params["layers"][i] for i in range(cfg.n_layer)]
+    for layer in params["layers"]:
+        layer["attn_norms"] = [layer["attn_norms"][j] for j in sorted(layer["attn_norms"])]
+    return cfg, params
+
+
+def to_state_dict(cfg: Config, params) -> dict[str, np.ndarray]:
+    """params -> official names and layouts (the inverse of :func:`from_state_dict`)."""
+    out = {}
+    for name, path, _, transpose in _param_table(cfg):
+        a = params
+        for key in path:
+            a = a[key]
+        a = np.asarray(a)
+        out[name] = np.ascontiguousarray(a.T if transpose else a)
+    return out
+
+
+def load_hf_dir(path: str, dtype: Optional[str] = None):
+    """A local HF checkpoint directory -> (cfg, params, tokenizer or None). No torch needed.
+
+    Reads config.json, every ``*.safetensors`` file (numpy API) and, if present,
+    tokenizer.json (needs the ``tokenizers`` package).
+    """
+    cfg_path = os.path.join(path, "config.json")
+    hf = None
+    if os.path.exists(cfg_path):
+        with open(cfg_path) as f:
+            hf = json.load(f)
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors file in {path}")
+    from safetensors.numpy import load_file
+    sd = {}
+    for fn in files:
+        sd.update(load_file(fn))
+    cfg, params = from_state_dict(sd, config=hf, dtype=dtype)
+    tokenizer = None
+    tok_path = os.path.join(path, "tokenizer.json")
+    if os.path.exists(tok_path):
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as e:
+            raise ImportError(f"{tok_path} needs the 'tokenizers' package: "
+                              "pip install tokenizers") from e
+        tokenizer = Tokenizer.from_file(tok_path)
+    return cfg, params, tokenizer
+
+
+# --------------------------------------------------------------------------------------------
+# Forward pass
+# --------------------------------------------------------------------------------------------
+
+def _precision(x):
+    # float32 runs at full precision so GPUs do not silently use TF32 (parity needs 1e-5).
+    return jax.lax.Precision.HIGHEST if x.dtype == F32 else None
+
+
+def _linear(x, p):
+    y = jnp.matmul(x, p["w"], precision=_precision(x))
+    return y + p["b"] if "b" in p else y
+
+
+def _layer_norm(x, p, eps):
+    """LayerNorm with scale and bias; statistics in float32 whatever the compute dtype."""
+    x32 = x.astype(F32)
+    mu = x32.mean(-1, keepdims=True)
+    var = jnp.square(x32 - mu).mean(-1, keepdims=True)
+    y = (x32 - mu) * jax.lax.rsqrt(var + eps)
+    return (y * p["scale"].astype(F32) + p["bias"].astype(F32)).astype(x.dtype)
+
+
+def _rms0(x, eps):
+    """RMS normalisation without a scale, in float32."""
+    x32 = x.astype(F32)
+    return (x32 * jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + eps)).astype(x.dtype)
+
+
+def _gelu(x):
+    return jax.nn.gelu(x, approximate=False)   # exact erf form, as upstream
+
+
+def rope_table(cfg: Config, seq_len: int):
+    """cos, sin of t * theta_j, (seq_len, rotary_dims // 2), rounded to float16 like upstream.
+
+    Built with numpy at trace time, so it is a constant of the compiled program.
+    """
+    r = cfg.rotary_dims
+    theta = (1.0 / (np.float32(cfg.rope_base) ** (np.arange(0, r, 2, dtype=np.float32) / r)))
+    angles = np.outer(np.arange(seq_len, dtype=np.float32), theta.astype(np.float32))
+    cos = np.cos(angles).astype(np.float16).astype(np.float32)
+    sin = np.sin(angles).astype(np.float16).astype(np.float32)
+    return cos, sin
+
+
+def _rotary(x, cos, sin, r):
+    """GPT-NeoX rotate-half on the first r dims of each head; x is (B, T, H, hd)."""
+    h = r // 2
+    x32 = x.astype(F32)
+    x1, x2, rest = x32[..., :h], x32[..., h:r], x32[..., r:]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    rotated = jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s, rest], axis=-1)
+    return rotated.astype(x.dtype)
+
+
+def attention(cfg: Config, p, nq, nk, nv, cos, sin):
+    """Causal multi-head attention with per-head QK RMS norm (before rotary) and partial rope."""
+    B, T, _ = nq.shape
+    heads = lambda y: y.reshape(B, T, cfg.n_head, cfg.head_dim)
+    q, k, v = heads(_linear(nq, p["wq"])), heads(_linear(nk, p["wk"])), heads(_linear(nv, p["wv"]))
+    q = _rms0(q, cfg.norm_eps) * p["q_norm"]
+    k = _rms0(k, cfg.norm_eps) * p["k_norm"]
+    q, k = _rotary(q, cos, sin, cfg.rotary_dims), _rotary(k, cos, sin, cfg.rotary_dims)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=_precision(q),
+                        preferred_element_type=F32) / math.sqrt(cfg.head_dim)
+    causal = jnp.tril(jnp.ones((T, T), bool))
+    probs = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1).astype(v.dtype)
+    y = jnp.einsum("bhqk,bkhd->bqhd", probs, v, precision=_precision(v)).reshape(B, T, cfg.dim)
+    return _linear(y, p["wo"])
+
+
+def block(cfg: Config, p, i: int, streams, cos, sin):
+    """Block i: parallel residual on the r stream; q, k, v come from their own streams."""
+    x_q, x_k, x_v, x_r = streams
+    eps = cfg.norm_eps
+    if i == 0:
+        n = _layer_norm(x_q, p["attn_norms"][0], eps)
+        n_q = n_k = n_v = n
+    else:
+        n_q, n_k, n_v = (_layer_norm(x, nrm, eps) for x, nrm in zip((x_q, x_k, x_v), p["attn_norms"]))
+    attn = attention(cfg, p["attn"], n_q, n_k, n_v, cos, sin)
+    ffn = _linear(_gelu(_linear(_layer_norm(x_r, p["ffn_norm"], eps), p["ffn"]["w1"])), p["ffn"]["w2"])
+    return x_r + attn + ffn
+
+
+def da_coefficients(cfg: Config, p, i: int, x):
+    """The DA controller after block i: (dynamic, total) coefficients, each (C, B, T, S), f32.
+
+    The MLP reads the raw block output. Its flat output index is stream-major (c * S + s).
+    The total adds the static ``dense_bs`` bias; nothing bounds or normalises it.
+    """
+    B, T, _ = x.shape
+    C, S = cfg.n_streams(i), cfg.n_sources(i)
+    h = _gelu(jnp.matmul(_rms0(x, cfg.norm_eps), p["w1"], precision=_precision(x)))
+    a = jnp.matmul(h, p["w2"], precision=_precision(h)).astype(F32)
+    dynamic = a.reshape(B, T, C, S).transpose(2, 0, 1, 3)
+    return dynamic, dynamic + p["bias"].astype(F32)[:, None, None, :]
+
+
+def mix(coef, sources, dtype):
+    """Streams c = sum_s coef[c, ..., s] * X_s, accumulated in float32: (C, B, T, D)."""
+    out = coef[..., 0, None] * sources[0].astype(F32)[None]
+    for s in range(1, len(sources)):
+        out = out + coef[..., s, None] * sources[s].astype(F32)[None]
+    return out.astype(dtype)
+
+
+def _check_coeffs(cfg: Config, coeffs, B: int, T: int):
+    mixes = coeffs.get("mix") if isinstance(coeffs, Mapping) else None
+    if not isinstance(mixes, (list, tuple)) or len(mixes) != cfg.n_layer:
+        raise ValueError(f"coeffs must be {{'mix': [one array per layer]}} with {cfg.n_layer} "
+                         "layers; pass what the record call returned")
+    for i, a in enumerate(mixes):
+        want = (cfg.n_streams(i), B, T, cfg.n_sources(i))
+        if tuple(np.shape(a)) != want:
+            raise ValueError(f"coeffs['mix'][{i}] has shape {tuple(np.shape(a))}, expected {want}")
+
+
+def forward(cfg: Config, params, input_ids, coeffs=None):
+    """The full forward pass; returns (logits, coeffs, intermediates).
+
+    ``intermediates``: ``hidden`` (X_0..X_L), ``streams`` (the mixed streams after each
+    layer) and, when recording, ``dynamic`` (the DA output without ``dense_bs``).
+
+    Record and replay feed the coefficients and the sources through one
+    ``optimization_barrier`` before mixing, so that XLA compiles the mixing identically in
+    both modes and replay of unmodified coefficients is bitwise equal to record under jit.
+    """
+    dt = jnp.dtype(cfg.dtype)
+    params = jax.tree.map(lambda a: a.astype(dt), params)
+    B, T = input_ids.shape
+    if T > cfg.block_size:
+        raise ValueError(f"sequence length {T} exceeds block_size {cfg.block_size}")
+    if coeffs is not None:
+        _check_coeffs(cfg, coeffs, B, T)
+    cos, sin = rope_table(cfg, T)
+
+    x0 = params["embed"][input_ids]
+    sources = [x0]
+    streams = (x0, x0, x0, x0)
+    used, hidden, mixed, dynamic = [], [x0], [], []
+    for i, p in enumerate(params["layers"]):
+        x = block(cfg, p, i, streams, cos, sin)
+        hidden.append(x)
+        if coeffs is None:
+            dyn, coef = da_coefficients(cfg, p["da"], i, x)
+            dynamic.append(dyn)
+        else:
+            coef = jnp.asarray(coeffs["mix"][i]).astype(F32)   # verbatim: the DA MLP never runs
+        coef, sources = jax.lax.optimization_barrier((coef, sources + [x]))
+        out = mix(coef, sources, dt)
+        used.append(coef)
+        mixed.append(out)
+        streams = tuple(out)
+    logits = jnp.matmul(_layer_norm(streams[0], params["norm"], cfg.norm_eps), params["lm_head"],
+                        precision=_precision(streams[0])).astype(F32)
+    inter = {"hidden": hidden, "streams": mixed}
+    if coeffs is None:
+        inter["dynamic"] = dynamic
+    return logits, {"mix": used}, inter
+
+
+def apply(cfg: Config, params, input_ids, coeffs=None):
+    """Record (``coeffs=None``: the DA controllers run) or replay (``coeffs`` used verbatim).
+
+    Returns ``(logits float32 (B, T, V), {"mix": [A_i (C_i, B, T, S_i) float32]})``.
+    """
+    logits, used, _ = forward(cfg, params, input_ids, coeffs)
+    return logits, used
+
+
+apply_jit = jax.jit(apply, static_argnums=0)
+forward_jit = jax.jit(forward, static_argnums=0)
+
+
+# --------------------------------------------------------------------------------------------
+# Size estimates
+# --------------------------------------------------------------------------------------------
+
+def memory_time_estimate(cfg: Config, n_windows: int, seq_len: int, batch: int,
+                         flops_per_second: Optional[float] = None) -> dict:
+    """Analytic sizes of an audit over ``n_windows`` windows of ``seq_len`` tokens.
+
+    FLOPs count 2 per multiply-add, attention over the full T x T square as this dense
+    implementation computes it. ``activation_bytes_per_batch`` is a rough upper bound of what
+    one forward keeps live (all L+1 sources, the float32 streams, scores, FFN hidden, logits).
+    Each replay forward costs ``replay_flops_per_window`` (the DA MLPs do not run).
+    """
+    item = jnp.dtype(cfg.dtype).itemsize
+    n_params = sum(math.prod(shape) for _, _, shape, _ in _param_table(cfg))
+    D, T, V, L = cfg.dim, seq_len, cfg.vocab_size, cfg.n_layer
+    cs = [cfg.n_streams(i) * cfg.n_sources(i) for i in range(L)]
+
+    per_token_dense = 2 * D * V                                   # lm head
+    per_token_da = 0
+    for i in range(L):
+        per_token_dense += 2 * 4 * D * D + 2 * 2 * D * cfg.ffn_widths[i]   # qkvo + FFN
+        per_token_dense += 2 * cs[i] * D                                   # the mix
+        per_token_da += 2 * D * cfg.da_widths[i] + 2 * cfg.da_widths[i] * cs[i]
+    attn_per_window = L * 2 * 2 * T * T * D                      # q.k and probs.v
+    replay = T * per_token_dense + attn_per_window
+    record = replay + T * per_token_da
+    n_batches = -(-n_windows // batch)
+
+    coeff_bytes_per_window = T * sum(cs) * 4                     # float32 cache
+    act = batch * T * (
+        (L + 1) * D * item                     # sources X_0..X_L stay live for the mixing
+        + 4 * D * 4                            # mixed streams, float32 accumulation
+        + max(cfg.ffn_widths) * item           # FFN hidden of one layer
+        + V * 4)                               # float32 logits
+    act += 2 * batch * cfg.n_head * T * T * 4  # float32 scores and probabilities of one layer
+    out = {
+        "param_count": n_params,
+        "param_bytes": n_params * item,
+        "coeff_cache_bytes": n_windows * coeff_bytes_per_window,
+        "coeff_bytes_per_batch": batch * coeff_bytes_per_window,
+        "activation_bytes_per_batch": act,
+        "peak_device_bytes_estimate": n_params * item + act + batch * coeff_bytes_per_window,
+        "record_flops_per_window": record,
+        "replay_flops_per_window": replay,
+        "record_flops_total": record * n_windows,
+        "n_batches": n_batches,
+    }
+    if flops_per_second:
+        out["record_seconds_estimate"] = record * n_windows / flops_per_second
+    return out

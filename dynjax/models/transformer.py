@@ -1,0 +1,220 @@
+"""The decoder-only byte Transformer core that every sequence family builds on.
+
+Pre-norm blocks with rotary positions and causal attention. A block returns its whole
+*update* ``F(h) = a + m`` (attention then MLP) rather than the new hidden state, so that
+each family decides how the update enters the residual stream (a gate, a router weight, a
+cross-layer mix). Positions are explicit per token, so a family that gathers a subset of
+tokens (Mixture-of-Depths) keeps their original rotary angles and causal order.
+
+Parameters carry logical axis names (``embed``, ``heads``, ``mlp``, ``vocab``; ``layers``
+when scanned) that ``dynjax.train.sharding`` maps onto a device mesh.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+MASK_VALUE = -1e30  # large finite: keeps fully masked rows (none occur causally) NaN-free
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a byte-level decoder; hashable so it can be a Linen field."""
+
+    family: str = "gates"          # which model family builds on this core
+    variant: str = "feature_gate"  # family-specific variant (gates: dense, uniform, ...)
+    vocab_size: int = 256
+    d_model: int = 128
+    n_heads: int = 4
+    n_layers: int = 4
+    d_ff: int = 512
+    rope_base: float = 10000.0
+    dtype: str = "float32"         # compute dtype; parameters are always float32
+    scan_layers: bool = True       # nn.scan over layers: compile time flat in depth
+    remat: bool = False            # rematerialise each layer in the backward pass
+    # residual-gate family
+    fixed_depth: int = 0           # fixed_depth variant: number of executed blocks
+    gate_max: float = 2.0          # feature_gate: g = gate_max * sigmoid(controller)
+    controller_hidden: int = 16
+    uniform_value: Optional[float] = None  # uniform: a fixed (mass-matched) gate, not learned
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.dtype)
+
+    @classmethod
+    def from_dict(cls, d) -> "ModelConfig":
+        d = dict(d)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown model config field(s) {unknown}; known fields: "
+                             f"{sorted(known)}")
+        cfg = cls(**d)
+        cfg.validate()
+        return cfg
+
+    def validate(self):
+        if self.d_model % self.n_heads:
+            raise ValueError(f"model.d_model={self.d_model} is not divisible by "
+                             f"model.n_heads={self.n_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head dim {self.head_dim} must be even for rotary positions")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"model.dtype={self.dtype!r}; use 'float32' or 'bfloat16'")
+        if self.n_layers < 1:
+            raise ValueError(f"model.n_layers={self.n_layers} must be at least 1")
+
+
+def dense_init(axes, scale=1.0):
+    """Variance-scaling kernel init annotated with logical axis names."""
+    return nn.with_logical_partitioning(
+        nn.initializers.variance_scaling(scale, "fan_in", "truncated_normal"), axes)
+
+
+def rotary(x, positions, base):
+    """Rotate-half rotary embedding of x (B, T, H, Dh) at integer positions (B, T)."""
+    half = x.shape[-1] // 2
+    freq = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angle = positions.astype(jnp.float32)[:, :, None, None] * freq  # (B, T, 1, half)
+    cos, sin = jnp.cos(angle), jnp.sin(angle)
+    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+def causal_attention(q, k, v, q_pos, k_pos):
+    """Softmax attention where query i sees key j iff k_pos[j] <= q_pos[i].
+
+    Returns the output (B, Tq, H, Dh) and, for controllers that read attention, the masked
+    float32 logits (B, H, Tq, Tk) and their log-sum-exp (B, H, Tq).
+    """
+    scale = q.shape[-1] ** -0.5
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
+    visible = (k_pos[:, None, :] <= q_pos[:, :, None])[:, None]  # (B, 1, Tq, Tk)
+    logits = jnp.where(visible, logits, MASK_VALUE)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    probs = jnp.exp(logits - lse[..., None])
+    out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+    return out, logits, lse
+
+
+class Attention(nn.Module):
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x, positions, kv=None):
+        """x: (B, T, D). ``kv`` = (keys_x, key_positions) attends to other tokens (decoding)."""
+        cfg = self.cfg
+        proj = lambda name: nn.DenseGeneral(
+            (cfg.n_heads, cfg.head_dim), use_bias=False, dtype=cfg.compute_dtype,
+            kernel_init=dense_init(("embed", "heads", "kv")), name=name)
+        q = rotary(proj("query")(x), positions, cfg.rope_base)
+        kx, kpos = (x, positions) if kv is None else kv
+        k = rotary(proj("key")(kx), kpos, cfg.rope_base)
+        v = proj("value")(kx)
+        out, logits, lse = causal_attention(q, k, v, positions, kpos)
+        out = nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False,
+                              dtype=cfg.compute_dtype,
+                              kernel_init=dense_init(("heads", "kv", "embed")),
+                              name="out")(out)
+        return out, (logits, lse)
+
+
+class Mlp(nn.Module):
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.cfg
+        h = nn.Dense(cfg.d_ff, use_bias=False, dtype=cfg.compute_dtype,
+                     kernel_init=dense_init(("embed", "mlp")), name="up")(x)
+        return nn.Dense(cfg.d_model, use_bias=False, dtype=cfg.compute_dtype,
+                        kernel_init=dense_init(("mlp", "embed")), name="down")(nn.gelu(h))
+
+
+def norm(name, cfg):
+    return nn.RMSNorm(dtype=cfg.compute_dtype, name=name,
+                      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)))
+
+
+class Block(nn.Module):
+    """One pre-norm block. Returns its update F(h) = a + m and the attention statistics."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, h, positions):
+        a, attn = Attention(self.cfg, name="attn")(norm("attn_norm", self.cfg)(h), positions)
+        m = Mlp(self.cfg, name="mlp")(norm("mlp_norm", self.cfg)(h + a))
+        return a + m, attn
+
+
+class Embed(nn.Module):
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, tokens):
+        table = self.param("embedding", nn.with_logical_partitioning(
+            nn.initializers.normal(1.0), ("vocab", "embed")),
+            (self.cfg.vocab_size, self.cfg.d_model))
+        return jnp.take(table, tokens, axis=0).astype(self.cfg.compute_dtype)
+
+
+class Head(nn.Module):
+    """Final norm and untied output projection; logits are float32."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, h):
+        h = norm("final_norm", self.cfg)(h)
+        return nn.Dense(self.cfg.vocab_size, use_bias=False, dtype=self.cfg.compute_dtype,
+                        kernel_init=dense_init(("embed", "vocab")),
+                        name="lm_head")(h).astype(jnp.float32)
+
+
+def scan_layers(layer_cls, cfg: ModelConfig, length: int, name="layers", **kwargs):
+    """Stack ``length`` copies of ``layer_cls`` (carry, xs) -> (carry, ys) along axis 0.
+
+    With ``cfg.scan_layers`` the layers run under ``nn.scan`` (one compiled body); without
+    it they are unrolled, which is what FLOP counting from the compiled program needs.
+    """
+    if cfg.remat:
+        layer_cls = nn.remat(layer_cls, prevent_cse=not cfg.scan_layers)
+    if cfg.scan_layers:
+        return nn.scan(layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
+                       in_axes=0, length=length,
+                       metadata_params={nn.PARTITION_NAME: "layers"})(
+                           cfg, name=name, **kwargs)
+    return _Unrolled(layer_cls, cfg, length, kwargs, name=name)
+
+
+class _Unrolled(nn.Module):
+    layer_cls: type
+    cfg: ModelConfig
+    length: int
+    kwargs: dict
+
+    @nn.compact
+    def __call__(self, carry, xs):
+        ys = []
+        for i in range(self.length):
+            x_i = jax.tree.map(lambda a: a[i], xs)
+            carry, y = self.layer_cls(self.cfg, name=f"layer_{i}", **self.kwargs)(carry, x_i)
+            ys.append(y)
+        return carry, jax.tree.map(lambda *a: jnp.stack(a), *ys)
+
+
+def next_token_nll(logits, tokens):
+    """Per-position NLL (nats) of tokens[:, 1:] given logits[:, :-1]: shape (B, T-1)."""
+    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+    return -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
