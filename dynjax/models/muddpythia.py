@@ -201,7 +201,7 @@ def _to_numpy(x) -> np.ndarray:
             return x.numpy()
         except TypeError:              # torch bfloat16 has no numpy dtype
             return x.float().numpy()
-    if hasattr(x, "numpy") and not hasattr(x, "__jax_array__") and not isinstance(x, jax.Array):
+    if hasattr(x, "numpy") and not isinstance(x, jax.Array):
         return np.asarray(x.numpy())
     return np.asarray(x)
 
@@ -250,7 +250,8 @@ def from_state_dict(state_dict: Mapping[str, Any], config: Optional[Mapping[str,
             sd = {k[len(p):]: v for k, v in sd.items() if k.startswith(p)}
     sd = {k: _to_numpy(v) for k, v in sd.items()}
     if dtype is None:
-        kinds = {a.dtype.name for a in sd.values() if a.dtype.kind in "fV" or "bfloat" in a.dtype.name}
+        kinds = {a.dtype.name for a in sd.values()
+                 if a.dtype.name in ("float16", "float32", "float64", "bfloat16")}
         dtype = "bfloat16" if kinds == {"bfloat16"} else "float32"
     cfg = Config.from_hf(config, dtype) if config is not None else _infer_config(sd, dtype)
 
