@@ -1,0 +1,253 @@
+"""Write an FCA run's ``report.md``, ``results.json`` and PNG plots, atomically.
+
+The results dict (everything JSON-able; NumPy scalars/arrays are converted, NaN -> null)::
+
+    {
+      "title": "FCA: feature_gate, 7 checkpoints",
+      "unit": stats.UNIT_CHECKPOINT or stats.UNIT_WINDOWS,   # what the CIs resample
+      "replay": {"exact": True, "max_abs_dlogit": 0.0, "nll": 1.23, "nll_replay": 1.23},
+      "conditions": {                      # in table order; names as interventions.CONDITIONS
+        "cross_input": {                   # a stats summary dict (estimate = mean dNLL) plus:
+            "estimate": .., "ci_low": .., "ci_high": .., "level": .95, "n": .., "unit": ..,
+            "p": .., "p_holm": None,       # optional; Holm p where a family was corrected
+            "label": "Cross-input",        # optional display name (e.g. "LayerMean")
+            "retention": {summary},        # optional: stats.retention_ci(...) dict
+            "verdicts": {"practically_small": {"criterion": "...", "met": True}},  # optional
+            "per_unit": [..]},             # optional: per-checkpoint values
+        ...},
+      "effects": {"E_input": {summary + "p_holm"}, "E_token": {..}, "E_interaction": {..}},
+      "variance": {"['gate']": {"layer": .9, "example": .01, "token": .02, "residual": .07}},
+      "profiles": {"heatmap": [[..]] layer x position, mean over examples (and other axes),
+                   "layer_mean": [..] per layer, "global_mean": float},   # optional
+      "meta": {...}                        # seeds, config, checkpoint hashes, anything JSON-able
+    }
+
+Only "title", "unit", "replay" and "conditions" are required; missing sections are skipped.
+The output directory is assembled in a hidden temp directory beside it and renamed into
+place, each file inside written to a temp file and ``os.replace``d, so a failure at any
+point leaves either the old directory or nothing, never a half-written one.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from matplotlib.figure import Figure
+
+LABELS = {"correct": "Correct", "cross_input": "Cross-input", "token_shuffle": "Token-shuffle",
+          "cross_shuffle": "Cross+shuffle", "layer_position_mean": "Layer×PositionMean",
+          "static_profile": "StaticProfile", "structure_removed": "StructureRemoved"}
+PLOTS = ("delta_nll.png", "coeff_heatmap.png", "depth_profile.png")
+
+
+# ---------------------------------------------------------------------------- data helpers
+
+def coefficient_profiles(x, names) -> dict:
+    """The ``profiles`` section from one coefficient array with ``layer`` and ``token`` axes.
+
+    heatmap: mean over every axis but layer and token; layer_mean: also over tokens;
+    global_mean: the mean of everything.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    names = tuple(names)
+    li, ti = names.index("layer"), names.index("token")
+    others = tuple(i for i in range(x.ndim) if i not in (li, ti))
+    heat = x.mean(axis=others) if others else x
+    if li > ti:
+        heat = heat.T
+    return {"heatmap": heat, "layer_mean": heat.mean(axis=1), "global_mean": float(x.mean())}
+
+
+def to_jsonable(obj):
+    """NumPy/JAX arrays and scalars to lists and floats; non-finite floats to None."""
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if hasattr(obj, "__array__") and not isinstance(obj, (str, bytes)):
+        arr = np.asarray(obj)
+        return to_jsonable(arr.tolist()) if arr.ndim else to_jsonable(arr.item())
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    return obj
+
+
+# ------------------------------------------------------------------------------ formatting
+
+def _num(v, fmt="{:.6f}"):
+    return "—" if v is None or not np.isfinite(v) else fmt.format(v)
+
+
+def _ci(s, fmt="{:.6f}"):
+    lo, hi = s.get("ci_low"), s.get("ci_high")
+    if lo is None or hi is None or not (np.isfinite(lo) and np.isfinite(hi)):
+        return "—" + (f" ({s['note']})" if s.get("note") else "")
+    return f"[{fmt.format(lo)}, {fmt.format(hi)}]"
+
+
+def _p(v):
+    return "—" if v is None or not np.isfinite(v) else f"{v:.4g}"
+
+
+def _verdicts(row):
+    parts = []
+    for name, v in (row.get("verdicts") or {}).items():
+        met = {True: "met", False: "not met", None: "undetermined"}[v.get("met")]
+        parts.append(f"{name}: {met} ({v.get('criterion', '')})")
+    return "; ".join(parts) or ""
+
+
+def render_markdown(results: dict, plots: list[str]) -> str:
+    """The paper's table layout as Markdown."""
+    r = results
+    lines = [f"# {r['title']}", "", f"Unit of inference: **{r['unit']}**.", ""]
+    rep = r["replay"]
+    lines += [f"Exact replay: **{'passed' if rep.get('exact') else 'FAILED'}** "
+              f"(max |Δlogit| = {rep.get('max_abs_dlogit')}, NLL {rep.get('nll')} vs replay "
+              f"{rep.get('nll_replay')}).", ""]
+    pct = "{:.2%}"
+    lines += ["| condition | ΔNLL | 95% CI | p | Holm p | retention (95% CI) | criteria |",
+              "|---|---|---|---|---|---|---|"]
+    for name, row in r["conditions"].items():
+        ret = row.get("retention")
+        ret_txt = "" if not ret else f"{_num(ret['estimate'], pct)} {_ci(ret, pct)}"
+        lines.append(f"| {row.get('label') or LABELS.get(name, name)} | {_num(row['estimate'])} "
+                     f"| {_ci(row)} | {_p(row.get('p'))} | {_p(row.get('p_holm'))} "
+                     f"| {ret_txt} | {_verdicts(row)} |")
+    if r.get("effects"):
+        lines += ["", "## Factorial effects (paired 2×2: CC, DC, CS, DS)", "",
+                  "| effect | estimate | 95% CI | p | Holm p |", "|---|---|---|---|---|"]
+        for name, e in r["effects"].items():
+            lines.append(f"| {name} | {_num(e['estimate'])} | {_ci(e)} | {_p(e.get('p'))} "
+                         f"| {_p(e.get('p_holm'))} |")
+        lines += ["", "Contrasts, not an additive decomposition; a negative interaction means "
+                  "the two interventions damage overlapping functions."]
+    if r.get("variance"):
+        lines += ["", "## Variance decomposition (descriptive: share of total sum of squares)", ""]
+        for leaf, shares in r["variance"].items():
+            body = ", ".join(f"{k} {_num(v, pct)}" for k, v in shares.items() if k != "total_ss")
+            lines.append(f"- `{leaf}`: {body}")
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
+    lines.append("")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------- plots
+
+def plot_delta_nll(results: dict) -> Figure:
+    rows = [(n, r) for n, r in results["conditions"].items() if n != "correct"]
+    est = np.array([_nan(r["estimate"]) for _, r in rows])
+    lo = np.array([_nan(r.get("ci_low")) for _, r in rows])
+    hi = np.array([_nan(r.get("ci_high")) for _, r in rows])
+    err = np.stack([np.where(np.isfinite(lo), est - lo, 0), np.where(np.isfinite(hi), hi - est, 0)])
+    fig = Figure(figsize=(6, 0.5 * len(rows) + 1.5))
+    ax = fig.add_subplot()
+    y = np.arange(len(rows))
+    ax.errorbar(est, y, xerr=err, fmt="o", capsize=3)
+    ax.set_yticks(y, [r.get("label") or LABELS.get(n, n) for n, r in rows])
+    ax.invert_yaxis()
+    if len(est) and np.all(est > 0):
+        ax.set_xscale("log")
+    ax.set_xlabel(f"ΔNLL vs Correct (CI over {results['unit']})")
+    fig.tight_layout()
+    return fig
+
+
+def plot_heatmap(profiles: dict) -> Figure:
+    heat = np.asarray(profiles["heatmap"], dtype=np.float64)
+    fig = Figure(figsize=(7, 3.5))
+    ax = fig.add_subplot()
+    im = ax.imshow(heat, aspect="auto", origin="lower", interpolation="nearest")
+    ax.set_xlabel("token position")
+    ax.set_ylabel("layer")
+    ax.set_title("coefficient, mean over examples")
+    fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    return fig
+
+
+def plot_depth_profile(profiles: dict) -> Figure:
+    layer_mean = np.asarray(profiles["layer_mean"], dtype=np.float64)
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.add_subplot()
+    ax.plot(np.arange(len(layer_mean)), layer_mean, "o-", label="LayerMean")
+    ax.axhline(float(profiles["global_mean"]), color="k", ls="--", label="GlobalMean")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("coefficient")
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def _nan(v):
+    return np.nan if v is None else float(v)
+
+
+# ---------------------------------------------------------------------------- atomic writes
+
+def _atomic_write(path: Path, write: Callable) -> None:
+    """``write(fileobj)`` into a temp file beside ``path``, then ``os.replace`` it."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)  # mkstemp's 0600 would hide results from others
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _save_fig(fig: Figure, path: Path) -> None:
+    _atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
+
+
+def write_report(results: dict, out_dir, overwrite: bool = True) -> Path:
+    """Write report.md, results.json and the plots to ``out_dir`` as one atomic unit."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} exists; pass overwrite=True to replace it")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        tmp.chmod(0o755)
+        clean = to_jsonable(results)
+        _atomic_write(tmp / "results.json",
+                      lambda f: f.write(json.dumps(clean, indent=2, allow_nan=False).encode()))
+        plots = []
+        figs = [("delta_nll.png", lambda: plot_delta_nll(clean))]
+        if clean.get("profiles"):
+            figs += [("coeff_heatmap.png", lambda: plot_heatmap(clean["profiles"])),
+                     ("depth_profile.png", lambda: plot_depth_profile(clean["profiles"]))]
+        for name, make in figs:
+            _save_fig(make(), tmp / name)
+            plots.append(name)
+        _atomic_write(tmp / "report.md", lambda f: f.write(render_markdown(clean, plots).encode()))
+        _move_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    """Rename ``tmp`` to ``out``; an existing ``out`` is set aside and removed only after."""
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
+    os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        os.replace(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
