@@ -212,3 +212,10 @@ def test_load_hf_dir_reproduces_logits(tmp_path, state_dict, ref):
     assert tokenizer is None and cfg.block_size == 64 and cfg.dtype == "float32"
     logits, _ = muddpythia.apply_jit(cfg, params, jnp.asarray(ref["input_ids"]))
     assert _max_err(logits, ref["logits"]) < TOL
+
+    (tmp_path / "tokenizer.json").write_text("{}")
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:   # without the package, the error says how to get it
+        with pytest.raises(ImportError, match="pip install tokenizers"):
+            muddpythia.load_hf_dir(str(tmp_path))
