@@ -40,6 +40,7 @@ from typing import Callable
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 LABELS = {"correct": "Correct", "cross_input": "Cross-input", "token_shuffle": "Token-shuffle",
           "cross_shuffle": "Cross+shuffle", "layer_position_mean": "Layer×PositionMean",
@@ -156,7 +157,8 @@ def plot_delta_nll(results: dict) -> Figure:
     ax.invert_yaxis()
     if len(est) and np.all(est > 0):
         ax.set_xscale("log")
-    ax.set_xlabel(f"ΔNLL vs Correct (CI over {results['unit']})")
+    level = (rows[0][1].get("level") or 0.95) if rows else 0.95
+    ax.set_xlabel(f"ΔNLL vs Correct ({level:.0%} CI; unit: {results['unit']})")
     fig.tight_layout()
     return fig
 
@@ -168,6 +170,7 @@ def plot_heatmap(profiles: dict) -> Figure:
     im = ax.imshow(heat, aspect="auto", origin="lower", interpolation="nearest")
     ax.set_xlabel("token position")
     ax.set_ylabel("layer")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title("coefficient, mean over examples")
     fig.colorbar(im, ax=ax)
     fig.tight_layout()
@@ -179,6 +182,7 @@ def plot_depth_profile(profiles: dict) -> Figure:
     fig = Figure(figsize=(6, 3.5))
     ax = fig.add_subplot()
     ax.plot(np.arange(len(layer_mean)), layer_mean, "o-", label="LayerMean")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.axhline(float(profiles["global_mean"]), color="k", ls="--", label="GlobalMean")
     ax.set_xlabel("layer")
     ax.set_ylabel("coefficient")
