@@ -1,0 +1,76 @@
+"""Train-step time and tokens/s of every tiny gate variant, measured in one run.
+
+    python benchmarks/train_throughput.py [--steps 20] [--repeats 3] [--out FILE]
+
+Prints JSON: per variant the median step time after warm-up (compilation excluded) and
+tokens/s, and FeatureGate's overhead over dense as a ratio of medians from this same run
+(these machines are noisy: compare ratios, not absolute times across runs).
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, ".")
+from configs import tiny  # noqa: E402
+from dynjax.models import build  # noqa: E402
+from dynjax.train.loop import init_state, make_optimizer, make_train_step  # noqa: E402
+
+VARIANTS = ("dense", "uniform", "layer_static", "feature_gate", "fixed_depth2")
+
+
+def measure(variant, steps, repeats, batch_size, seq_len):
+    config = tiny.get_config(variant)
+    config.train.batch_size, config.data.seq_len = batch_size, seq_len
+    model = build(config.model.to_dict())
+    tx = make_optimizer(config.train)
+    step_fn = jax.jit(make_train_step(model, tx), donate_argnums=0)
+    state = init_state(config, model, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (batch_size, seq_len), 0, 256)
+    state, m = step_fn(state, tokens)  # compile + warm-up
+    jax.block_until_ready(m)
+    times = []
+    for _ in range(repeats):
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            state, m = step_fn(state, tokens)
+            jax.block_until_ready(m)
+            times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    return {"median_step_s": med, "tokens_per_s": batch_size * seq_len / med,
+            "steps_timed": len(times)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    res = {"backend": jax.default_backend(), "devices": jax.device_count(),
+           "batch_size": args.batch_size, "seq_len": args.seq_len, "variants": {}}
+    for v in args.variants.split(","):
+        res["variants"][v] = measure(v, args.steps, args.repeats, args.batch_size, args.seq_len)
+    vs = res["variants"]
+    if "dense" in vs:
+        res["step_time_ratio_vs_dense"] = {
+            v: r["median_step_s"] / vs["dense"]["median_step_s"] for v, r in vs.items()}
+        if "feature_gate" in vs:
+            res["feature_gate_overhead_vs_dense"] = res["step_time_ratio_vs_dense"]["feature_gate"] - 1
+    text = json.dumps(res, indent=1)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

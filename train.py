@@ -1,0 +1,27 @@
+"""Train a dynjax model: ``python train.py --config=configs/tiny.py:feature_gate --workdir=DIR``.
+
+Override any field with ``--config.train.steps=500``. Re-running the same command resumes
+from the latest checkpoint in DIR. Prints the final validation and test bits per byte.
+"""
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from dynjax.train.loop import train
+
+config_flags.DEFINE_config_file("config", None, "configs/NAME.py[:ARG]", lock_config=True)
+flags.DEFINE_string("workdir", None, "run directory: checkpoints, metrics.jsonl, eval.json")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+    result = train(flags.FLAGS.config, flags.FLAGS.workdir)
+    for split in ("validation", "test"):
+        r = result[split]
+        mass = f", gate mass {r['gate_mass']:.4f}" if "gate_mass" in r else ""
+        print(f"{split}: {r['bpb']:.4f} bits/byte over {r['windows']} windows{mass}")
+
+
+if __name__ == "__main__":
+    app.run(main)
