@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 from dynjax import coeffs as coeffs_lib
 from dynjax.models import gates
@@ -45,12 +46,22 @@ class Model:
         boxed = jax.eval_shape(self.module.init, jax.random.key(0), tokens)["params"]
         return nn.get_partition_spec(boxed)
 
-    def apply(self, params, tokens, coeffs=None):
+    def apply(self, params, tokens, coeffs=None, *, with_aux=False):
+        """``(logits, coeffs)``; with ``with_aux`` also a dict of auxiliary training losses
+        that modules sow into the ``aux_loss`` collection (already weighted, summed by the
+        train step), e.g. a router's load-balancing loss."""
         if coeffs is not None:
             coeffs_lib.check(coeffs, self.schema)
             if not self.schema:
                 coeffs = None
-        return self.module.apply({"params": params}, tokens, coeffs)
+        if not with_aux:
+            return self.module.apply({"params": params}, tokens, coeffs)
+        (logits, coeffs), sown = self.module.apply({"params": params}, tokens, coeffs,
+                                                   mutable=["aux_loss"])
+        aux = {"/".join(str(getattr(k, "key", k)) for k in path): jnp.sum(sum(v))
+               for path, v in jax.tree_util.tree_flatten_with_path(
+                   sown.get("aux_loss", {}), is_leaf=lambda x: isinstance(x, tuple))[0]}
+        return logits, coeffs, aux
 
 
 def build(cfg) -> Model:

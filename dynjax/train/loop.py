@@ -49,16 +49,19 @@ def init_state(config, model, key):
 
 def make_train_step(model, tx):
     def loss_fn(params, tokens):
-        logits, coeffs = model.apply(params, tokens)
-        return next_token_nll(logits, tokens).mean(), coeffs
+        logits, coeffs, aux = model.apply(params, tokens, with_aux=True)
+        nll = next_token_nll(logits, tokens).mean()
+        return nll + sum(aux.values(), 0.0), (nll, coeffs, aux)
 
     def train_step(state, tokens):
-        (loss, coeffs), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], tokens)
+        (_, (loss, coeffs, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            state["params"], tokens)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         new_state = {"step": state["step"] + 1,
                      "params": optax.apply_updates(state["params"], updates),
                      "opt_state": opt_state}
-        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads)}
+        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
+                   **{f"aux/{k}": v for k, v in aux.items()}}
         if "gate" in coeffs:
             metrics["gate_mass_per_layer"] = coeffs["gate"].mean(axis=(1, 2))
         return new_state, metrics
@@ -197,6 +200,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
                       "bpb": float(metrics["loss"]) / LN2,
                       "grad_norm": float(metrics["grad_norm"]),
                       "tokens_per_s": (done - step_last) * tc.batch_size * dc.seq_len / (now - t_last)}
+            record.update({k: float(v) for k, v in metrics.items() if k.startswith("aux/")})
             if "gate_mass_per_layer" in metrics:
                 record["gate_mass_per_layer"] = metrics["gate_mass_per_layer"].tolist()
                 record["gate_mass"] = float(np.mean(metrics["gate_mass_per_layer"]))
