@@ -41,6 +41,18 @@ class ModelConfig:
     gate_max: float = 2.0          # feature_gate: g = gate_max * sigmoid(controller)
     controller_hidden: int = 16
     uniform_value: Optional[float] = None  # uniform: a fixed (mass-matched) gate, not learned
+    # Mixture-of-Depths family (dynjax.models.mod); other families ignore these fields
+    mod_capacity: float = 0.125    # c: a MoD block processes k = floor(c * T) tokens
+    mod_every: int = 2             # every mod_every-th block is a MoD block (blocks 1, 3, ...)
+    mod_layers: tuple = ()         # explicit MoD block indices; overrides mod_every if given
+    mod_router_weight: str = "sigmoid"  # the update's multiplier: "raw" r or "sigmoid" sigmoid(r)
+    mod_route: str = "topk"        # "topk" (training) or causal decoding: "router" | "predictor"
+    mod_bce_weight: float = 0.01   # aux BCE: router logit predicts top-k membership
+    mod_predictor_weight: float = 0.01  # aux BCE: stop-gradient MLP predicts top-k membership
+    mod_predictor_hidden: int = 32
+
+    def __post_init__(self):  # a list from JSON or a ConfigDict becomes a (hashable) tuple
+        object.__setattr__(self, "mod_layers", tuple(self.mod_layers))
 
     @property
     def head_dim(self) -> int:

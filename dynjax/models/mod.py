@@ -1,0 +1,412 @@
+"""Mixture-of-Depths (Raposo et al. 2024): a MoD block processes only k = floor(c*T) tokens.
+
+    r[l, t] = w_l . h[l, t]                                   one scalar per token
+    h[l+1, t] = h[l, t] + weight(r[l, t]) * F_l(h[l][S])[t]   t in S = top-k of r[l, :]
+    h[l+1, t] = h[l, t]                                       otherwise (never written)
+
+F_l is the core's whole ``Block`` (attention + MLP) run on the k gathered tokens only: they
+attend among themselves, causally by their ORIGINAL positions, with rotary angles of their
+original positions. ``weight`` is ``r`` ("raw") or ``sigmoid(r)``; it multiplies the
+block's update, never the residual. Every shape is static: ``lax.top_k``, a sort that keeps
+the selected tokens in their original order, a fixed-shape gather ``[B, k, d]`` and a
+scatter of exactly those k rows (``routed_update``).
+
+Placement: every ``mod_every``-th block (blocks 1, 3, 5, ... by default) or the explicit
+list ``mod_layers``. Layers are grouped as [dense, ..., dense, MoD] so ``nn.scan`` runs one
+compiled group body; variant ``dense`` has the same groups and parameters minus routers.
+
+Causal decoding. Top-k looks at the whole sequence, so autoregressive decoding cannot use
+it. Both remedies of the paper are trained alongside (auxiliary losses, sown as
+``aux_loss``): the router logit itself learns top-k membership by binary cross-entropy
+(decode: enter when sigmoid(r) > 0.5), and a small MLP on stop-gradient inputs learns the
+same (decode: enter when its logit > 0). ``mod_route`` = "router" | "predictor" runs that
+causal rule over a full sequence; a block still holds at most k = floor(c*T) tokens (the
+first k that ask to enter). ``decode_step`` runs the same rule one token at a time with a KV
+cache whose MoD-block buffers hold only the tokens that entered that block (k slots).
+
+Coefficients: ``{"router": (layer, example, token)}``, the raw scores r of the MoD blocks
+(plus ``"predictor"`` logits when ``mod_route="predictor"``). Replay recomputes the
+selection from the given scores, so a reassignment of scores across examples or tokens
+changes which tokens enter while capacity and the set of weight values stay fixed.
+"""
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from dynjax.coeffs import Axes
+from dynjax.models.transformer import (Block, Embed, Head, Mlp, ModelConfig, causal_attention,
+                                       dense_init, norm, rotary, scan_layers)
+
+VARIANTS = ("dense", "mod")
+ROUTER_AXES = Axes(("layer", "example", "token"))
+EMPTY = 2 ** 30  # position of an unused slot: later than every real query, so never seen
+
+
+# ------------------------------------------------------------------------ configuration
+
+def mod_layer_ids(cfg: ModelConfig) -> tuple[int, ...]:
+    if cfg.variant == "dense":
+        return ()
+    if cfg.mod_layers:
+        return tuple(sorted(cfg.mod_layers))
+    return tuple(range(cfg.mod_every - 1, cfg.n_layers, cfg.mod_every))
+
+
+def layout(cfg: ModelConfig) -> tuple[int, tuple[bool, ...]]:
+    """(number of groups, which blocks of a group are MoD). One group when irregular."""
+    ids = mod_layer_ids(cfg)
+    e = cfg.mod_every
+    if cfg.mod_layers or cfg.n_layers % e:
+        return 1, tuple(i in ids for i in range(cfg.n_layers))
+    return cfg.n_layers // e, tuple(cfg.variant == "mod" and j == e - 1 for j in range(e))
+
+
+def validate(cfg: ModelConfig):
+    if cfg.variant == "dense":
+        return
+    if not 0 < cfg.mod_capacity <= 1:
+        raise ValueError(f"model.mod_capacity={cfg.mod_capacity} must be in (0, 1]: a MoD "
+                         "block processes k = floor(c * T) of the T tokens")
+    if cfg.mod_every < 1:
+        raise ValueError(f"model.mod_every={cfg.mod_every} must be at least 1")
+    bad = [i for i in cfg.mod_layers if not 0 <= i < cfg.n_layers]
+    if bad or len(set(cfg.mod_layers)) != len(cfg.mod_layers):
+        raise ValueError(f"model.mod_layers={cfg.mod_layers} must be distinct block indices "
+                         f"in 0..{cfg.n_layers - 1}")
+    if not mod_layer_ids(cfg):
+        raise ValueError(f"no MoD block: mod_every={cfg.mod_every} > n_layers={cfg.n_layers}")
+    if cfg.mod_router_weight not in ("raw", "sigmoid"):
+        raise ValueError(f"model.mod_router_weight={cfg.mod_router_weight!r}; use 'raw' or "
+                         "'sigmoid'")
+    if cfg.mod_route not in ("topk", "router", "predictor"):
+        raise ValueError(f"model.mod_route={cfg.mod_route!r}; use 'topk', 'router' or "
+                         "'predictor'")
+
+
+def capacity(cfg: ModelConfig, seq_len: int) -> int:
+    """k = floor(c * T), the static number of tokens a MoD block processes."""
+    k = int(math.floor(cfg.mod_capacity * seq_len + 1e-9))
+    if k < 1:
+        raise ValueError(f"MoD capacity k = floor({cfg.mod_capacity} * {seq_len}) = 0: a "
+                         "block would process no token; raise model.mod_capacity or the "
+                         "sequence length")
+    return k
+
+
+def schema(cfg: ModelConfig):
+    validate(cfg)  # called once by models.build, so a bad config fails there
+    if cfg.variant == "dense":
+        return {}
+    if cfg.mod_route == "predictor":
+        return {"router": ROUTER_AXES, "predictor": ROUTER_AXES}
+    return {"router": ROUTER_AXES}
+
+
+def router_weight(cfg: ModelConfig, r):
+    return jax.nn.sigmoid(r) if cfg.mod_router_weight == "sigmoid" else r
+
+
+# ----------------------------------------------------------------------- the MoD block
+
+def routed_update(block, h, positions, scores, idx, valid, weight):
+    """Run ``block`` on the tokens ``idx`` (B, k) of h (B, T, d) and write back only them.
+
+    Slots with ``valid`` False (decode mode: fewer than k tokens asked to enter) get the
+    EMPTY position, so no real token attends to them, and are written back unchanged.
+    """
+    take = lambda a: jnp.take_along_axis(a, idx.reshape(idx.shape + (1,) * (a.ndim - 2)), 1)
+    x = take(h)                                                        # (B, k, d)
+    update, _ = block(x, jnp.where(valid, take(positions), EMPTY))     # original positions
+    w = weight(take(scores))[..., None].astype(x.dtype)
+    new = jnp.where(valid[..., None], x + w * update, x)
+    scatter = lambda hb, ib, nb: hb.at[ib].set(nb, indices_are_sorted=True, unique_indices=True)
+    return jax.vmap(scatter)(h, idx, new)
+
+
+def top_k_slots(scores, k):
+    """The k highest-scoring tokens, in their original order."""
+    idx = jnp.sort(jax.lax.top_k(scores, k)[1], axis=-1)
+    return idx, jnp.ones(idx.shape, bool)
+
+
+def first_k_slots(enter, k):
+    """The first k tokens with ``enter`` True, in order; spare slots are invalid."""
+    idx = jnp.sort(jnp.argsort(~enter, axis=-1, stable=True)[:, :k], axis=-1)
+    return idx, jnp.take_along_axis(enter, idx, axis=1)
+
+
+def membership(idx, valid, seq_len):
+    """(B, T) bool: which tokens occupy a valid slot."""
+    return jnp.any((idx[:, :, None] == jnp.arange(seq_len)) & valid[:, :, None], axis=1)
+
+
+class Router(nn.Module):
+    @nn.compact
+    def __call__(self, h):
+        return nn.Dense(1, use_bias=False, dtype=jnp.float32, name="proj",
+                        kernel_init=dense_init(("embed", None)))(h.astype(jnp.float32))[..., 0]
+
+
+class Predictor(nn.Module):
+    """Small MLP predicting top-k membership from stop-gradient inputs (a logit)."""
+
+    hidden: int
+
+    @nn.compact
+    def __call__(self, h):
+        x = jax.lax.stop_gradient(h).astype(jnp.float32)
+        x = nn.gelu(nn.Dense(self.hidden, name="hidden",
+                             kernel_init=dense_init(("embed", None)))(x))
+        return nn.Dense(1, name="out", kernel_init=dense_init((None, None)))(x)[..., 0]
+
+
+def _bce(logits, targets):
+    t = targets.astype(jnp.float32)
+    return jnp.mean(jnp.maximum(logits, 0) - logits * t + jnp.log1p(jnp.exp(-jnp.abs(logits))))
+
+
+class ModLayer(nn.Module):
+    """One block: dense (h + F(h)), or MoD with its router. ``replay``: coefficients or None."""
+
+    cfg: ModelConfig
+    routed: bool
+
+    @nn.compact
+    def __call__(self, h, positions, replay):
+        cfg = self.cfg
+        block = Block(cfg, name="block")
+        if not self.routed:
+            return h + block(h, positions)[0], None
+        T = h.shape[1]
+        pred = Predictor(cfg.mod_predictor_hidden, name="predictor")(h)
+        if replay is None:  # record: the router (and predictor) run
+            coeffs = {"router": Router(name="router")(h)}
+            if cfg.mod_route == "predictor":
+                coeffs["predictor"] = pred
+        else:               # replay: the given scores decide, nothing recomputes them
+            coeffs = replay
+        # Both modes pass through the same barrier, so replay is bitwise equal to record.
+        h, coeffs = jax.lax.optimization_barrier((h, coeffs))
+        scores = coeffs["router"]
+        k = capacity(cfg, T)
+        top_idx, top_valid = top_k_slots(scores, k)
+        if cfg.mod_route == "topk":
+            idx, valid = top_idx, top_valid
+        else:
+            ask = coeffs["predictor"] if cfg.mod_route == "predictor" else scores
+            idx, valid = first_k_slots(ask > 0, k)
+        h = routed_update(block, h, positions, scores, idx, valid,
+                          lambda r: router_weight(cfg, r))
+        target = jax.lax.stop_gradient(membership(top_idx, top_valid, T))
+        aux = {"router_bce": cfg.mod_bce_weight * _bce(scores, target),
+               "predictor_bce": cfg.mod_predictor_weight * _bce(pred, target)}
+        stats = {"topk": target, "entered": membership(idx, valid, T),
+                 "router_says": scores > 0, "predictor_says": pred > 0}
+        return h, (coeffs, aux, stats)
+
+
+class ModGroup(nn.Module):
+    """Consecutive blocks, ``pattern[j]`` True where block j is MoD; scanned over groups."""
+
+    cfg: ModelConfig
+    pattern: tuple
+
+    @nn.compact
+    def __call__(self, carry, xs):
+        h, positions = carry
+        outs = []
+        for j, routed in enumerate(self.pattern):
+            replay = None if xs is None else jax.tree.map(lambda a: a[len(outs)], xs)
+            h, out = ModLayer(self.cfg, routed, name=f"sub_{j}")(h, positions, replay)
+            if routed:
+                outs.append(out)
+        return (h, positions), (jax.tree.map(lambda *a: jnp.stack(a), *outs) if outs else None)
+
+
+class ModDecoder(nn.Module):
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, tokens, coeffs=None):
+        cfg = self.cfg
+        B, T = tokens.shape
+        positions = jnp.broadcast_to(jnp.arange(T), (B, T))
+        h = Embed(cfg, name="embed")(tokens)
+        n_groups, pattern = layout(cfg)
+        xs = None if coeffs is None else jax.tree.map(
+            lambda a: a.astype(jnp.float32).reshape(n_groups, -1, B, T), coeffs)
+        (h, _), out = scan_layers(ModGroup, cfg, n_groups, pattern=pattern)((h, positions), xs)
+        logits = Head(cfg, name="head")(h)
+        if out is None:
+            return logits, {}
+        recorded, aux, stats = jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), out)
+        for name, value in aux.items():  # already weighted; mean over MoD blocks
+            self.sow("aux_loss", name, value.mean())
+        self.sow("mod_stats", "stats", stats)
+        return logits, recorded
+
+
+# ------------------------------------------------------------------------- reporting
+
+def decode_config(cfg: ModelConfig, route: str = "router") -> ModelConfig:
+    """The same model routed causally ("router" threshold or "predictor")."""
+    import dataclasses
+    return dataclasses.replace(cfg, mod_route=route)
+
+
+def routing_stats(model, params, tokens):
+    """Per MoD block (L, B, T) bool arrays: top-k membership, tokens that entered, and the
+    decode rules' answers (router logit > 0, predictor logit > 0), from one forward."""
+    _, sown = model.module.apply({"params": params}, tokens, None, mutable=["mod_stats"])
+    return sown["mod_stats"]["stats"][0]
+
+
+def routing_report(model, params, tokens) -> dict:
+    """Accuracy of both decode rules against top-k membership on the training forward, and
+    how often the decode-mode forwards' routing disagrees with training-time top-k."""
+    from dynjax.models import build
+    f32 = lambda x: float(jnp.mean(x.astype(jnp.float32)))
+    train = routing_stats(model, params, tokens)
+    rep = {"capacity": model.cfg.mod_capacity, "mod_layers": list(mod_layer_ids(model.cfg)),
+           "router_accuracy": f32(train["router_says"] == train["topk"]),
+           "predictor_accuracy": f32(train["predictor_says"] == train["topk"]),
+           "router_accuracy_per_layer": [f32(a == b) for a, b in
+                                         zip(train["router_says"], train["topk"])],
+           "predictor_accuracy_per_layer": [f32(a == b) for a, b in
+                                            zip(train["predictor_says"], train["topk"])]}
+    for route in ("router", "predictor"):
+        dec = routing_stats(build(decode_config(model.cfg, route)), params, tokens)
+        rep[f"decode_{route}_disagreement"] = f32(dec["entered"] != train["topk"])
+        rep[f"decode_{route}_entered_fraction"] = f32(dec["entered"])
+    return rep
+
+
+# ------------------------------------------------------------ decoding with a KV cache
+
+class _CachedAttention(nn.Module):
+    """transformer.Attention's parameters, for one new token against a KV cache."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x, pos, cache, write):
+        cfg = self.cfg
+        proj = lambda name: nn.DenseGeneral(
+            (cfg.n_heads, cfg.head_dim), use_bias=False, dtype=cfg.compute_dtype,
+            kernel_init=dense_init(("embed", "heads", "kv")), name=name)
+        q = rotary(proj("query")(x), pos, cfg.rope_base)
+        k = rotary(proj("key")(x), pos, cfg.rope_base)
+        v = proj("value")(x)
+        B, S = cache["pos"].shape
+        slot = jnp.where(write, cache["n"], S)  # out of range: dropped, nothing written
+        put = lambda buf, new: buf.at[jnp.arange(B), slot].set(new[:, 0], mode="drop")
+        cache = {"k": put(cache["k"], k), "v": put(cache["v"], v),
+                 "pos": put(cache["pos"], pos), "n": cache["n"] + write}
+        out, _, _ = causal_attention(q, cache["k"], cache["v"], pos, cache["pos"])
+        out = nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False,
+                              dtype=cfg.compute_dtype,
+                              kernel_init=dense_init(("heads", "kv", "embed")), name="out")(out)
+        return out, cache
+
+
+class _CachedBlock(nn.Module):
+    """transformer.Block's parameters and arithmetic for one new token (B, 1, d)."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, h, pos, cache, write):
+        a, cache = _CachedAttention(self.cfg, name="attn")(norm("attn_norm", self.cfg)(h),
+                                                           pos, cache, write)
+        m = Mlp(self.cfg, name="mlp")(norm("mlp_norm", self.cfg)(h + a))
+        return a + m, cache
+
+
+def layer_params(cfg: ModelConfig, params):
+    """[(params of one ModLayer, is it MoD)] in depth order, for scanned or unrolled layers."""
+    n_groups, pattern = layout(cfg)
+    out = []
+    for g in range(n_groups):
+        gp = (jax.tree.map(lambda a: a[g], params["layers"]) if cfg.scan_layers
+              else params["layers"][f"layer_{g}"])
+        out += [(gp[f"sub_{j}"], routed) for j, routed in enumerate(pattern)]
+    return out
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int):
+    """Per block: keys/values/positions for max_len tokens (dense) or k = floor(c*max_len)
+    tokens (MoD), and the count of tokens held."""
+    k = capacity(cfg, max_len) if cfg.variant == "mod" else max_len
+    shape = lambda s: (batch, s, cfg.n_heads, cfg.head_dim)
+    n_groups, pattern = layout(cfg)
+    size = lambda routed: k if routed else max_len
+    return [{"k": jnp.zeros(shape(size(routed)), cfg.compute_dtype),
+             "v": jnp.zeros(shape(size(routed)), cfg.compute_dtype),
+             "pos": jnp.full((batch, size(routed)), EMPTY, jnp.int32),
+             "n": jnp.zeros((batch,), jnp.int32)}
+            for _ in range(n_groups) for routed in pattern]
+
+
+def cache_bytes(cache) -> int:
+    return sum(cache_layer[n].nbytes for cache_layer in cache for n in ("k", "v"))
+
+
+def decode_step(cfg: ModelConfig, params, cache, token, pos):
+    """One causal step: token (B,) at positions pos (B,) -> logits (B, V), new cache, and
+    (n_mod, B) bool of which MoD blocks the token entered. A MoD block runs (``lax.cond``)
+    only when some example's token enters it; its cache grows only for those examples."""
+    h = Embed(cfg).apply({"params": params["embed"]}, token[:, None])
+    pos = pos[:, None].astype(jnp.int32)
+    B = token.shape[0]
+    new_cache, entered = [], []
+    for (p, routed), c in zip(layer_params(cfg, params), cache):
+        block = lambda hc, write, p=p, c=c: _CachedBlock(cfg).apply(
+            {"params": p["block"]}, hc, pos, c, write)
+        if not routed:
+            update, c = block(h, jnp.ones((B,), bool))
+            h = h + update
+        else:
+            r = Router().apply({"params": p["router"]}, h)[:, 0]
+            if cfg.mod_route == "predictor":
+                ask = Predictor(cfg.mod_predictor_hidden).apply({"params": p["predictor"]}, h)
+            else:
+                ask = r[:, None]
+            enter = (ask[:, 0] > 0) & (c["n"] < c["pos"].shape[1])
+            w = router_weight(cfg, r)[:, None, None].astype(h.dtype)
+            run = lambda hc: (lambda u, c2: (jnp.where(enter[:, None, None], hc + w * u, hc),
+                                             c2))(*block(hc, enter))
+            h, c = jax.lax.cond(jnp.any(enter), run, lambda hc: (hc, c), h)
+            entered.append(enter)
+        new_cache.append(c)
+    logits = Head(cfg).apply({"params": params["head"]}, h)[:, 0]
+    return logits, new_cache, jnp.stack(entered) if entered else jnp.zeros((0, B), bool)
+
+
+def cached_forward(cfg: ModelConfig, params, tokens):
+    """Logits of every position computed token by token through ``decode_step`` (teacher
+    forcing). Equals the full-sequence forward with ``mod_route`` = "router"/"predictor"."""
+    B, T = tokens.shape
+    def step(cache, t):
+        logits, cache, entered = decode_step(cfg, params, cache, tokens[:, t],
+                                             jnp.full((B,), t))
+        return cache, (logits, entered)
+    _, (logits, entered) = jax.lax.scan(step, init_cache(cfg, B, T), jnp.arange(T))
+    return jnp.swapaxes(logits, 0, 1), jnp.moveaxis(entered, 0, -1)
+
+
+def generate(cfg: ModelConfig, params, prompt, steps: int):
+    """Greedy continuation of prompt (B, P) by ``steps`` tokens with the sparse KV cache."""
+    B, P = prompt.shape
+    cache = init_cache(cfg, B, P + steps)
+    def step(carry, t):
+        cache, tok = carry
+        logits, cache, _ = decode_step(cfg, params, cache, tok, jnp.full((B,), t))
+        nxt = jnp.where(t + 1 < P, prompt[:, jnp.minimum(t + 1, P - 1)],
+                        jnp.argmax(logits, -1).astype(prompt.dtype))
+        return (cache, nxt), nxt
+    _, out = jax.lax.scan(step, (cache, prompt[:, 0]), jnp.arange(P + steps - 1))
+    return jnp.concatenate([prompt[:, :1], out.T], axis=1)

@@ -1,0 +1,172 @@
+"""Mixture-of-Depths: routing, positions, replay, capacity errors, causal decoding, KV cache."""
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dynjax.models import build, mod
+from dynjax.models.transformer import Block, ModelConfig
+
+B, T, D = 2, 16, 32
+CFG = ModelConfig(family="mod", variant="mod", d_model=D, n_heads=2, n_layers=2, d_ff=64,
+                  mod_capacity=0.25, scan_layers=False)
+K = 4  # floor(0.25 * 16)
+
+
+@pytest.fixture(scope="module")
+def layer():
+    """One MoD layer (raw router weight), its params, an input h and positions."""
+    cfg = dataclasses.replace(CFG, mod_router_weight="raw")
+    h = jax.random.normal(jax.random.key(0), (B, T, D))
+    pos = jnp.broadcast_to(jnp.arange(T), (B, T))
+    module = mod.ModLayer(cfg, True)
+    params = nn.meta.unbox(module.init(jax.random.key(1), h, pos, None))
+    run = jax.jit(lambda h, scores: module.apply(params, h, pos, {"router": scores})[0])
+    block = lambda x, p: Block(cfg).apply({"params": params["params"]["block"]}, x, p)[0]
+    return run, block, h, pos
+
+
+def scores_for(selected):
+    """Router scores that pick ``selected`` tokens (per example) with weights 1.5, 1.6, ..."""
+    s = np.full((B, T), -5.0, np.float32)
+    for b in range(B):
+        s[b, selected[b]] = 1.5 + 0.1 * np.arange(len(selected[b]))
+    return jnp.asarray(s)
+
+
+SEL = [np.array([1, 4, 9, 13]), np.array([0, 2, 3, 15])]
+
+
+def test_unselected_tokens_bitwise_unchanged(layer):
+    run, _, h, _ = layer
+    out = np.asarray(run(h, scores_for(SEL)))
+    for b in range(B):
+        unsel = np.setdiff1d(np.arange(T), SEL[b])
+        np.testing.assert_array_equal(out[b, unsel], np.asarray(h)[b, unsel])
+        assert not np.any(np.all(out[b, SEL[b]] == np.asarray(h)[b, SEL[b]], axis=-1))
+
+
+def test_router_weight_multiplies_only_the_update_at_original_positions(layer):
+    run, block, h, pos = layer
+    s = scores_for(SEL)
+    d1 = np.asarray(run(h, s) - h)
+    d2 = np.asarray(run(h, 2 * s) - h)  # same selection, twice the raw weight
+    np.testing.assert_allclose(d2, 2 * d1, rtol=1e-5, atol=1e-6)
+    # The update is the block on the gathered tokens at their ORIGINAL positions.
+    idx = jnp.asarray(np.stack(SEL))
+    x = jnp.take_along_axis(h, idx[..., None], 1)
+    w = jnp.take_along_axis(s, idx, 1)[..., None]
+    expect = x + w * block(x, idx)
+    got = jnp.take_along_axis(run(h, s), idx[..., None], 1)
+    np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-5)
+    renumbered = x + w * block(x, jnp.broadcast_to(jnp.arange(K), (B, K)))
+    assert np.abs(np.asarray(got - renumbered)).max() > 1e-3
+
+
+def test_selected_token_attends_only_to_selected_tokens_at_or_before_it(layer):
+    run, _, h, _ = layer
+    s = scores_for(SEL)
+    base = np.asarray(run(h, s))
+    b, sel = 0, SEL[0]
+    bump = lambda t: h.at[b, t].add(1.0)
+    # An unselected token is invisible to every selected one.
+    out = np.asarray(run(bump(6), s))
+    np.testing.assert_allclose(out[b, sel], base[b, sel], atol=1e-6)
+    # A selected token at position 9 affects selected tokens at 9 and 13, not 1 and 4.
+    out = np.asarray(run(bump(9), s))
+    np.testing.assert_allclose(out[b, [1, 4]], base[b, [1, 4]], atol=1e-6)
+    assert np.abs(out[b, 13] - base[b, 13]).max() > 1e-4
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = build(CFG)
+    tokens = jax.random.randint(jax.random.key(2), (B, T), 0, 256)
+    return m, m.init(jax.random.key(3), tokens), tokens
+
+
+def test_bitwise_replay_and_one_compilation(model):
+    m, params, tokens = model
+    traces = []
+
+    @jax.jit
+    def f(params, tokens, coeffs=None):
+        traces.append(1)
+        return m.apply(params, tokens, coeffs)
+
+    logits, coeffs = f(params, tokens)
+    assert coeffs["router"].shape == (1, B, T)
+    np.testing.assert_array_equal(f(params, tokens, coeffs)[0], logits)
+    f(params, (tokens + 7) % 256)
+    f(params, tokens[::-1])
+    assert len(traces) == 2  # record and replay; other inputs of the shape reuse them
+    # Replayed scores decide: another example's scores change the assignment.
+    swapped = {"router": coeffs["router"][:, ::-1]}
+    assert np.abs(np.asarray(f(params, tokens, swapped)[0] - logits)).max() > 1e-4
+
+
+def test_full_capacity_with_unit_weight_equals_dense():
+    cfg = dataclasses.replace(CFG, mod_capacity=1.0, mod_router_weight="raw")
+    m, dense = build(cfg), build(dataclasses.replace(cfg, variant="dense"))
+    tokens = jax.random.randint(jax.random.key(4), (B, T), 0, 256)
+    params = m.init(jax.random.key(5), tokens)
+    dense_params = jax.tree.map(lambda a: a, params)
+    del dense_params["layers"]["layer_0"]["sub_1"]["router"]
+    del dense_params["layers"]["layer_0"]["sub_1"]["predictor"]
+    ones = {"router": jnp.ones((1, B, T))}
+    got = jax.jit(m.apply)(params, tokens, ones)[0]
+    want = jax.jit(dense.apply)(dense_params, tokens)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("c", [0.0, -0.5, 1.5])
+def test_capacity_outside_unit_interval_is_a_clear_error(c):
+    with pytest.raises(ValueError, match="mod_capacity"):
+        build(dataclasses.replace(CFG, mod_capacity=c))
+
+
+def test_zero_capacity_tokens_is_a_clear_error():
+    m = build(dataclasses.replace(CFG, mod_capacity=0.1))
+    with pytest.raises(ValueError, match=r"floor\(0.1 \* 8\) = 0"):
+        m.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+
+
+@pytest.mark.parametrize("route", ["router", "predictor"])
+def test_decode_mode_is_causal_and_kv_cache_matches_it(model, route):
+    m, params, tokens = model
+    cfg = mod.decode_config(CFG, route)
+    dm = build(cfg)
+    full = jax.jit(lambda t: dm.apply(params, t)[0])
+    logits = full(tokens)
+    changed = tokens.at[:, 10:].set((tokens[:, 10:] + 1) % 256)
+    np.testing.assert_allclose(full(changed)[:, :10], logits[:, :10], atol=1e-6)
+    cached, entered = jax.jit(lambda t: mod.cached_forward(cfg, params, t))(tokens)
+    np.testing.assert_allclose(cached, logits, atol=1e-4, rtol=1e-4)
+    stats = mod.routing_stats(dm, params, tokens)
+    np.testing.assert_array_equal(entered, stats["entered"])
+    assert int(entered.sum(-1).max()) <= K
+
+
+def test_cache_is_capacity_bounded_and_report_is_sane(model):
+    m, params, tokens = model
+    sparse = mod.cache_bytes(mod.init_cache(CFG, B, 64))
+    dense = mod.cache_bytes(mod.init_cache(dataclasses.replace(CFG, variant="dense"), B, 64))
+    assert sparse == dense * (1 + 0.25) / 2  # one dense and one MoD block of two
+    rep = mod.routing_report(m, params, tokens)
+    for key in ("router_accuracy", "predictor_accuracy", "decode_router_disagreement"):
+        assert 0.0 <= rep[key] <= 1.0
+    out = mod.generate(mod.decode_config(CFG), params, tokens[:, :3], 5)
+    assert out.shape == (B, 8) and np.array_equal(out[:, :3], tokens[:, :3])
+
+
+def test_aux_losses_train_router_and_predictor_only_through_their_targets(model):
+    m, params, tokens = model
+    _, _, aux = m.apply(params, tokens, with_aux=True)
+    assert set(aux) == {"router_bce", "predictor_bce"}
+    grads = jax.grad(lambda p: m.apply(p, tokens, with_aux=True)[2]["predictor_bce"])(params)
+    sub = grads["layers"]["layer_0"]
+    assert np.abs(np.asarray(sub["sub_1"]["predictor"]["out"]["kernel"])).max() > 0
+    assert all(np.all(np.asarray(g) == 0) for g in jax.tree.leaves(sub["sub_0"]))
