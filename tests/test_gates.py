@@ -1,0 +1,174 @@
+"""The residual-gate family: causality, the coefficient contract, variants' definitions."""
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dynjax.coeffs import Axes
+from dynjax.models import build
+from tests.conftest import tiny_config
+
+GATED = ("uniform", "layer_static", "feature_gate")
+ALL = ("dense",) + GATED + ("fixed_depth",)
+
+
+def _model(variant, **kw):
+    return build(tiny_config(variant, **kw).model.to_dict())
+
+
+def _tokens(seed=0, shape=(4, 32)):
+    return jax.random.randint(jax.random.key(seed), shape, 0, 256)
+
+
+@pytest.mark.parametrize("variant", ALL)
+def test_causality(variant):
+    """Changing bytes after position t never changes logits at positions <= t."""
+    model = _model(variant)
+    tokens = _tokens()
+    params = model.init(jax.random.key(1), tokens)
+    apply = jax.jit(lambda p, t: model.apply(p, t)[0])
+    base = apply(params, tokens)
+    t = 13
+    changed = tokens.at[:, t + 1:].set((tokens[:, t + 1:] + 7) % 256)
+    other = apply(params, changed)
+    np.testing.assert_allclose(other[:, :t + 1], base[:, :t + 1], rtol=0, atol=1e-6)
+    assert not np.allclose(other[:, t + 1:], base[:, t + 1:])
+
+
+@pytest.mark.parametrize("dtype, scan", [("float32", True), ("bfloat16", True),
+                                         ("float32", False)])
+@pytest.mark.parametrize("variant", GATED)
+def test_replay_is_bitwise(variant, dtype, scan):
+    model = _model(variant, dtype=dtype, scan_layers=scan)
+    tokens = _tokens()
+    params = model.init(jax.random.key(1), tokens)
+    apply = jax.jit(model.apply)
+    logits, coeffs = apply(params, tokens)
+    assert set(coeffs) == {"gate"}
+    chex.assert_shape(coeffs["gate"], (3, 4, 32))          # (layer, example, token)
+    assert coeffs["gate"].dtype == jnp.float32
+    assert model.schema == {"gate": Axes(("layer", "example", "token"))}
+    replayed, coeffs2 = apply(params, tokens, coeffs)
+    assert np.array_equal(np.asarray(replayed), np.asarray(logits))
+    assert np.array_equal(np.asarray(coeffs2["gate"]), np.asarray(coeffs["gate"]))
+
+
+def test_replay_does_not_run_the_controller():
+    """Replay ignores the controller: changing its parameters changes record, not replay."""
+    model = _model("feature_gate")
+    tokens = _tokens()
+    params = model.init(jax.random.key(1), tokens)
+    apply = jax.jit(model.apply)
+    logits, coeffs = apply(params, tokens)
+    broken = jax.tree_util.tree_map_with_path(
+        lambda path, x: x + 3.0 if "controller" in jax.tree_util.keystr(path) else x, params)
+    assert not np.array_equal(apply(broken, tokens)[0], logits)
+    assert np.array_equal(apply(broken, tokens, coeffs)[0], logits)
+    # and the replay program contains no controller at all
+    hlo = jax.jit(model.apply).lower(params, tokens, coeffs).as_text()
+    assert hlo.count("dot_general") < jax.jit(model.apply).lower(params, tokens).as_text().count(
+        "dot_general")
+
+
+def test_replayed_gates_are_used():
+    """Replay uses the given values verbatim: different gates, different logits."""
+    model = _model("feature_gate")
+    tokens = _tokens()
+    params = model.init(jax.random.key(1), tokens)
+    logits, coeffs = model.apply(params, tokens)
+    halved = {"gate": coeffs["gate"] * 0.5}
+    assert not np.allclose(model.apply(params, tokens, halved)[0], logits)
+
+
+def test_dense_equals_gate_fixed_at_one():
+    tokens = _tokens()
+    fg = _model("feature_gate")
+    params = fg.init(jax.random.key(1), tokens)
+    dense_params = {k: v for k, v in params.items()}
+    dense_params["layers"] = {"block": params["layers"]["block"]}
+    dense_logits = jax.jit(_model("dense").apply)(dense_params, tokens)[0]
+    ones = {"gate": jnp.ones((3, 4, 32), jnp.float32)}
+    gated_logits = jax.jit(fg.apply)(params, tokens, ones)[0]
+    np.testing.assert_array_equal(gated_logits, dense_logits)
+    uniform_one = jax.jit(_model("uniform", uniform_value=1.0).apply)(dense_params, tokens)[0]
+    np.testing.assert_array_equal(uniform_one, dense_logits)
+
+
+def test_uniform_and_layer_static_coefficients():
+    tokens = _tokens()
+    for variant, n_values in (("uniform", 1), ("layer_static", 3)):
+        model = _model(variant)
+        params = model.init(jax.random.key(1), tokens)
+        key = "uniform_gate" if variant == "uniform" else "layer_gate"
+        params[key] = jnp.arange(1.0, 1.0 + np.size(params[key]), dtype=jnp.float32).reshape(
+            np.shape(params[key]))
+        gate = model.apply(params, tokens)[1]["gate"]
+        # constant over examples and tokens, one value per layer (or one overall)
+        assert np.unique(np.asarray(gate)).size == n_values
+        assert np.all(gate == gate[:, :1, :1])
+
+
+def _count_dots(model, tokens):
+    params = jax.eval_shape(model.init, jax.random.key(0), tokens)
+    return jax.jit(model.apply).lower(params, tokens).as_text().count("stablehlo.dot_general")
+
+
+def test_fixed_depth_compiles_to_k_blocks():
+    """fixed_depth builds a genuinely shallower program: k blocks' worth of matmuls, and a
+    k-step layer scan; not a zero gate on the full depth."""
+    tokens = _tokens()
+    unrolled = dict(scan_layers=False)
+    per_block = (_count_dots(_model("dense", n_layers=2, **unrolled), tokens)
+                 - _count_dots(_model("dense", n_layers=1, **unrolled), tokens))
+    head = _count_dots(_model("dense", n_layers=1, **unrolled), tokens) - per_block
+    for k in (1, 2):
+        model = _model("fixed_depth", fixed_depth=k, **unrolled)
+        assert _count_dots(model, tokens) == head + k * per_block
+    scanned = _model("fixed_depth", fixed_depth=2)
+    params = scanned.init(jax.random.key(0), tokens)
+    jaxpr = jax.make_jaxpr(scanned.apply)(params, tokens)
+    lengths = [e.params["length"] for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan"]
+    assert lengths == [2]
+    assert jax.tree.leaves(params["layers"])[0].shape[0] == 2
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(variant="sparse"), "unknown model.variant"),
+    (dict(d_model=33), "not divisible"),
+    (dict(dtype="float16"), "model.dtype"),
+    (dict(variant="fixed_depth", fixed_depth=9), "fixed_depth=9"),
+    (dict(colour="red"), "unknown model config field"),
+])
+def test_bad_model_config_errors(bad, match):
+    cfg = tiny_config("dense").model.to_dict()
+    cfg.update(bad)
+    with pytest.raises(ValueError, match=match):
+        build(cfg)
+
+
+def test_wrong_coefficients_error():
+    model = _model("feature_gate")
+    tokens = _tokens()
+    params = model.init(jax.random.key(1), tokens)
+    with pytest.raises(ValueError, match="schema"):
+        model.apply(params, tokens, {"mix": jnp.ones((3, 4, 32))})
+    with pytest.raises(ValueError, match="axes"):
+        model.apply(params, tokens, {"gate": jnp.ones((3, 4))})
+
+
+def test_param_count_of_paper_presets():
+    """featuregate_76m counts ~76M parameters (the paper: 75.9M)."""
+    from configs import featuregate_76m, featuregate_504m
+
+    def count(cfg):
+        model = build(cfg.model.to_dict())
+        shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+        return sum(int(np.prod(s.shape)) for s in jax.tree.leaves(shapes))
+
+    n76 = count(featuregate_76m.get_config("feature_gate"))
+    assert 74e6 < n76 < 78e6, n76
+    n504 = count(featuregate_504m.get_config("feature_gate"))
+    assert 480e6 < n504 < 530e6, n504
+    fd15 = count(featuregate_76m.get_config("fixed_depth15"))
+    assert fd15 < n76 * 0.7
