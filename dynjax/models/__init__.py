@@ -14,12 +14,13 @@ import jax
 import jax.numpy as jnp
 
 from dynjax import coeffs as coeffs_lib
-from dynjax.models import gates, mod
+from dynjax.models import gates, mod, moe
 from dynjax.models.transformer import ModelConfig
 
 # family name -> (module class, schema function, variant names)
 FAMILIES = {"gates": (gates.GatedDecoder, gates.schema, gates.VARIANTS),
-            "mod": (mod.ModDecoder, mod.schema, mod.VARIANTS)}
+            "mod": (mod.ModDecoder, mod.schema, mod.VARIANTS),
+            "moe": (moe.MoeDecoder, moe.schema, moe.VARIANTS)}
 
 
 class Model:

@@ -50,6 +50,13 @@ class ModelConfig:
     mod_bce_weight: float = 0.01   # aux BCE: router logit predicts top-k membership
     mod_predictor_weight: float = 0.01  # aux BCE: stop-gradient MLP predicts top-k membership
     mod_predictor_hidden: int = 32
+    # Mixture-of-Experts FFN (dynjax.models.moe); MaxText's names with a moe_ prefix
+    moe_num_experts: int = 4
+    moe_num_experts_per_tok: int = 1    # token choice: top-k experts per token
+    moe_routing: str = "token_choice"   # or "expert_choice" (each expert takes its top tokens)
+    moe_capacity_factor: float = 1.25   # expert buffer ceil(cf * k * T / E); <= 0: never drop
+    moe_load_balance_loss_weight: float = 0.01
+    moe_router_z_loss_weight: float = 0.001
 
     def __post_init__(self):  # a list from JSON or a ConfigDict becomes a (hashable) tuple
         object.__setattr__(self, "mod_layers", tuple(self.mod_layers))

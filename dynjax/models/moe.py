@@ -1,0 +1,175 @@
+"""Mixture-of-Experts feed-forward blocks with fixed expert capacity, and integrated MoDE.
+
+Every block is ``h + a + MoE(norm(h + a))``: the core's attention, then E expert MLPs of
+which each token reaches at most k. Router: p = softmax(W x) over experts (float32).
+
+Routing (``moe_routing``), both with static shapes (one-hot dispatch / combine tensors
+[B, T, E, C], GShard style; the group is one sequence):
+
+- ``token_choice``: each token picks its top-k experts, weight p_e (not renormalised).
+  Expert buffers hold C = ceil(capacity_factor * k * T / E) tokens (capped at T;
+  capacity_factor <= 0 means C = T, nothing is ever dropped). Buffer slots are filled in
+  priority order: every token's first choice, in token order, before any second choice.
+  A (token, expert) pair that finds the buffer full is DROPPED: that expert contributes
+  nothing for the token; if all its choices drop, the token's FFN update is exactly 0
+  (it keeps the residual). Reported as ``dropped`` in ``moe_stats``.
+- ``expert_choice`` (Zhou et al. 2022): each expert takes its top-C tokens by p_e, so
+  load is balanced by construction; a token no expert chose is dropped.
+
+Auxiliary losses (sown, already weighted): ``load_balance`` = E * sum_e f_e P_e (Switch;
+f_e the fraction of token-choice assignments to e, P_e the mean router probability; 1 at
+uniform routing; token choice only) and ``router_z`` = mean(logsumexp(logits)^2) (ST-MoE).
+
+Integrated MoDE (variant ``mode_integrated``, Raposo et al. 2024): the router has E + 1
+outputs; the last is a no-op expert with no parameters and no buffer. A token routed there
+skips the MLP (its update is just its attention output), so the layer computes only the
+E real experts' buffers, C = ceil(cf * k * T / (E + 1)) each.
+
+Coefficients: ``{"router": (layer, example, token, expert)}``, the router probabilities.
+Replay recomputes the selection, capacity and weights from them.
+"""
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from dynjax.coeffs import Axes
+from dynjax.models.transformer import (Attention, Embed, Head, ModelConfig, dense_init, norm,
+                                       scan_layers)
+
+VARIANTS = ("moe", "mode_integrated")
+ROUTER_AXES = Axes(("layer", "example", "token", "expert"))
+
+
+def n_routes(cfg: ModelConfig) -> int:
+    """Router outputs: the experts, plus the no-op expert of integrated MoDE."""
+    return cfg.moe_num_experts + (cfg.variant == "mode_integrated")
+
+
+def validate(cfg: ModelConfig):
+    if cfg.moe_num_experts < 1:
+        raise ValueError(f"model.moe_num_experts={cfg.moe_num_experts} must be at least 1")
+    if not 1 <= cfg.moe_num_experts_per_tok <= n_routes(cfg):
+        raise ValueError(f"model.moe_num_experts_per_tok={cfg.moe_num_experts_per_tok} must "
+                         f"be in 1..{n_routes(cfg)} (the router's outputs)")
+    if cfg.moe_routing not in ("token_choice", "expert_choice"):
+        raise ValueError(f"model.moe_routing={cfg.moe_routing!r}; use 'token_choice' or "
+                         "'expert_choice'")
+    if cfg.moe_routing == "expert_choice" and cfg.moe_capacity_factor <= 0:
+        raise ValueError("expert_choice routing needs model.moe_capacity_factor > 0")
+
+
+def expert_capacity(cfg: ModelConfig, seq_len: int) -> int:
+    """Tokens each expert's buffer holds per sequence."""
+    if cfg.moe_capacity_factor <= 0:
+        return seq_len
+    c = math.ceil(cfg.moe_capacity_factor * cfg.moe_num_experts_per_tok * seq_len
+                  / n_routes(cfg) - 1e-9)
+    return max(1, min(seq_len, c))
+
+
+def schema(cfg: ModelConfig):
+    validate(cfg)
+    return {"router": ROUTER_AXES}
+
+
+def token_choice(probs, k, capacity):
+    """Top-k experts per token -> (dispatch, combine), both (B, T, E, C), and kept (B,T,k)."""
+    B, T, E = probs.shape
+    gates, experts = jax.lax.top_k(probs, k)                       # (B, T, k)
+    choice = jax.nn.one_hot(experts, E, dtype=jnp.int32)          # (B, T, k, E)
+    by_rank = jnp.swapaxes(choice, 1, 2).reshape(B, k * T, E)     # first choices first
+    pos = (jnp.cumsum(by_rank, axis=1) - 1).reshape(B, k, T, E).swapaxes(1, 2)
+    kept = choice * (pos < capacity)                               # (B, T, k, E)
+    slot = jax.nn.one_hot(pos, capacity) * kept[..., None]         # (B, T, k, E, C)
+    return slot.sum(2), (slot * gates[..., None, None]).sum(2), kept.sum(-1)
+
+
+def expert_choice(probs, capacity):
+    """Each expert takes its top-C tokens -> (dispatch, combine), both (B, T, E, C)."""
+    T = probs.shape[1]
+    gates, tokens = jax.lax.top_k(jnp.swapaxes(probs, 1, 2), capacity)   # (B, E, C)
+    dispatch = jnp.moveaxis(jax.nn.one_hot(tokens, T), -1, 1)             # (B, T, E, C)
+    return dispatch, dispatch * gates[:, None]
+
+
+class MoeFfn(nn.Module):
+    """x (B, T, d) -> (y, probs, aux, stats). ``probs`` given: replay, the router does not run."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x, probs=None):
+        cfg = self.cfg
+        B, T, d = x.shape
+        E, k = cfg.moe_num_experts, cfg.moe_num_experts_per_tok
+        aux = {}
+        if probs is None:
+            logits = nn.Dense(n_routes(cfg), use_bias=False, dtype=jnp.float32, name="router",
+                              kernel_init=dense_init(("embed", None)))(x.astype(jnp.float32))
+            probs = jax.nn.softmax(logits, axis=-1)
+            aux["router_z"] = cfg.moe_router_z_loss_weight * jnp.mean(
+                jax.nn.logsumexp(logits, axis=-1) ** 2)
+        x, probs = jax.lax.optimization_barrier((x, probs))  # replay == record, bitwise
+        C = expert_capacity(cfg, T)
+        if cfg.moe_routing == "token_choice":
+            dispatch, combine, kept = token_choice(probs, k, C)
+            top1 = jax.nn.one_hot(jax.lax.top_k(probs, k)[1], n_routes(cfg)).sum(2) / k
+            aux["load_balance"] = cfg.moe_load_balance_loss_weight * n_routes(cfg) * jnp.sum(
+                top1.mean((0, 1)) * probs.mean((0, 1)))
+            dropped = 1.0 - kept.mean()
+        else:
+            dispatch, combine = expert_choice(probs, C)
+            dropped = jnp.mean(dispatch.sum((2, 3)) == 0)
+        noop = dispatch[:, :, E:].sum((2, 3)).mean() if n_routes(cfg) > E else jnp.zeros(())
+        dispatch, combine = dispatch[:, :, :E], combine[:, :, :E]  # the no-op expert: nothing
+        wi = self.param("wi", dense_init(("expert", "embed", "mlp")), (E, d, cfg.d_ff))
+        wo = self.param("wo", dense_init(("expert", "mlp", "embed")), (E, cfg.d_ff, d))
+        dt = cfg.compute_dtype
+        xe = jnp.einsum("btec,btd->becd", dispatch.astype(dt), x)                # buffers
+        ye = jnp.einsum("becf,efd->becd", nn.gelu(jnp.einsum("becd,edf->becf", xe,
+                                                              wi.astype(dt))), wo.astype(dt))
+        y = jnp.einsum("btec,becd->btd", combine.astype(dt), ye)
+        stats = {"dropped": dropped, "noop": noop, "load": dispatch.sum((1, 3)).mean(0) / T}
+        return y, probs, aux, stats
+
+
+class MoeLayer(nn.Module):
+    """Attention then the MoE FFN. Carry (h, positions); xs: replayed probs or None."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, carry, probs):
+        h, positions = carry
+        a, _ = Attention(self.cfg, name="attn")(norm("attn_norm", self.cfg)(h), positions)
+        m, probs, aux, stats = MoeFfn(self.cfg, name="moe")(norm("mlp_norm", self.cfg)(h + a),
+                                                            probs)
+        return (h + a + m, positions), (probs, aux, stats)
+
+
+class MoeDecoder(nn.Module):
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, tokens, coeffs=None):
+        cfg = self.cfg
+        B, T = tokens.shape
+        positions = jnp.broadcast_to(jnp.arange(T), (B, T))
+        h = Embed(cfg, name="embed")(tokens)
+        xs = None if coeffs is None else coeffs["router"].astype(jnp.float32)
+        (h, _), (probs, aux, stats) = scan_layers(MoeLayer, cfg, cfg.n_layers)((h, positions), xs)
+        for name, value in aux.items():  # already weighted; mean over layers
+            self.sow("aux_loss", name, value.mean())
+        self.sow("moe_stats", "stats", stats)
+        return Head(cfg, name="head")(h), {"router": probs}
+
+
+def moe_stats(model, params, tokens):
+    """Per layer: fraction of token-expert assignments dropped, fraction routed to the
+    no-op expert (integrated MoDE), and each expert's load (fraction of tokens)."""
+    _, sown = model.module.apply({"params": params}, tokens, None, mutable=["moe_stats"])
+    return sown["moe_stats"]["stats"][0]
