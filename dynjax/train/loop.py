@@ -60,7 +60,7 @@ def make_train_step(model, tx):
         new_state = {"step": state["step"] + 1,
                      "params": optax.apply_updates(state["params"], updates),
                      "opt_state": opt_state}
-        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
+        metrics = {"loss": loss, "grad_norm": optax.tree_utils.tree_norm(grads),
                    **{f"aux/{k}": v for k, v in aux.items()}}
         if "gate" in coeffs:
             metrics["gate_mass_per_layer"] = coeffs["gate"].mean(axis=(1, 2))
