@@ -46,13 +46,18 @@ def execution_summary(counts: np.ndarray, n_layers: int) -> dict:
             "histogram": hist.tolist(), "tokens": int(counts.size)}
 
 
-def compiled_flops(fn, *args) -> float:
-    """FLOPs from XLA's cost analysis of ``jax.jit(fn)`` compiled for ``args``.
-    A scan/while body is counted once: pass an unrolled program."""
+def compiled_cost(fn, *args) -> dict:
+    """XLA's cost analysis of ``jax.jit(fn)`` compiled for ``args``: flops and bytes
+    accessed. A scan/while body is counted once: pass an unrolled program."""
     cost = jax.jit(fn).lower(*args).compile().cost_analysis()
     if isinstance(cost, (list, tuple)):  # older jax: one dict per computation
         cost = cost[0]
-    return float(cost.get("flops", float("nan")))
+    return {"flops": float(cost.get("flops", float("nan"))),
+            "bytes_accessed": float(cost.get("bytes accessed", float("nan")))}
+
+
+def compiled_flops(fn, *args) -> float:
+    return compiled_cost(fn, *args)["flops"]
 
 
 def _block_flops(cfg: ModelConfig, n: int) -> int:
@@ -87,9 +92,11 @@ def flop_report(cfg: ModelConfig, batch: int, seq_len: int, params=None) -> dict
     tokens = jnp.zeros((batch, seq_len), jnp.int32)
     if params is None:
         params = jax.eval_shape(model.init, jax.random.key(0), tokens)
-    compiled = compiled_flops(lambda p, t: model.apply(p, t)[0], params, tokens)
+    compiled = compiled_cost(lambda p, t: model.apply(p, t)[0], params, tokens)
     analytic = analytic_forward_flops(cfg, batch, seq_len)
-    return {"compiled_flops": compiled, "compiled_counted_on": "unrolled layers "
+    return {"compiled_flops": compiled["flops"],
+            "compiled_bytes_accessed": compiled["bytes_accessed"],
+            "compiled_counted_on": "unrolled layers "
             "(scan_layers=False), XLA cost analysis, all ops",
             "analytic_flops": analytic["total"], "analytic_parts": analytic,
             "analytic_counts": "matmuls only, 2 x MACs"}
