@@ -16,7 +16,7 @@ def get_config(method: str = "dgate"):
     c.model.dropout = 0.5
     c.train.update(steps=1500, batch_size=64, weight_decay=1e-2, eval_every=500,
                    ckpt_every=500, log_every=50)
-    c.gate.update(warmup_steps=200, anneal_steps=600, ramp_steps=600)
+    c.gate.update(warmup_steps=200, anneal_steps=600, ramp_steps=600, lambda_g=0.1)
     c.sparse.update(update_every=50)
     c.eval.batch_size = 128
     return c
