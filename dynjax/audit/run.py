@@ -593,7 +593,10 @@ def summarize(checkpoints: Sequence[dict], settings: Settings, schema) -> dict:
         row = conditions["static_profile"]
         verdicts = {"practically_small": stats.practically_small(row, s.criteria)}
         if "retention" in row:
-            verdicts["high_retention"] = stats.high_retention(row["retention"], s.criteria)
+            v = stats.high_retention(row["retention"], s.criteria)
+            if not conditions[ref]["estimate"] > 0:   # no gap to retain: no verdict
+                v = dict(v, met=None, note="the reference ΔNLL is not positive")
+            verdicts["high_retention"] = v
         row["verdicts"] = verdicts
 
     effects = {}
@@ -932,7 +935,7 @@ def format_plan(plan: dict) -> str:
              f"{plan['windows']['evaluation']} evaluation x {plan['windows']['seq_len']} tokens, "
              f"{plan['windows']['rows_per_forward']} rows per forward",
              f"  forwards (windows): record {plan['forward_windows']['record']}, "
-             f"replay {plan['forward_windows']['replay']}; {plan['flops'] / 1e15:.1f} PFLOP"]
+             f"replay {plan['forward_windows']['replay']}; {plan['flops']:.3g} FLOP"]
     lines += [f"  {k.replace('_', ' ')}: {gb(v)}" for k, v in plan["bytes"].items()]
     if "seconds_estimate" in plan:
         lines.append(f"  time at the given FLOP/s: {plan['seconds_estimate'] / 60:.1f} min")

@@ -1,0 +1,114 @@
+"""The audit's wall time against its lower bound: forward passes x one jitted forward.
+
+    python benchmarks/audit_throughput.py [--variant feature_gate] [--windows 64]
+        [--reassignments 20] [--batch-size 64] [--seq-len 128] [--out FILE]
+
+Audits a tiny model (configs/tiny.py architecture, initial parameters: the cost does not
+depend on training) twice with the same compiled engine: ``cold`` includes compilation,
+``warm`` is the steady state. The lower bound is (number of forward calls) x (median time of
+one jitted forward of the same batch): ``bound_plain`` uses the model's plain jitted forward,
+``bound_programs`` the engine's own record and replay programs (record counted separately).
+Ratios are reported for the engine alone (record, replay check, every condition) and for the
+whole audit (plus variance decomposition and the statistics). Prints JSON. Aim: warm engine
+ratio <= 1.3. These machines are noisy: compare ratios from one run.
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, ".")
+from configs import tiny  # noqa: E402
+from dynjax.audit import run  # noqa: E402
+from dynjax.data import text  # noqa: E402
+from dynjax.models import build  # noqa: E402
+
+
+def median_time(fn, repeats):
+    jax.block_until_ready(fn())  # compile and warm up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variant", default="feature_gate")
+    ap.add_argument("--windows", type=int, default=64, help="calibration and evaluation each")
+    ap.add_argument("--reassignments", type=int, default=20)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--replay-atol", type=float, default=1e-4,
+                    help="the tiny.py feature_gate replay is not bitwise on CPU (see the "
+                         "output's replay section); the benchmark times it anyway")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+
+    config = tiny.get_config(args.variant)
+    model = build(config.model.to_dict())
+    splits = text.load_splits()
+    calib = text.eval_windows(splits["validation"], args.seq_len, args.windows)
+    ev = text.eval_windows(splits["test"], args.seq_len, args.windows)
+    params = model.init(jax.random.key(0), jnp.asarray(ev[:1]))
+    settings = run.Settings(reassignments=args.reassignments, batch_size=args.batch_size,
+                            replay_atol=args.replay_atol)
+    target = {"apply_fn": model.apply, "schema": model.schema, "params": params,
+              "info": {"name": args.variant}, "engine_key": "bench"}
+    engines = {}
+
+    walls = {}
+    for phase in ("cold", "warm"):
+        t0 = time.perf_counter()
+        res = run.audit_targets([target], calib, ev, settings, "bench", progress=False,
+                                engines=engines)
+        walls[phase] = {"audit": time.perf_counter() - t0,
+                        "engine": res["meta"]["checkpoints"][0]["seconds"]["total"]}
+    (engine,) = engines.values()
+    ck = res["meta"]["checkpoints"][0]
+    forwards = ck["forwards"]
+    n_fwd = sum(forwards.values())
+
+    batch = jnp.asarray(ev[:engine.rows])
+    plain = jax.jit(lambda p, t: model.apply(p, t)[0])
+    t_plain = median_time(lambda: plain(params, batch), args.repeats)
+    _, _, coeffs = engine.record_fn(params, batch)
+    t_record = median_time(lambda: engine.record_fn(params, batch), args.repeats)
+    t_replay = median_time(lambda: engine.replay_fn(params, batch, coeffs), args.repeats)
+    bound_plain = n_fwd * t_plain
+    bound_programs = forwards.get("record", 0) * t_record + forwards.get("replay", 0) * t_replay
+
+    out = {
+        "backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
+        "variant": args.variant, "seq_len": args.seq_len, "rows_per_forward": engine.rows,
+        "windows": args.windows, "reassignments": args.reassignments,
+        "forward_calls": forwards,
+        "replay": {k: res["replay"][k] for k in ("exact", "max_abs_dlogit")},
+        "seconds": {"one_forward_plain": t_plain, "one_record": t_record,
+                    "one_replay": t_replay, "bound_plain": bound_plain,
+                    "bound_programs": bound_programs, **{f"{k}_{p}": v for p, w in walls.items()
+                                                         for k, v in w.items()}},
+        "ratio": {
+            "warm_engine_vs_plain": walls["warm"]["engine"] / bound_plain,
+            "warm_engine_vs_programs": walls["warm"]["engine"] / bound_programs,
+            "warm_audit_vs_plain": walls["warm"]["audit"] / bound_plain,
+            "cold_audit_vs_plain": walls["cold"]["audit"] / bound_plain,
+        },
+    }
+    s = json.dumps(out, indent=1)
+    print(s)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(s + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+"""The FCA engine and audit.py end to end, on one tiny trained model (trained once per session).
+
+Covers: exact replay on a trained feature_gate run (through the CLI), results.json / report.md
+contents, ΔNLL = 0 exactly for a constant controller, a large cross_input ΔNLL for a model
+whose function depends on its coefficients, a clear error for a perturbed replay and for bad
+input, checkpoint-level statistics, and the MUDDPythia path on a tiny HF-style directory.
+"""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import audit_tiny
+from dynjax.audit import interventions, run, stats
+from dynjax.coeffs import Axes
+from dynjax.data import text
+from dynjax.models import build
+from tests.conftest import tiny_config
+
+W, T, R = 16, 32, 4   # windows (calibration and evaluation each), tokens, reassignments
+
+
+def small(cfg):
+    """An audit config scaled to the tiny test model."""
+    cfg.reassignments = R
+    cfg.batch_size = W
+    cfg.data.calib_windows = W
+    cfg.data.eval_windows = W
+    cfg.stats.n_resamples = 999
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def windows():
+    splits = text.load_splits()
+    return (text.eval_windows(splits["validation"], T, W),
+            text.eval_windows(splits["test"], T, W))
+
+
+@pytest.fixture(scope="session")
+def fg_run(tmp_path_factory):
+    """A feature_gate run directory (2 layers, d=32), trained long enough to use context."""
+    from dynjax.train.loop import train
+
+    c = tiny_config("feature_gate", n_layers=2)
+    c.train.update(steps=60, ckpt_every=60, warmup_steps=5, lr=1e-2)
+    workdir = tmp_path_factory.mktemp("fg_run")
+    train(c, str(workdir), progress=False)
+    return str(workdir)
+
+
+@pytest.fixture(scope="session")
+def fg_audit(fg_run, tmp_path_factory):
+    """audit.py's main, run in-process on the trained run: (results, out dir)."""
+    import sys
+
+    from absl import flags
+
+    out = str(tmp_path_factory.mktemp("audit") / "fg")
+    argv = ["audit.py", "--config=configs/audit_tiny.py", f"--config.reassignments={R}",
+            f"--config.batch_size={W}", f"--config.data.calib_windows={W}",
+            f"--config.data.eval_windows={W}", "--config.stats.n_resamples=999",
+            f"--out={out}", "--checkpoints", fg_run]
+    assert "audit" not in sys.modules  # config_flags reads the overrides from sys.argv at import
+    saved, sys.argv = sys.argv, argv
+    try:
+        import audit
+        audit.main(flags.FLAGS(argv))
+    finally:
+        sys.argv = saved
+        flags.FLAGS.unparse_flags()
+    with open(os.path.join(out, "results.json")) as f:
+        return json.load(f), out
+
+
+def test_exact_replay_and_every_condition_on_trained_feature_gate(fg_audit):
+    res, _ = fg_audit
+    assert res["replay"]["exact"] is True
+    assert res["replay"]["max_abs_dlogit"] == 0.0
+    assert res["replay"]["nll"] == res["replay"]["nll_replay"]
+    assert list(res["conditions"]) == list(interventions.CONDITIONS)
+    assert res["conditions"]["correct"]["estimate"] == 0.0
+    ck = res["meta"]["checkpoints"][0]
+    for name, per in ck["per_window"]["delta_nll"].items():
+        shape = (R, W) if interventions.CONDITIONS[name].randomized else (W,)
+        assert np.shape(per) == shape, name
+        assert np.isclose(np.mean(per), res["conditions"][name]["estimate"])
+    # one record + one replay per evaluation batch, one record for calibration,
+    # 3 deterministic conditions, 3 randomized x R reassignments
+    assert ck["forwards"] == {"record": 2, "replay": 1 + 3 + 3 * R}
+
+
+def test_results_and_report_files(fg_audit, fg_run):
+    res, out = fg_audit
+    for name in ("results.json", "report.md", "delta_nll.png", "coeff_heatmap.png",
+                 "depth_profile.png"):
+        assert os.path.getsize(os.path.join(out, name)) > 0, name
+    assert res["unit"] == stats.UNIT_WINDOWS                       # one checkpoint
+    assert set(res["effects"]) == {"E_input", "E_token", "E_interaction"}
+    assert all(e["p_holm"] is not None for e in res["effects"].values())
+    sp = res["conditions"]["static_profile"]
+    assert sp["label"] == "LayerMean" and res["conditions"]["structure_removed"]["label"] == \
+        "GlobalMean"
+    assert set(sp["verdicts"]) == {"practically_small", "high_retention"}
+    assert "retention" in res["conditions"]["layer_position_mean"]
+    assert set(res["variance"]["['gate']"]) >= {"layer", "example", "token", "residual"}
+    assert np.shape(res["profiles"]["heatmap"]) == (2, T)
+    meta = res["meta"]
+    assert meta["settings"]["reassignments"] == R and len(meta["seeds"]["key_data"]) == R
+    assert meta["config"]["criteria"] == {"small_nll_upper": 0.002, "high_retention_lower": 0.95}
+    ck = meta["checkpoints"][0]
+    from dynjax.train import checkpoint
+    _, _, params = checkpoint.load_params(fg_run)
+    assert ck["params_sha256"] == run.params_sha256(params)
+    assert meta["windows"]["calibration"] == meta["windows"]["evaluation"] == W
+    md = open(os.path.join(out, "report.md")).read()
+    assert "Exact replay: **passed**" in md and "single checkpoint" in md
+    assert "| LayerMean |" in md and "E_interaction" in md
+
+
+@pytest.fixture(scope="module")
+def constant_model(windows):
+    """A uniform model with a fixed gate of 0.75: its controller output never varies."""
+    model = build(tiny_config("uniform", n_layers=2, uniform_value=0.75).model.to_dict())
+    params = model.init(jax.random.key(0), jnp.asarray(windows[1][:1]))
+    return model, params, run.Engine(model.apply, model.schema, W, T)
+
+
+def test_constant_controller_gives_zero_for_every_condition(constant_model, windows):
+    model, params, engine = constant_model
+    calib, ev = windows
+    out = run.audit_checkpoint(engine, params, calib, ev, run.Settings(reassignments=R))
+    assert out["replay"]["exact"]
+    for name, d in out["delta"].items():
+        assert np.all(d == 0.0), name        # bit for bit, means included (0.75 is exact)
+    res = run.summarize([out], run.Settings(reassignments=R), model.schema)
+    assert all(e["estimate"] == 0.0 for e in res["effects"].values())
+
+
+def test_perturbed_replay_is_refused(constant_model, windows):
+    """Replaying anything but the cached coefficients stops the audit before interventions."""
+    model, params, engine = constant_model
+
+    class Perturbed:  # the engine's programs, but replay reads coefficients off by 1 ulp-ish
+        def __init__(self, base):
+            self.base = base
+
+        def __getattr__(self, name):
+            return getattr(self.base, name)
+
+        def take_cached(self, cache, w_idx):
+            return jax.tree.map(lambda a: a * (1 + 1e-6), self.base.take_cached(cache, w_idx))
+
+    engine.programs = Perturbed(engine.programs)
+    try:
+        with pytest.raises(run.ReplayError, match="exact replay FAILED.*max .Δlogit. = "):
+            run.audit_checkpoint(engine, params, *windows, run.Settings(reassignments=R))
+    finally:
+        engine.programs = engine.programs.base
+
+
+def test_model_that_depends_on_its_coefficients(fg_run, windows):
+    """Positive control: a model that reads its input bytes from a coefficient leaf. Giving it
+    another window's coefficients must cost a lot; the trained gates alone cost little."""
+    from dynjax.train import checkpoint
+
+    _, model, params = checkpoint.load_params(fg_run)
+
+    def apply(params, tokens, coeffs=None):
+        if coeffs is None:
+            logits, c = model.apply(params, tokens)
+            return logits, {"gate": c["gate"], "ids": tokens.astype(jnp.float32)}
+        ids = jnp.round(coeffs["ids"]).astype(jnp.int32)
+        logits, _ = model.apply(params, ids, {"gate": coeffs["gate"]})
+        return logits, coeffs
+
+    schema = {"gate": Axes(("layer", "example", "token")), "ids": Axes(("example", "token"))}
+    settings = run.Settings(conditions=("correct", "cross_input"), reassignments=R)
+    out = run.audit_checkpoint(run.Engine(apply, schema, W, T), params, *windows, settings)
+    assert out["replay"]["exact"]
+    dc = out["delta"]["cross_input"]
+    assert dc.shape == (R, W) and dc.mean(axis=1).min() > 0.05, dc.mean(axis=1)
+    assert (dc.mean(axis=0) > 0).mean() >= 0.75
+
+
+def test_checkpoint_level_statistics_and_criteria():
+    """Several checkpoints: each is one unit (bootstrap CI, exact sign flips, Holm)."""
+    rng = np.random.default_rng(0)
+    names = tuple(interventions.CONDITIONS)
+    level = {"cross_input": 0.001, "token_shuffle": 0.002, "cross_shuffle": 0.0022,
+             "layer_position_mean": 0.0005, "static_profile": 0.001, "structure_removed": 0.1}
+    ckpts = []
+    for _ in range(5):
+        delta = {"correct": np.zeros(6)}
+        for n in names[1:]:
+            shape = (3, 6) if interventions.CONDITIONS[n].randomized else (6,)
+            delta[n] = level[n] * (1 + 0.05 * rng.standard_normal(shape))
+        ckpts.append({"delta": delta})
+    s = run.Settings(reassignments=3, n_resamples=999)
+    res = run.summarize(ckpts, s, {"gate": Axes(("layer", "example", "token"))})
+    assert res["unit"] == stats.UNIT_CHECKPOINT
+    ci = res["conditions"]["cross_input"]
+    assert ci["n"] == 5 and ci["p"] == pytest.approx(2 / 32)   # 5 positive: exact 2/2^5
+    assert ci["ci_low"] < ci["estimate"] < ci["ci_high"]
+    sp = res["conditions"]["static_profile"]
+    assert sp["verdicts"]["practically_small"]["met"] is True      # CI upper < 0.002
+    assert sp["verdicts"]["high_retention"]["met"] is True         # ~99% retained
+    assert sp["retention"]["estimate"] == pytest.approx(0.99, abs=0.002)
+    e = res["effects"]
+    assert e["E_input"]["estimate"] == pytest.approx((0.001 + 0.0022 - 0.002) / 2, rel=0.1)
+    holm = stats.holm([e[k]["p"] for k in ("E_input", "E_token", "E_interaction")])
+    assert [e[k]["p_holm"] for k in ("E_input", "E_token", "E_interaction")] == list(holm)
+    strict = run.Settings(reassignments=3, n_resamples=999,
+                          criteria=stats.Criteria(small_nll_upper=0.0005))
+    res = run.summarize(ckpts, strict, {"gate": Axes(("layer", "example", "token"))})
+    assert res["conditions"]["static_profile"]["verdicts"]["practically_small"]["met"] is False
+
+
+def test_bad_input_names_the_fix(tmp_path, fg_run):
+    cfg = small(audit_tiny.get_config())
+    with pytest.raises(run.AuditError, match="does not exist; train one first"):
+        run.audit_from_config(cfg, [str(tmp_path / "missing")], progress=False)
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    (dense / "config.json").write_text(json.dumps(tiny_config("dense").to_dict()))
+    with pytest.raises(run.AuditError, match="records no coefficients"):
+        run.audit_from_config(cfg, [str(dense)], progress=False)
+    cfg.data.seq_len = 64
+    with pytest.raises(run.AuditError, match="seq_len=32 but the audit asks for data.seq_len=64"):
+        run.audit_from_config(cfg, [fg_run], progress=False)
+    with pytest.raises(run.AuditError, match="no checkpoints given"):
+        run.audit_from_config(small(audit_tiny.get_config()), [], progress=False)
+    with pytest.raises(run.AuditError, match="unknown condition"):
+        run.Settings(conditions=("correct", "nope"))
+
+
+def test_muddpythia_directory_path(tmp_path, windows):
+    """--muddpythia on a tiny MUDDPythia saved as an HF directory, on local text files."""
+    from safetensors.numpy import save_file
+    from tests.test_muddpythia import DATA, TINY_HF_CONFIG
+
+    hf = tmp_path / "mudd"
+    hf.mkdir()
+    with np.load(DATA) as z:
+        save_file({k[len("params/"):]: z[k] for k in z.files if k.startswith("params/")},
+                  str(hf / "model.safetensors"))
+    (hf / "config.json").write_text(json.dumps(TINY_HF_CONFIG))
+    splits = text.load_splits()
+    (tmp_path / "valid.txt").write_bytes(splits["validation"][:4000].tobytes())
+    (tmp_path / "test.txt").write_bytes(splits["test"][:4000].tobytes())
+
+    from configs import audit_muddpythia
+    cfg = small(audit_muddpythia.get_config())
+    cfg.reassignments = 2
+    cfg.data.seq_len = T
+    cfg.data.validation_path = str(tmp_path / "valid.txt")
+    cfg.data.test_path = str(tmp_path / "test.txt")
+    cfg.conditions = "correct,cross_input,layer_position_mean,static_profile,structure_removed"
+    logs = []
+    res = run.audit_from_config(cfg, muddpythia_dir=str(hf), out=str(tmp_path / "out"),
+                                progress=False, log=logs.append)
+    assert logs[0].startswith("MUDDPythia audit plan")
+    assert res["replay"]["exact"] and res["replay"]["max_abs_dlogit"] == 0.0
+    c = res["conditions"]
+    assert c["static_profile"]["label"] == "StaticMixMean"
+    assert c["structure_removed"]["label"] == "SourceUniformMean"
+    assert np.isfinite(c["cross_input"]["estimate"]) and c["cross_input"]["estimate"] != 0
+    assert res["meta"]["data"]["tokenizer"] == "bytes"
+    assert res["meta"]["plan"]["windows"]["evaluation"] == W
+    assert (tmp_path / "out" / "report.md").exists()
+    cfg.data.seq_len = 128   # beyond the tiny model's block_size of 64
+    with pytest.raises(run.AuditError, match="exceeds the model's block_size"):
+        run.audit_from_config(cfg, muddpythia_dir=str(hf), progress=False, log=logs.append)
