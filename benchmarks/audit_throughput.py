@@ -4,10 +4,11 @@
         [--reassignments 20] [--batch-size 64] [--seq-len 128] [--out FILE]
 
 Audits a tiny model (configs/tiny.py architecture, initial parameters: the cost does not
-depend on training) twice with the same compiled engine: ``cold`` includes compilation,
-``warm`` is the steady state. The lower bound is (number of forward calls) x (median time of
-one jitted forward of the same batch): ``bound_plain`` uses the model's plain jitted forward,
-``bound_programs`` the engine's own record and replay programs (record counted separately).
+depend on training) several times with the same compiled engine: ``cold`` includes
+compilation, ``warm`` (median of ``--audit-repeats``) is the steady state. The lower bound is
+(number of forward calls) x (median time of one jitted forward of the same batch, timed in
+interleaved rounds before and after the warm audits): ``bound_plain`` uses the model's plain
+jitted forward, ``bound_programs`` the engine's own record and replay programs.
 Ratios are reported for the engine alone (record, replay check, every condition) and for the
 whole audit (plus variance decomposition and the statistics). Prints JSON. Aim: warm engine
 ratio <= 1.3. These machines are noisy: compare ratios from one run.
@@ -29,14 +30,18 @@ from dynjax.data import text  # noqa: E402
 from dynjax.models import build  # noqa: E402
 
 
-def median_time(fn, repeats):
-    jax.block_until_ready(fn())  # compile and warm up
-    times = []
+def median_times(fns: dict, repeats: int) -> dict:
+    """Median seconds of each blocked call, measured in interleaved rounds (the machine's load
+    drifts; interleaving makes the ratios between the functions fair)."""
+    for fn in fns.values():
+        jax.block_until_ready(fn())  # compile and warm up
+    times = {k: [] for k in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn())
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def main():
@@ -46,7 +51,8 @@ def main():
     ap.add_argument("--reassignments", type=int, default=20)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=10, help="timed calls of each forward")
+    ap.add_argument("--audit-repeats", type=int, default=2, help="warm audits (median)")
     ap.add_argument("--replay-atol", type=float, default=1e-4,
                     help="the tiny.py feature_gate replay is not bitwise on CPU (see the "
                          "output's replay section); the benchmark times it anyway")
@@ -65,24 +71,34 @@ def main():
               "info": {"name": args.variant}, "engine_key": "bench"}
     engines = {}
 
+    batch = jnp.asarray(ev[:min(args.batch_size, args.windows)])
+    plain = jax.jit(lambda p, t: model.apply(p, t)[0])
+
+    def forward_times():
+        engine = next(iter(engines.values()))
+        _, _, coeffs = engine.record_fn(params, batch)
+        return median_times({"plain": lambda: plain(params, batch),
+                             "record": lambda: engine.record_fn(params, batch),
+                             "replay": lambda: engine.replay_fn(params, batch, coeffs)},
+                            args.repeats)
+
     walls = {}
-    for phase in ("cold", "warm"):
+    for phase in ["cold"] + [f"warm{i}" for i in range(args.audit_repeats)]:
         t0 = time.perf_counter()
         res = run.audit_targets([target], calib, ev, settings, "bench", progress=False,
                                 engines=engines)
         walls[phase] = {"audit": time.perf_counter() - t0,
                         "engine": res["meta"]["checkpoints"][0]["seconds"]["total"]}
+        if phase == "cold":
+            before = forward_times()
+    after = forward_times()
+    t = {k: (before[k] + after[k]) / 2 for k in before}   # bracket the warm audits
+    warm = {k: statistics.median(w[k] for p, w in walls.items() if p != "cold")
+            for k in ("audit", "engine")}
     (engine,) = engines.values()
-    ck = res["meta"]["checkpoints"][0]
-    forwards = ck["forwards"]
+    forwards = res["meta"]["checkpoints"][0]["forwards"]
     n_fwd = sum(forwards.values())
-
-    batch = jnp.asarray(ev[:engine.rows])
-    plain = jax.jit(lambda p, t: model.apply(p, t)[0])
-    t_plain = median_time(lambda: plain(params, batch), args.repeats)
-    _, _, coeffs = engine.record_fn(params, batch)
-    t_record = median_time(lambda: engine.record_fn(params, batch), args.repeats)
-    t_replay = median_time(lambda: engine.replay_fn(params, batch, coeffs), args.repeats)
+    t_plain, t_record, t_replay = t["plain"], t["record"], t["replay"]
     bound_plain = n_fwd * t_plain
     bound_programs = forwards.get("record", 0) * t_record + forwards.get("replay", 0) * t_replay
 
@@ -94,12 +110,13 @@ def main():
         "replay": {k: res["replay"][k] for k in ("exact", "max_abs_dlogit")},
         "seconds": {"one_forward_plain": t_plain, "one_record": t_record,
                     "one_replay": t_replay, "bound_plain": bound_plain,
-                    "bound_programs": bound_programs, **{f"{k}_{p}": v for p, w in walls.items()
-                                                         for k, v in w.items()}},
+                    "bound_programs": bound_programs, "warm_audit_median": warm["audit"],
+                    "warm_engine_median": warm["engine"],
+                    **{f"{k}_{p}": v for p, w in walls.items() for k, v in w.items()}},
         "ratio": {
-            "warm_engine_vs_plain": walls["warm"]["engine"] / bound_plain,
-            "warm_engine_vs_programs": walls["warm"]["engine"] / bound_programs,
-            "warm_audit_vs_plain": walls["warm"]["audit"] / bound_plain,
+            "warm_engine_vs_plain": warm["engine"] / bound_plain,
+            "warm_engine_vs_programs": warm["engine"] / bound_programs,
+            "warm_audit_vs_plain": warm["audit"] / bound_plain,
             "cold_audit_vs_plain": walls["cold"]["audit"] / bound_plain,
         },
     }

@@ -4,16 +4,21 @@ Family-agnostic: it needs only ``apply_fn(params, tokens, coeffs=None) -> (logit
 (record when ``coeffs`` is None, replay otherwise) and the coefficient schema, so residual
 gates, MUDDPythia and any later family audit through the same code::
 
-    engine = Engine(model.apply, model.schema, rows=64)
+    engine = Engine(model.apply, model.schema, rows=64, seq_len=128)
     ckpt = audit_checkpoint(engine, params, calib_tokens, eval_tokens, Settings())
-    results = summarize([ckpt, ...], Settings(), model.schema)   # report.write_report format
+    sections = summarize([ckpt, ...], Settings(), model.schema)  # conditions, effects
 
-Four compiled programs do all the work (each compiled once per model and batch shape):
+``audit_targets`` does that for several checkpoints and returns the full results dict
+(report.write_report's format); ``audit_from_config`` is the whole audit.py program
+(run directories or a MUDDPythia directory in, report out).
+
+Four kinds of compiled program do all the work (each compiled once per model and shape):
 
 - ``record``   rows of windows -> per-window NLL, logits, coefficients (the controller runs);
 - ``replay``   rows + coefficients -> per-window NLL, logits (the controller does not run);
-- ``reassign`` the *whole* cached evaluation set -> R_c reassigned copies, vmapped over keys,
-               so a derangement is global over all evaluation windows, never per batch;
+- ``reassign`` the *whole* cached evaluation set -> R_c reassigned copies for every
+               randomized condition at once, vmapped over keys, so a derangement is global
+               over all evaluation windows, never per batch;
 - ``take``     one batch of rows out of those copies: (reassignment, window) pairs flattened
                into the batch, so the R reassignments run as ordinary batched forwards.
 
@@ -498,9 +503,10 @@ def coefficient_profiles(cache, schema) -> dict | None:
         if "token" not in axes:
             continue
         a = np.asarray(a, np.float64)
-        keep = [axes.index("layer")] if "layer" in axes else []
-        keep.append(axes.index("token"))
+        keep = [axes.index(n) for n in ("layer", "token") if n in axes]
         m = a.mean(axis=tuple(i for i in range(a.ndim) if i not in keep))
+        if len(keep) == 2 and keep[0] > keep[1]:
+            m = m.T                                   # (token, layer) -> (layer, token)
         rows.extend(m if m.ndim == 2 else m[None])
     if not rows or len({r.shape for r in rows}) != 1:
         return None
@@ -531,11 +537,10 @@ def _summarize(values, single: bool, s: Settings) -> dict:
     x = np.asarray(values, np.float64)
     unit = stats.UNIT_WINDOWS if single else stats.UNIT_CHECKPOINT
     n = x.shape[-1] if single else x.size
-    if x.size and np.ptp(x) == 0:
+    if x.size and np.ptp(x) == 0:   # e.g. Correct, or a constant controller: CI [v, v]
         out = _constant_summary(x.flat[0], n, unit, s.level)
-        out.update(p=1.0 if x.flat[0] == 0 else np.nan,
-                   p_method="every value is 0: sign flips change nothing" if x.flat[0] == 0
-                   else "")
+        test = stats.sign_flip_test(x.reshape(-1, n).mean(axis=0), seed=s.stats_seed)
+        out.update(p=test["p"], p_method=test["method"])
         return out
     if single:
         return stats.summarize_windows(x, level=s.level, seed=s.stats_seed,
@@ -775,14 +780,14 @@ def load_run_targets(run_dirs: Sequence[str]) -> tuple[list[dict], list]:
                 "records no coefficients: there is nothing to audit. Audit a variant with "
                 "coefficients (uniform, layer_static, feature_gate) or MUDDPythia")
         configs.append(config)
-    seq = {int(c.data.seq_len) for c in configs}
-    if len(seq) > 1:
-        raise AuditError(f"the checkpoints were trained with different data.seq_len {sorted(seq)}"
-                         "; audit runs of one seq_len together")
-    models = {json.dumps(c.model.to_dict(), sort_keys=True) for c in configs}
-    if len(models) > 1:
-        raise AuditError("the checkpoints have different model configs; audit one architecture "
-                         "and variant per run (seeds of one config are the units)")
+    def same(what, key):
+        values = {json.dumps(key(c), sort_keys=True) for c in configs}
+        if len(values) > 1:
+            raise AuditError(f"the checkpoints differ in {what} ({sorted(values)}); audit the "
+                             "seeds of one model and data configuration together")
+    same("data.seq_len", lambda c: c.data.seq_len)
+    same("model family and variant", lambda c: [c.model.family, c.model.variant])
+    same("training data", lambda c: [c.data.get(k) for k in ("source", "path", "tfds_name")])
     targets = []
     for d, config in zip(run_dirs, configs):
         try:
@@ -798,7 +803,8 @@ def load_run_targets(run_dirs: Sequence[str]) -> tuple[list[dict], list]:
         if eval_path.exists():
             info["train_eval"] = json.loads(eval_path.read_text())
         targets.append({"apply_fn": model.apply, "schema": model.schema, "params": params,
-                        "info": info, "engine_key": models.copy().pop()})
+                        "info": info,
+                        "engine_key": json.dumps(config.model.to_dict(), sort_keys=True)})
     return targets, configs
 
 
