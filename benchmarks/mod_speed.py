@@ -20,7 +20,6 @@ the analytic matmul count; train step from the compiled unrolled step; decode an
 Prints JSON (and writes it to ``--out``).
 """
 import argparse
-import dataclasses
 import json
 import statistics
 import sys

@@ -13,8 +13,6 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 sys.path.insert(0, ".")
 from configs import tiny  # noqa: E402

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent set-up: a virtual environment in .venv with the requirements and dynjax
-# (editable), and the embedded real-text corpus. Fast when already done: it reinstalls only
+# (editable), the embedded real-text corpus and the tabular data (MNIST, PBMC). Fast when already done: it reinstalls only
 # when requirements.txt or pyproject.toml changed, and fetches only missing data.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,3 +16,4 @@ if [ "$(cat .venv/.setup-stamp 2>/dev/null)" != "$stamp" ]; then
   echo "$stamp" > .venv/.setup-stamp
 fi
 .venv/bin/python -m dynjax.data.fetch
+.venv/bin/python -m dynjax.data.tabular fetch

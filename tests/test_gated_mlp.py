@@ -228,10 +228,7 @@ def test_mac_formula_by_hand():
 
 
 def test_classify_end_to_end_resumes(tmp_path):
-    try:
-        tabular.load("mnist5k")
-    except DataError:
-        pytest.skip("mnist5k not fetched (python -m dynjax.data.tabular fetch)")
+    """Real data (scripts/setup.sh fetches it): train, checkpoint, resume to the same result."""
     config = mlp_common.base("dgate", "mnist5k")
     config.model.update(hidden=(64, 64))
     config.gate.update(warmup_steps=5, anneal_steps=10, ramp_steps=10)

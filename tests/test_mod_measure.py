@@ -2,8 +2,6 @@
 import dataclasses
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 from dynjax.measure import execution as ex
 from dynjax.models import build

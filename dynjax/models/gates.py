@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from dynjax.coeffs import Axes
-from dynjax.models.transformer import Block, Embed, Head, ModelConfig, scan_layers
+from dynjax.models.transformer import Block, Head, ModelConfig, embed_tokens, scan_layers
 
 VARIANTS = ("dense", "uniform", "layer_static", "feature_gate", "fixed_depth")
 GATE_AXES = Axes(("layer", "example", "token"))
@@ -100,8 +100,7 @@ class GatedDecoder(nn.Module):
     def __call__(self, tokens, coeffs=None):
         cfg = self.cfg
         B, T = tokens.shape
-        positions = jnp.broadcast_to(jnp.arange(T), (B, T))
-        h = Embed(cfg, name="embed")(tokens)
+        h, positions = embed_tokens(cfg, tokens)
         n_layers = cfg.fixed_depth if cfg.variant == "fixed_depth" else cfg.n_layers
 
         gates = None if coeffs is None else coeffs["gate"]

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 
 from dynjax.coeffs import Axes
 from dynjax.models.transformer import (Block, Embed, Head, Mlp, ModelConfig, causal_attention,
+                                       embed_tokens,
                                        dense_init, norm, rotary, scan_layers)
 
 VARIANTS = ("dense", "mod")
@@ -234,8 +235,7 @@ class ModDecoder(nn.Module):
     def __call__(self, tokens, coeffs=None):
         cfg = self.cfg
         B, T = tokens.shape
-        positions = jnp.broadcast_to(jnp.arange(T), (B, T))
-        h = Embed(cfg, name="embed")(tokens)
+        h, positions = embed_tokens(cfg, tokens)
         n_groups, pattern = layout(cfg)
         xs = None if coeffs is None else jax.tree.map(
             lambda a: a.astype(jnp.float32).reshape(n_groups, -1, B, T), coeffs)

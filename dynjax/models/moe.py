@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from dynjax.coeffs import Axes
-from dynjax.models.transformer import (Attention, Embed, Head, ModelConfig, dense_init, norm,
+from dynjax.models.transformer import (Attention, Head, ModelConfig, dense_init, embed_tokens, norm,
                                        scan_layers)
 
 VARIANTS = ("moe", "mode_integrated")
@@ -158,8 +158,7 @@ class MoeDecoder(nn.Module):
     def __call__(self, tokens, coeffs=None):
         cfg = self.cfg
         B, T = tokens.shape
-        positions = jnp.broadcast_to(jnp.arange(T), (B, T))
-        h = Embed(cfg, name="embed")(tokens)
+        h, positions = embed_tokens(cfg, tokens)
         xs = None if coeffs is None else coeffs["router"].astype(jnp.float32)
         (h, _), (probs, aux, stats) = scan_layers(MoeLayer, cfg, cfg.n_layers)((h, positions), xs)
         for name, value in aux.items():  # already weighted; mean over layers

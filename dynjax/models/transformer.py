@@ -188,6 +188,13 @@ class Embed(nn.Module):
         return jnp.take(table, tokens, axis=0).astype(self.cfg.compute_dtype)
 
 
+def embed_tokens(cfg: ModelConfig, tokens):
+    """Every decoder's start: token embeddings (B, T, D) and each token's position (B, T).
+    Call from a compact method; the embedding table is created as its child "embed"."""
+    B, T = tokens.shape
+    return Embed(cfg, name="embed")(tokens), jnp.broadcast_to(jnp.arange(T), (B, T))
+
+
 class Head(nn.Module):
     """Final norm and untied output projection; logits are float32."""
 

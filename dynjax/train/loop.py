@@ -20,7 +20,7 @@ import optax
 from tqdm.auto import tqdm
 
 from dynjax.data import text as text_data
-from dynjax.models import build, gates
+from dynjax.models import build
 from dynjax.models.transformer import next_token_nll
 from dynjax.train import checkpoint, sharding
 from dynjax.train.metrics import JsonlWriter, write_json_atomic
