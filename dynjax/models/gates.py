@@ -84,10 +84,18 @@ class GateLayer(nn.Module):
         update, (logits, lse) = Block(self.cfg, name="block")(h, positions)
         if self.cfg.variant in ("dense", "fixed_depth"):
             return (h + update, positions, prev_logp), None
-        if gate is None:  # record: the controller runs
-            features, logp = attention_features(logits, lse, prev_logp, update, h)
-            gate = Controller(self.cfg, name="controller")(features)
-            prev_logp = logp
+        if self.cfg.variant == "feature_gate":
+            # Both modes compute the controller's features, so the block's attention
+            # statistics have the same consumers in record and replay and XLA fuses the block
+            # identically (on CPU, optimization barriers are expanded before fusion and do not
+            # prevent this; without it replay drifted by ~3e-6 at d_model=128, T=128). Replay
+            # ties the features to the gate with weight 0 (a data dependency that keeps them;
+            # exact for finite features) and never runs the controller MLP.
+            features, prev_logp = attention_features(logits, lse, prev_logp, update, h)
+            if gate is None:  # record: the controller runs
+                gate = Controller(self.cfg, name="controller")(features)
+            else:
+                gate = gate + 0.0 * jnp.sum(features, axis=-1)
         h, g, update = jax.lax.optimization_barrier((h, gate, update))
         h = h + g[..., None].astype(h.dtype) * update
         return (h, positions, prev_logp), g
@@ -107,7 +115,7 @@ class GatedDecoder(nn.Module):
         if gates is None and cfg.variant in ("uniform", "layer_static"):
             gates = jnp.broadcast_to(self.static_gate()[:, None, None], (n_layers, B, T))
         prev_logp = None
-        if cfg.variant == "feature_gate" and gates is None:
+        if cfg.variant == "feature_gate":  # in replay too: see GateLayer
             # Layer 0's KL reference: the uniform distribution over visible keys.
             visible = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]
             uniform = jnp.where(visible, -jnp.log(jnp.arange(1, T + 1, dtype=jnp.float32))[:, None],
