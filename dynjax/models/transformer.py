@@ -57,6 +57,8 @@ class ModelConfig:
     moe_capacity_factor: float = 1.25   # expert buffer ceil(cf * k * T / E); <= 0: never drop
     moe_load_balance_loss_weight: float = 0.01
     moe_router_z_loss_weight: float = 0.001
+    # MUDD family (dynjax.models.mudd): dynamic dense cross-layer mixing; others ignore it
+    mudd_da_hidden: int = 64            # hidden width of each layer's DA coefficient MLP
 
     def __post_init__(self):  # a list from JSON or a ConfigDict becomes a (hashable) tuple
         object.__setattr__(self, "mod_layers", tuple(self.mod_layers))
