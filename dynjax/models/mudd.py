@@ -1,0 +1,164 @@
+"""MUDD family: a dynjax decoder whose blocks read a dynamic dense mix of all earlier layers.
+
+A trainable, tiny-scale sibling of MUDDPythia (``dynjax.models.muddpythia``, the exact
+reimplementation of the official code) built from the dynjax core, so a MUDD model can be
+trained in-project and audited beside FeatureGate with the same Frozen-Controller Audit.
+
+``X_0`` is the token embedding. Block ``i`` reads four streams ``(x_q, x_k, x_v, x_r)``:
+
+    a       = Attn(norm_q(x_q), norm_k(x_k), norm_v(x_v))   # q, k, v from separate streams
+    X_{i+1} = x_r + a + Mlp(norm(x_r + a))                  # sequential residual on r
+
+(sequential like the core ``Block``, where MUDDPythia is parallel; with the initial bias
+below the model *is* a plain pre-norm dynjax decoder). After every block the coefficients
+``A_i`` of shape ``(C_i, B, T, S_i)`` mix the ``S_i = i + 2`` sources ``X_0 .. X_{i+1}``
+into the ``C_i`` streams of the next block (4: q, k, v, r), or into the single stream the
+head reads after the last block (``C = 1``): ``stream_c = sum_s A_i[c, ..., s] * X_s``.
+
+Variants (``ModelConfig.variant``):
+
+- ``mudd``        ``A_i = DA_i(X_{i+1}) + bias_i``: the DA MLP (norm -> hidden -> GELU ->
+                  ``C_i * S_i`` outputs, stream-major as upstream) gives per-token, signed,
+                  unbounded coefficients; its output layer starts at zero.
+- ``mudd_static`` ``A_i = bias_i`` only: learned cross-layer weights with no input
+                  dependence. Its coefficients are still recorded (constant over example
+                  and token), so the same audit serves both variants.
+
+``bias_i`` (C_i, S_i) starts with 1 on the newest source and 0 elsewhere, i.e. training
+starts from an ordinary residual network. Coefficients ``{"mix": [A_0 .. A_{L-1}]}`` are the
+totals in float32, with MUDDPythia's schema, so every MUDD intervention applies unchanged.
+Replay uses them verbatim and never runs a DA MLP; coefficients and sources pass one
+``optimization_barrier`` before the (float32) mix, so replay is bitwise equal to record
+under jit.
+
+Layers are always unrolled (``scan_layers`` is ignored): under ``nn.scan`` every layer must
+have the same shapes, but here layer ``i`` has its own source count ``i + 2`` (bias and DA
+widths, the list of sources carried). At the intended tiny depth unrolling costs little.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from dynjax.coeffs import Axes
+from dynjax.models.muddpythia import mix
+from dynjax.models.transformer import (Head, Mlp, ModelConfig, causal_attention, dense_init,
+                                       embed_tokens, norm, rotary)
+
+VARIANTS = ("mudd", "mudd_static")
+MIX_AXES = Axes(("stream", "example", "token", "source"))
+
+
+def n_streams(cfg: ModelConfig, i: int) -> int:
+    """C_i: streams fed by the mix after block i (q, k, v, r; one before the head)."""
+    return 4 if i < cfg.n_layers - 1 else 1
+
+
+def schema(cfg: ModelConfig):
+    """One (stream, example, token, source) leaf per layer, exactly as MUDDPythia."""
+    return {"mix": [MIX_AXES for _ in range(cfg.n_layers)]}
+
+
+class StreamAttention(nn.Module):
+    """Causal rotary attention whose queries, keys and values come from three inputs."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, xq, xk, xv, positions):
+        cfg = self.cfg
+        proj = lambda name: nn.DenseGeneral(
+            (cfg.n_heads, cfg.head_dim), use_bias=False, dtype=cfg.compute_dtype,
+            kernel_init=dense_init(("embed", "heads", "kv")), name=name)
+        q = rotary(proj("query")(xq), positions, cfg.rope_base)
+        k = rotary(proj("key")(xk), positions, cfg.rope_base)
+        out, _, _ = causal_attention(q, k, proj("value")(xv), positions, positions)
+        return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False,
+                               dtype=cfg.compute_dtype,
+                               kernel_init=dense_init(("heads", "kv", "embed")),
+                               name="out")(out)
+
+
+class MuddBlock(nn.Module):
+    """Pre-norm block over four streams; returns the new hidden state X_{i+1}."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, streams, positions):
+        cfg = self.cfg
+        xq, xk, xv, xr = streams
+        a = StreamAttention(cfg, name="attn")(norm("q_norm", cfg)(xq), norm("k_norm", cfg)(xk),
+                                              norm("v_norm", cfg)(xv), positions)
+        h = xr + a
+        return h + Mlp(cfg, name="mlp")(norm("mlp_norm", cfg)(h))
+
+
+class DynamicDense(nn.Module):
+    """The DA controller: X_{i+1} (B, T, D) -> dynamic coefficients (C, B, T, S), float32."""
+
+    cfg: ModelConfig
+    n_streams: int
+    n_sources: int
+
+    @nn.compact
+    def __call__(self, x):
+        cfg, C, S = self.cfg, self.n_streams, self.n_sources
+        z = nn.Dense(cfg.mudd_da_hidden, use_bias=False, dtype=cfg.compute_dtype,
+                     kernel_init=dense_init(("embed", None)), name="hidden")(norm("norm", cfg)(x))
+        a = nn.Dense(C * S, use_bias=False, dtype=cfg.compute_dtype, name="out",
+                     kernel_init=nn.with_logical_partitioning(nn.initializers.zeros,
+                                                              (None, None)))(nn.gelu(z))
+        B, T, _ = x.shape
+        return a.astype(jnp.float32).reshape(B, T, C, S).transpose(2, 0, 1, 3)  # stream-major
+
+
+def _newest_source_init(key, shape, dtype=jnp.float32):
+    """Static bias start: every stream copies the newest source (a plain residual network)."""
+    return jnp.zeros(shape, dtype).at[:, -1].set(1.0)
+
+
+class MuddLayer(nn.Module):
+    """Block ``index`` plus the mix after it.
+
+    ``coef`` is the (C, B, T, S) array to apply (replay), or None to compute it (record).
+    Returns the next streams, the sources X_0 .. X_{i+1} and the coefficients used.
+    """
+
+    cfg: ModelConfig
+    index: int
+
+    @nn.compact
+    def __call__(self, streams, sources, positions, coef):
+        cfg = self.cfg
+        C, S = n_streams(cfg, self.index), self.index + 2
+        x = MuddBlock(cfg, name="block")(streams, positions)
+        bias = self.param("static_bias", nn.with_logical_partitioning(
+            _newest_source_init, (None, None)), (C, S))
+        if coef is None:  # record: the controller runs
+            B, T, _ = x.shape
+            coef = jnp.broadcast_to(bias[:, None, None, :], (C, B, T, S))
+            if cfg.variant == "mudd":
+                coef = DynamicDense(cfg, C, S, name="da")(x) + coef
+        coef = coef.astype(jnp.float32)
+        # Record and replay both mix through this barrier: one compiled mix for both modes.
+        coef, sources = jax.lax.optimization_barrier((coef, sources + [x]))
+        return tuple(mix(coef, sources, cfg.compute_dtype)), sources, coef
+
+
+class MuddDecoder(nn.Module):
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, tokens, coeffs=None):
+        cfg = self.cfg
+        x0, positions = embed_tokens(cfg, tokens)
+        streams, sources, used = (x0,) * 4, [x0], []
+        layer_cls = nn.remat(MuddLayer) if cfg.remat else MuddLayer
+        for i in range(cfg.n_layers):
+            coef = None if coeffs is None else coeffs["mix"][i]
+            streams, sources, coef = layer_cls(cfg, i, name=f"layer_{i}")(
+                streams, sources, positions, coef)
+            used.append(coef)
+        return Head(cfg, name="head")(streams[0]), {"mix": used}
