@@ -14,13 +14,14 @@ import jax
 import jax.numpy as jnp
 
 from dynjax import coeffs as coeffs_lib
-from dynjax.models import gates, mod, moe
+from dynjax.models import gates, mod, moe, mudd
 from dynjax.models.transformer import ModelConfig
 
 # family name -> (module class, schema function, variant names)
 FAMILIES = {"gates": (gates.GatedDecoder, gates.schema, gates.VARIANTS),
             "mod": (mod.ModDecoder, mod.schema, mod.VARIANTS),
-            "moe": (moe.MoeDecoder, moe.schema, moe.VARIANTS)}
+            "moe": (moe.MoeDecoder, moe.schema, moe.VARIANTS),
+            "mudd": (mudd.MuddDecoder, mudd.schema, mudd.VARIANTS)}
 
 
 class Model:
