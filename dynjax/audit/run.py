@@ -12,17 +12,18 @@ gates, MUDDPythia and any later family audit through the same code::
 (report.write_report's format); ``audit_from_config`` is the whole audit.py program
 (run directories or a MUDDPythia directory in, report out).
 
-Four kinds of compiled program do all the work (each compiled once per model and shape):
+Three kinds of compiled program do all the work (each compiled once per model and shape):
 
-- ``record``   rows of windows -> per-window NLL, logits, coefficients (the controller runs);
-- ``replay``   rows + coefficients -> per-window NLL, logits (the controller does not run);
+- ``forward``  the model's jitted apply: rows of windows -> logits, coefficients (record,
+               the controller runs), or rows + coefficients -> logits (replay, it does not);
+               the per-window NLL is a small separate program on the logits;
 - ``reassign`` the *whole* cached evaluation set -> R_c reassigned copies for every
                randomized condition at once, vmapped over keys, so a derangement is global
                over all evaluation windows, never per batch;
 - ``take``     one batch of rows out of those copies: (reassignment, window) pairs flattened
                into the batch, so the R reassignments run as ordinary batched forwards.
 
-Every NLL, Correct included, comes from the one compiled ``replay`` program, so a condition
+Every NLL, Correct included, comes from the one compiled replay program, so a condition
 that leaves the coefficients unchanged gives ΔNLL = 0 bit for bit. The replay of the cached
 coefficients is checked against the record, bitwise by default, before any intervention:
 no intervention result is valid without it.
@@ -261,8 +262,8 @@ def _gather(parts):
 class Engine:
     """The audit of one model (apply_fn, schema) at ``rows`` rows per forward pass.
 
-    ``record`` and ``replay`` are this model's compiled forwards; everything else runs in
-    :class:`CoeffPrograms`. ``forwards`` counts the forward calls made (by program).
+    ``forward`` (the jitted ``apply_fn``, record and replay) is this model's only compiled
+    forward; everything else runs in :class:`CoeffPrograms`. ``forwards`` counts the forward calls made (by program).
     """
 
     def __init__(self, apply_fn: Callable, schema, rows: int, seq_len: int):
@@ -280,19 +281,23 @@ class Engine:
         self.programs = coeff_programs(schema)
         self.forwards = collections.Counter()
 
-        def nll_of(logits, tokens):
-            return next_token_nll(logits, tokens).mean(axis=-1)   # (rows,) float32
+        # The model's own apply, jitted as is, serves both modes. Anything else compiled into
+        # the same program (even the NLL) can change how XLA fuses the forward and so break
+        # bitwise record/replay; the NLL is a separate program on the logits.
+        self.forward = jax.jit(apply_fn)
+        self._nll = jax.jit(lambda logits, tokens: next_token_nll(logits, tokens).mean(axis=-1))
 
-        def record(params, tokens):
-            logits, coeffs = apply_fn(params, tokens)
-            return nll_of(logits, tokens), logits, coeffs
+    def record_fn(self, params, tokens):
+        """``(per-window NLL, logits, coeffs)`` with the controller running."""
+        tokens = jnp.asarray(tokens, jnp.int32)
+        logits, coeffs = self.forward(params, tokens)
+        return self._nll(logits, tokens), logits, coeffs
 
-        def replay(params, tokens, coeffs):
-            logits, _ = apply_fn(params, tokens, coeffs)
-            return nll_of(logits, tokens), logits
-
-        self.record_fn = jax.jit(record)
-        self.replay_fn = jax.jit(replay)
+    def replay_fn(self, params, tokens, coeffs):
+        """``(per-window NLL, logits)`` with ``coeffs`` used verbatim."""
+        tokens = jnp.asarray(tokens, jnp.int32)
+        logits, _ = self.forward(params, tokens, coeffs)
+        return self._nll(logits, tokens), logits
 
     def _chunks(self, n: int):
         if n < self.rows:
