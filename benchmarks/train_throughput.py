@@ -22,32 +22,45 @@ from dynjax.train.loop import init_state, make_optimizer, make_train_step  # noq
 VARIANTS = ("dense", "uniform", "layer_static", "feature_gate", "fixed_depth2")
 
 
-def measure(variant, steps, repeats, batch_size, seq_len):
+def compiled_step(variant, batch_size, seq_len):
+    """A compiled, warmed-up train step of one tiny variant and its state."""
     config = tiny.get_config(variant)
     config.train.batch_size, config.data.seq_len = batch_size, seq_len
     model = build(config.model.to_dict())
-    tx = make_optimizer(config.train)
-    step_fn = jax.jit(make_train_step(model, tx), donate_argnums=0)
+    step_fn = jax.jit(make_train_step(model, make_optimizer(config.train)), donate_argnums=0)
     state = init_state(config, model, jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (batch_size, seq_len), 0, 256)
     state, m = step_fn(state, tokens)  # compile + warm-up
     jax.block_until_ready(m)
-    times = []
+    return step_fn, state, tokens
+
+
+def measure(variants, steps, repeats, batch_size, seq_len):
+    """Median step time per variant. Variants take turns in every repeat, so load changes on
+    a shared machine hit all of them alike and the ratios stay meaningful."""
+    compiled = {v: compiled_step(v, batch_size, seq_len) for v in variants}
+    times = {v: [] for v in variants}
     for _ in range(repeats):
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            state, m = step_fn(state, tokens)
-            jax.block_until_ready(m)
-            times.append(time.perf_counter() - t0)
-    med = statistics.median(times)
-    return {"median_step_s": med, "tokens_per_s": batch_size * seq_len / med,
-            "steps_timed": len(times)}
+        for v in variants:
+            step_fn, state, tokens = compiled[v]
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                state, m = step_fn(state, tokens)
+                jax.block_until_ready(m)
+                times[v].append(time.perf_counter() - t0)
+            compiled[v] = (step_fn, state, tokens)
+    out = {}
+    for v, ts in times.items():
+        med = statistics.median(ts)
+        out[v] = {"median_step_s": med, "tokens_per_s": batch_size * seq_len / med,
+                  "steps_timed": len(ts)}
+    return out
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=4)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--variants", default=",".join(VARIANTS))
@@ -55,8 +68,8 @@ def main():
     args = ap.parse_args()
     res = {"backend": jax.default_backend(), "devices": jax.device_count(),
            "batch_size": args.batch_size, "seq_len": args.seq_len, "variants": {}}
-    for v in args.variants.split(","):
-        res["variants"][v] = measure(v, args.steps, args.repeats, args.batch_size, args.seq_len)
+    res["variants"] = measure(args.variants.split(","), args.steps, args.repeats,
+                              args.batch_size, args.seq_len)
     vs = res["variants"]
     if "dense" in vs:
         res["step_time_ratio_vs_dense"] = {
