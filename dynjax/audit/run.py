@@ -239,9 +239,11 @@ def coeff_programs(schema) -> CoeffPrograms:
     return _PROGRAMS[key]
 
 
-def _max_abs_diff(a, b):
-    """max |a - b|; NaN if either side has a NaN (a NaN is never an exact replay)."""
-    return jnp.max(jnp.where(a == b, 0.0, jnp.abs(a - b)))
+def _max_abs_diff(a, b, keep):
+    """max |a - b| over rows ``keep:`` (the rest belong to the previous chunk); NaN if either
+    side has a NaN there (a NaN is never an exact replay)."""
+    rows = (jnp.arange(a.shape[0]) >= keep).reshape((-1,) + (1,) * (a.ndim - 1))
+    return jnp.max(jnp.where(~rows | (a == b), 0.0, jnp.abs(a - b)))
 
 
 _max_abs_diff_jit = jax.jit(_max_abs_diff)
@@ -348,7 +350,7 @@ class Engine:
                 nll2, logits2 = self.replay_fn(params, batch, P.take_cached(cache, w_idx))
                 self.forwards["replay"] += 1
                 nll_rep.append((nll2, keep))
-                diffs.append(_max_abs_diff_jit(logits, logits2))
+                diffs.append(_max_abs_diff_jit(logits, logits2, keep))
             if bar is not None:
                 bar.update(1 + check)
         if not check:
@@ -807,6 +809,9 @@ def load_run_targets(run_dirs: Sequence[str]) -> tuple[list[dict], list]:
         eval_path = pathlib.Path(d) / "eval.json"
         if eval_path.exists():
             info["train_eval"] = json.loads(eval_path.read_text())
+        else:
+            info["note"] = (f"{d} has no eval.json (training unfinished?): auditing its latest "
+                            f"checkpoint, step {step}")
         targets.append({"apply_fn": model.apply, "schema": model.schema, "params": params,
                         "info": info,
                         "engine_key": json.dumps(config.model.to_dict(), sort_keys=True)})
@@ -1015,6 +1020,9 @@ def audit_from_config(config, run_dirs: Sequence[str] = (), muddpythia_dir: str 
         title = f"FCA: {v.family}/{v.variant}, {len(targets)} checkpoint" + \
             ("s" if len(targets) > 1 else "")
         meta = {"run_configs": [c.to_dict() for c in configs]}
+        for t in targets:
+            if "note" in t["info"]:
+                log(f"warning: {t['info']['note']}")
     for note in data_info.get("notes", []):
         log(f"warning: {note}")
     meta.update(config=config.to_dict(), data=data_info)
