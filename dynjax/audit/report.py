@@ -158,7 +158,7 @@ def plot_delta_nll(results: dict) -> Figure:
     if len(est) and np.all(est > 0):
         ax.set_xscale("log")
     level = (rows[0][1].get("level") or 0.95) if rows else 0.95
-    ax.set_xlabel(f"ΔNLL vs Correct ({level:.0%} CI; unit: {results['unit']})")
+    ax.set_xlabel(f"ΔNLL vs Correct ({level:.0%} CI)\nunit: {results['unit']}")
     fig.tight_layout()
     return fig
 
