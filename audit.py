@@ -9,7 +9,13 @@ disabled and stops with an error unless the logits match bit for bit, then repla
 condition (cross-input derangement, token shuffle, both, Layer×PositionMean, the static
 profile, the structure-removed reference) and reports ΔNLL against Correct: checkpoint-level
 bootstrap CIs, exact sign-flip p-values, Holm over the factorial effects, retention and the
-prespecified criteria. Each RUN_DIR (a train.py run, one seed) is one unit of inference.
+prespecified criteria. Each RUN_DIR (one seed) is one unit of inference.
+
+RUN_DIRs may be train.py runs (any family with coefficients: gates, MUDD, MoD, MoE, MoDE;
+windows are token windows, the loss their mean next-token NLL) or train_mlp.py runs
+(DynamicGate-MLP; a window is one labelled example, the loss its cross-entropy; validation
+examples calibrate, test examples evaluate). Conditions that need a token axis are reported
+as not applicable for coefficients without one, and so are the factorial effects.
 Writes DIR/results.json (every number, seeds, config, sha256 of each checkpoint's params),
 DIR/report.md and PNG plots, atomically; prints a verdict table. Override any config field
 with ``--config.reassignments=5``. Engine: ``dynjax/audit/run.py``.
@@ -21,8 +27,8 @@ from dynjax.audit import run
 
 config_flags.DEFINE_config_file("config", "configs/audit_tiny.py", "configs/NAME.py",
                                 lock_config=True)
-flags.DEFINE_list("checkpoints", [], "run directories written by train.py (further run "
-                  "directories may follow as positional arguments)")
+flags.DEFINE_list("checkpoints", [], "run directories written by train.py or train_mlp.py "
+                  "(further run directories may follow as positional arguments)")
 flags.DEFINE_string("muddpythia", None, "a local MUDDPythia HF directory to audit instead")
 flags.DEFINE_string("out", None, "output directory: results.json, report.md, plots")
 flags.mark_flag_as_required("out")

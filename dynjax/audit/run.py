@@ -1,16 +1,22 @@
 """The Frozen-Controller Audit engine: record, exact replay, every condition, statistics.
 
-Family-agnostic: it needs only ``apply_fn(params, tokens, coeffs=None) -> (logits, coeffs)``
-(record when ``coeffs`` is None, replay otherwise) and the coefficient schema, so residual
-gates, MUDDPythia and any later family audit through the same code::
+Family-agnostic: it needs only ``apply_fn(params, inputs, coeffs=None) -> (logits, coeffs)``
+(record when ``coeffs`` is None, replay otherwise), the coefficient schema and a
+:class:`Task` (the per-window loss hook), so residual gates, MUDD, MoD / MoE / MoDE routing,
+DynamicGate-MLP classifiers and any later family audit through the same code::
 
-    engine = Engine(model.apply, model.schema, rows=64, seq_len=128)
+    engine = Engine(model.apply, model.schema, rows=64, window=128)   # LM: 128-token windows
     ckpt = audit_checkpoint(engine, params, calib_tokens, eval_tokens, Settings())
     sections = summarize([ckpt, ...], Settings(), model.schema)  # conditions, effects
 
 ``audit_targets`` does that for several checkpoints and returns the full results dict
 (report.write_report's format); ``audit_from_config`` is the whole audit.py program
 (run directories or a MUDDPythia directory in, report out).
+
+A *window* is one unit of evaluation: a token window of a language model (loss: mean
+next-token NLL), or one labelled example of a classifier (loss: cross-entropy of its label).
+Windows are a pytree of arrays with a leading window axis; calibration windows come from
+the validation split, evaluation windows from the test split.
 
 Three kinds of compiled program do all the work (each compiled once per model and shape):
 
@@ -53,6 +59,17 @@ from dynjax.models.transformer import next_token_nll
 RANDOMIZED_2X2 = ("cross_input", "token_shuffle", "cross_shuffle")
 EFFECTS = ("E_input", "E_token", "E_interaction")
 
+# Conditions that act on the ``token`` axis. Without one (a classifier's unit gates) they
+# would only repeat another condition bit for bit (token_shuffle = correct, cross_shuffle =
+# cross_input, layer_position_mean = static_profile) and the factorial effects would be
+# zeros by construction, so they are skipped and reported as not applicable instead.
+TOKEN_CONDITIONS = {
+    "token_shuffle": "no coefficient has a token axis: it would equal Correct",
+    "cross_shuffle": "no coefficient has a token axis: it would equal Cross-input",
+    "layer_position_mean": "no coefficient has a token axis: it would equal the static "
+                           "profile (LayerMean)",
+}
+
 
 class AuditError(ValueError):
     """Bad input to the audit; the message names the fix."""
@@ -60,6 +77,63 @@ class AuditError(ValueError):
 
 class ReplayError(RuntimeError):
     """Replay of the cached coefficients did not reproduce the record."""
+
+
+# --------------------------------------------------------------------- the loss hook
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """The per-window loss hook: what a window is and how the fixed model is scored on it.
+
+    ``prepare`` casts a host pytree of windows (leading window axis) to its dtypes,
+    ``inputs(batch)`` is what the model's apply gets and ``loss(logits, batch)`` the
+    per-window loss (rows,) in nats. It runs as its own small program on the logits, never
+    inside the model's forward (that could change XLA's fusion and break bitwise replay).
+    """
+
+    name: str
+    prepare: Callable
+    inputs: Callable
+    loss: Callable
+    description: str
+
+
+def _next_token_loss(logits, tokens):
+    return next_token_nll(logits, tokens).mean(axis=-1)
+
+
+def _label_loss(logits, batch):
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.take_along_axis(logp, batch["y"][:, None], axis=-1)[:, 0]
+
+
+LM = Task("next_token", lambda w: np.asarray(w, np.int32), lambda b: b, _next_token_loss,
+          "mean next-token NLL of a token window (nats)")
+CLASSIFY = Task("classification",
+                lambda w: {"x": np.asarray(w["x"], np.float32), "y": np.asarray(w["y"], np.int32)},
+                lambda b: b["x"], _label_loss,
+                "cross-entropy of an example's label (nats); a window is one example")
+
+
+def n_windows(windows) -> int:
+    return int(jax.tree.leaves(windows)[0].shape[0])
+
+
+def _rows(windows, idx):
+    """Rows ``idx`` (a slice or an index array) of every leaf."""
+    return jax.tree.map(lambda a: a[idx], windows)
+
+
+def window_spec(windows):
+    """ShapeDtypeStructs of one window (no window axis): what a compiled program sees."""
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), windows)
+
+
+def windows_sha256(windows) -> str:
+    h = hashlib.sha256()
+    for a in jax.tree.leaves(windows):
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +190,22 @@ class Settings:
         return d
 
 
+def applicable(settings: Settings, schema) -> tuple[Settings, dict]:
+    """``(settings to run, {skipped condition: why})``: :data:`TOKEN_CONDITIONS` are skipped
+    when no coefficient leaf has a ``token`` axis (see there)."""
+    if any("token" in ax for ax in jax.tree.leaves(schema, is_leaf=is_axes)):
+        return settings, {}
+    skipped = {n: TOKEN_CONDITIONS[n] for n in settings.conditions if n in TOKEN_CONDITIONS}
+    keep = tuple(n for n in settings.conditions if n not in skipped)
+    return dataclasses.replace(settings, conditions=keep), skipped
+
+
+def not_applicable_row(reason: str, label: str) -> dict:
+    """A report row with no numbers: the condition was not run, and the row says why."""
+    return {"estimate": None, "ci_low": None, "ci_high": None, "p": None, "label": label,
+            "not_applicable": reason, "note": f"not applicable: {reason}"}
+
+
 def reassignment_keys(seed: int, n: int):
     """The R keys every randomized condition shares (so the 2x2 factorial is paired)."""
     return jax.random.split(jax.random.key(seed), n)
@@ -153,7 +243,7 @@ class Recording:
     """Coefficients of a window set (device pytree, example axis = window) and its NLLs."""
 
     coeffs: object
-    nll_record: np.ndarray            # (W,) float32, per-window mean next-token NLL
+    nll_record: np.ndarray            # (W,) float32, per-window loss (the Task's)
     nll_replay: np.ndarray | None     # (W,) from replaying the cached coefficients
     max_abs_dlogit: float | None
 
@@ -264,11 +354,14 @@ def _gather(parts):
 class Engine:
     """The audit of one model (apply_fn, schema) at ``rows`` rows per forward pass.
 
-    ``forward`` (the jitted ``apply_fn``, record and replay) is this model's only compiled
-    forward; everything else runs in :class:`CoeffPrograms`. ``forwards`` counts the forward calls made (by program).
+    ``window``: one window's shape, an int (a language model's seq_len, int32 tokens) or a
+    pytree of ShapeDtypeStructs (:func:`window_spec`); ``task``: the loss hook (:data:`LM`,
+    :data:`CLASSIFY`). ``forward`` (the jitted ``apply_fn``, record and replay) is this
+    model's only compiled forward; everything else runs in :class:`CoeffPrograms`.
+    ``forwards`` counts the forward calls made (by program).
     """
 
-    def __init__(self, apply_fn: Callable, schema, rows: int, seq_len: int):
+    def __init__(self, apply_fn: Callable, schema, rows: int, window, task: Task = LM):
         leaves = jax.tree.leaves(schema, is_leaf=is_axes)
         if not leaves:
             raise AuditError("the model records no coefficients (empty schema), so there is "
@@ -279,27 +372,29 @@ class Engine:
             raise AuditError(f"coefficient leaves with axes {missing} lack an 'example' axis; "
                              "the audit batches and reassigns windows along it")
         self.apply_fn, self.schema = apply_fn, schema
-        self.rows, self.seq_len = int(rows), int(seq_len)
+        if isinstance(window, (int, np.integer)):
+            window = jax.ShapeDtypeStruct((int(window),), jnp.int32)
+        self.rows, self.window, self.task = int(rows), window, task
         self.programs = coeff_programs(schema)
         self.forwards = collections.Counter()
 
         # The model's own apply, jitted as is, serves both modes. Anything else compiled into
-        # the same program (even the NLL) can change how XLA fuses the forward and so break
-        # bitwise record/replay; the NLL is a separate program on the logits.
+        # the same program (even the loss) can change how XLA fuses the forward and so break
+        # bitwise record/replay; the loss is a separate program on the logits.
         self.forward = jax.jit(apply_fn)
-        self._nll = jax.jit(lambda logits, tokens: next_token_nll(logits, tokens).mean(axis=-1))
+        self._nll = jax.jit(task.loss)
 
-    def record_fn(self, params, tokens):
-        """``(per-window NLL, logits, coeffs)`` with the controller running."""
-        tokens = jnp.asarray(tokens, jnp.int32)
-        logits, coeffs = self.forward(params, tokens)
-        return self._nll(logits, tokens), logits, coeffs
+    def record_fn(self, params, batch):
+        """``(per-window loss, logits, coeffs)`` with the controller running."""
+        batch = jax.tree.map(jnp.asarray, batch)
+        logits, coeffs = self.forward(params, self.task.inputs(batch))
+        return self._nll(logits, batch), logits, coeffs
 
-    def replay_fn(self, params, tokens, coeffs):
-        """``(per-window NLL, logits)`` with ``coeffs`` used verbatim."""
-        tokens = jnp.asarray(tokens, jnp.int32)
-        logits, _ = self.forward(params, tokens, coeffs)
-        return self._nll(logits, tokens), logits
+    def replay_fn(self, params, batch, coeffs):
+        """``(per-window loss, logits)`` with ``coeffs`` used verbatim."""
+        batch = jax.tree.map(jnp.asarray, batch)
+        logits, _ = self.forward(params, self.task.inputs(batch), coeffs)
+        return self._nll(logits, batch), logits
 
     def _chunks(self, n: int):
         if n < self.rows:
@@ -309,8 +404,9 @@ class Engine:
 
     def coeff_shapes(self, params):
         """ShapeDtypeStructs of one batch's recorded coefficients (nothing runs)."""
-        return jax.eval_shape(self.record_fn, params,
-                              jax.ShapeDtypeStruct((self.rows, self.seq_len), jnp.int32))[2]
+        batch = jax.tree.map(lambda s: jax.ShapeDtypeStruct((self.rows,) + s.shape, s.dtype),
+                             self.window)
+        return jax.eval_shape(self.record_fn, params, batch)[2]
 
     def cache_bytes(self, params, n_windows: int) -> int:
         per_row = sum(math.prod(s.shape) * s.dtype.itemsize
@@ -318,11 +414,11 @@ class Engine:
         return int(per_row * n_windows)
 
     # -- record and exact replay
-    def record(self, params, tokens, check: bool = True, bar=None) -> Recording:
+    def record(self, params, windows, check: bool = True, bar=None) -> Recording:
         """Record every window's coefficients (batched, jitted) into one device cache; with
         ``check``, replay each batch from the cache and compare logits with the record."""
-        tokens = np.asarray(tokens, np.int32)
-        W = tokens.shape[0]
+        windows = self.task.prepare(windows)
+        W = n_windows(windows)
         chunks = self._chunks(W)
         shapes = self.coeff_shapes(params)
         try:
@@ -341,7 +437,7 @@ class Engine:
         nll_rec, nll_rep, diffs = [], [], []
         for start, keep in chunks:
             w_idx = jnp.arange(start, start + self.rows, dtype=jnp.int32)
-            batch = tokens[start:start + self.rows]
+            batch = _rows(windows, slice(start, start + self.rows))
             nll, logits, chunk = self.record_fn(params, batch)
             self.forwards["record"] += 1
             cache = P.write(cache, chunk, start, keep)
@@ -360,13 +456,13 @@ class Engine:
         return Recording(cache, _gather(nll_rec), _gather(nll_rep), max_d)
 
     # -- conditions
-    def deterministic_nll(self, name: str, params, tokens, rec: Recording, calib, bar=None):
-        """(W,) NLL under a deterministic condition (means over ``calib``), batch by batch."""
-        tokens = np.asarray(tokens, np.int32)
+    def deterministic_nll(self, name: str, params, windows, rec: Recording, calib, bar=None):
+        """(W,) loss under a deterministic condition (means over ``calib``), batch by batch."""
+        windows = self.task.prepare(windows)
         fn, parts = self.programs.transform(name), []
-        for start, keep in self._chunks(tokens.shape[0]):
+        for start, keep in self._chunks(n_windows(windows)):
             w_idx = jnp.arange(start, start + self.rows, dtype=jnp.int32)
-            nll, _ = self.replay_fn(params, tokens[start:start + self.rows],
+            nll, _ = self.replay_fn(params, _rows(windows, slice(start, start + self.rows)),
                                     fn(rec.coeffs, calib, w_idx))
             self.forwards["replay"] += 1
             parts.append((nll, keep))
@@ -374,15 +470,15 @@ class Engine:
                 bar.update(1)
         return _gather(parts)
 
-    def randomized_nll(self, names: tuple[str, ...], params, tokens, rec: Recording, keys,
+    def randomized_nll(self, names: tuple[str, ...], params, windows, rec: Recording, keys,
                        max_reassign_bytes: int, bar=None) -> dict:
-        """{name: (R, W) NLL} for a group of randomized conditions sharing the R keys.
+        """{name: (R, W) loss} for a group of randomized conditions sharing the R keys.
 
         Per chunk of keys, one vmapped program reassigns the whole cache for every condition;
         then (reassignment, window) pairs are flattened into fixed-size batches and replayed.
         """
-        tokens = np.asarray(tokens, np.int32)
-        W, R = tokens.shape[0], int(keys.shape[0])
+        windows = self.task.prepare(windows)
+        W, R = n_windows(windows), int(keys.shape[0])
         cache_bytes = sum(a.nbytes for a in jax.tree.leaves(rec.coeffs))
         per = _keys_per_chunk(R, cache_bytes * len(names), max_reassign_bytes)
         out = {n: np.empty((R, W), np.float32) for n in names}
@@ -395,7 +491,7 @@ class Engine:
             for start, keep in self._chunks(n_keys * W):
                 p = np.arange(start, start + self.rows)
                 r_idx, w_idx = jnp.asarray(p // W, jnp.int32), jnp.asarray(p % W, jnp.int32)
-                batch = jnp.asarray(tokens[p % W])
+                batch = jax.tree.map(jnp.asarray, _rows(windows, p % W))
                 for name, stack in zip(names, stacks):
                     rows = self.programs.take(stack, r_idx, w_idx)
                     nll, _ = self.replay_fn(params, batch, rows)
@@ -436,19 +532,20 @@ def replay_message(rec: Recording, atol: float) -> str:
             "families); set replay_atol > 0 only to accept a tolerance knowingly.")
 
 
-def audit_checkpoint(engine: Engine, params, calib_tokens, eval_tokens, settings: Settings,
+def audit_checkpoint(engine: Engine, params, calib_windows, eval_windows, settings: Settings,
                      bar=None) -> dict:
-    """Record, exact replay, every condition: per-window ΔNLL of one checkpoint.
+    """Record, exact replay, every condition: per-window ΔNLL (Δloss) of one checkpoint.
 
     Returns ``{"replay", "nll_record", "nll_correct", "delta": {name: (R, W) | (W,)},
-    "variance", "profiles", "forwards", "seconds"}`` (arrays are NumPy).
+    "constant_along", "variance", "profiles", "forwards", "seconds"}`` (arrays are NumPy).
     """
     t0 = time.perf_counter()
-    eval_tokens = np.asarray(eval_tokens, np.int32)
-    if eval_tokens.shape[0] < 2:
+    eval_windows = engine.task.prepare(eval_windows)
+    calib_windows = engine.task.prepare(calib_windows)
+    if n_windows(eval_windows) < 2:
         raise AuditError("cross-input reassignment needs at least 2 evaluation windows")
     before = collections.Counter(engine.forwards)
-    rec = engine.record(params, eval_tokens, check=True, bar=bar)
+    rec = engine.record(params, eval_windows, check=True, bar=bar)
     exact = rec.max_abs_dlogit == 0.0 and np.array_equal(rec.nll_record, rec.nll_replay)
     ok = exact or (settings.replay_atol > 0 and np.isfinite(rec.max_abs_dlogit)
                    and rec.max_abs_dlogit <= settings.replay_atol)
@@ -456,11 +553,11 @@ def audit_checkpoint(engine: Engine, params, calib_tokens, eval_tokens, settings
         raise ReplayError(replay_message(rec, settings.replay_atol))
     seconds = {"record_and_replay": time.perf_counter() - t0}
     t = time.perf_counter()
-    cal = engine.record(params, calib_tokens, check=False, bar=bar)
+    cal = engine.record(params, calib_windows, check=False, bar=bar)
     seconds["calibration_record"] = time.perf_counter() - t
 
     base = rec.nll_replay.astype(np.float64)
-    delta = {}
+    delta, constant = {}, {}
     group = tuple(n for n in settings.conditions if interventions.CONDITIONS[n].randomized)
     for name in settings.conditions:
         t = time.perf_counter()
@@ -469,14 +566,17 @@ def audit_checkpoint(engine: Engine, params, calib_tokens, eval_tokens, settings
         elif name in group:
             if name == group[0]:
                 keys = reassignment_keys(settings.seed, settings.reassignments)
-                nlls = engine.randomized_nll(group, params, eval_tokens, rec, keys,
+                nlls = engine.randomized_nll(group, params, eval_windows, rec, keys,
                                              settings.max_reassign_bytes, bar=bar)
                 delta.update({n: v.astype(np.float64) - base for n, v in nlls.items()})
                 seconds["+".join(group)] = time.perf_counter() - t
             continue
         else:
-            nll = engine.deterministic_nll(name, params, eval_tokens, rec, cal.coeffs, bar=bar)
+            nll = engine.deterministic_nll(name, params, eval_windows, rec, cal.coeffs, bar=bar)
             delta[name] = nll.astype(np.float64) - base
+            rows = engine.programs.transform(name)(
+                rec.coeffs, cal.coeffs, jnp.arange(engine.rows, dtype=jnp.int32))
+            constant[name] = constant_along(jax.device_get(rows), engine.schema)
         seconds[name] = time.perf_counter() - t
     delta = {n: delta[n] for n in settings.conditions}
     out = {
@@ -487,6 +587,7 @@ def audit_checkpoint(engine: Engine, params, calib_tokens, eval_tokens, settings
         "nll_record": rec.nll_record.astype(np.float64),
         "nll_correct": base,
         "delta": delta,
+        "constant_along": constant,
     }
     cache = jax.device_get(rec.coeffs)
     if settings.variance:
@@ -499,17 +600,46 @@ def audit_checkpoint(engine: Engine, params, calib_tokens, eval_tokens, settings
     return out
 
 
+RANKED_AXES = ("token", "expert")
+
+
+def constant_along(coeffs, schema) -> dict:
+    """``{leaf path: [axes]}``: the ranked axes (token, expert) along which a leaf is constant.
+
+    Why it matters: a controller that *ranks* its values meets exact ties there, and
+    ``lax.top_k`` breaks ties by the lowest index. MoD's top-k over tokens then selects the
+    first k positions of every window (and the router weight is the same for all of them);
+    MoE's top-k over experts sends every token to the lowest-numbered expert, whose buffer
+    fills in token order (later tokens drop). So a static profile or GlobalMean of routing
+    scores is a fixed positional routing, not a smoothed version of the learned one. For
+    gates (no ranking) a constant row is just what a static profile means.
+    """
+    out = {}
+    flat = jax.tree_util.tree_flatten_with_path(schema, is_leaf=is_axes)[0]
+    for (path, axes), a in zip(flat, jax.tree.leaves(coeffs)):
+        a = np.asarray(a)
+        const = [n for n in RANKED_AXES if n in axes and a.shape[axes.index(n)] > 1 and
+                 np.all(a == np.take(a, [0], axis=axes.index(n)))]
+        if const:
+            out[jax.tree_util.keystr(path)] = const
+    return out
+
+
 def coefficient_profiles(cache, schema) -> dict | None:
     """Layer x position heatmap (mean over everything else), its layer means, the global mean.
 
     A leaf with a ``layer`` axis gives one row per layer; a per-layer list of leaves (MUDD)
-    gives one row per leaf. Leaves without a ``token`` axis are skipped.
+    gives one row per leaf. Leaves without a ``token`` axis are skipped. An ``expert`` axis
+    is reduced by its maximum (a token's top routing probability) rather than its mean,
+    which is 1/E for every token since routing probabilities sum to one.
     """
     rows = []
     for axes, a in zip(jax.tree.leaves(schema, is_leaf=is_axes), jax.tree.leaves(cache)):
         if "token" not in axes:
             continue
         a = np.asarray(a, np.float64)
+        if "expert" in axes:
+            a = a.max(axis=axes.index("expert"), keepdims=True)
         keep = [axes.index(n) for n in ("layer", "token") if n in axes]
         m = a.mean(axis=tuple(i for i in range(a.ndim) if i not in keep))
         if len(keep) == 2 and keep[0] > keep[1]:
@@ -641,17 +771,30 @@ def _mean_dicts(dicts):
 
 
 def assemble_results(title: str, checkpoints: Sequence[dict], infos: Sequence[dict],
-                     settings: Settings, schema, meta: dict) -> dict:
+                     settings: Settings, schema, meta: dict, not_applicable: dict | None = None,
+                     task: Task = LM) -> dict:
     """The full results dict (report.write_report's format) from per-checkpoint audits.
 
     ``infos``: one dict per checkpoint (name, run dir, step, params sha256, ...).
+    ``not_applicable``: conditions skipped (see :func:`applicable`), each a row without
+    numbers; the factorial effects, which need them, are rows without numbers too.
     """
     res = summarize(checkpoints, settings, schema)
+    if not_applicable:
+        labels = condition_labels(schema)
+        rows = dict(res["conditions"], **{n: not_applicable_row(why, labels.get(n, n))
+                                          for n, why in not_applicable.items()})
+        res["conditions"] = {n: rows[n] for n in interventions.CONDITIONS if n in rows}
+        missing = [n for n in RANDOMIZED_2X2 if n in not_applicable]
+        if missing and not res["effects"]:
+            why = f"the 2x2 factorial needs {' and '.join(missing)}, not applicable here"
+            res["effects"] = {n: not_applicable_row(why, n) for n in EFFECTS}
     replays = [c["replay"] for c in checkpoints]
     dl = [r["max_abs_dlogit"] for r in replays]
     results = {
         "title": title,
         "unit": res["unit"],
+        "loss": task.description,
         "replay": {"exact": all(r["exact"] for r in replays),
                    "max_abs_dlogit": float(np.max(dl)),
                    "nll": float(np.mean([r["nll"] for r in replays])),
@@ -672,7 +815,8 @@ def assemble_results(title: str, checkpoints: Sequence[dict], infos: Sequence[di
     per_ckpt = []
     for info, c in zip(infos, checkpoints):
         entry = dict(info)
-        entry.update(replay=c["replay"], nll_record=float(c["nll_record"].mean()),
+        entry.update(replay=c["replay"], constant_along=c.get("constant_along", {}),
+                     nll_record=float(c["nll_record"].mean()),
                      nll_correct=float(c["nll_correct"].mean()),
                      delta_nll={n: float(d.mean()) for n, d in c["delta"].items()},
                      forwards=c["forwards"], rows_per_forward=c["rows_per_forward"],
@@ -686,6 +830,8 @@ def assemble_results(title: str, checkpoints: Sequence[dict], infos: Sequence[di
     results["meta"] = {
         **meta,
         "settings": settings.to_dict(),
+        "task": task.name,
+        "not_applicable": dict(not_applicable or {}),
         "seeds": {"reassignment_seed": settings.seed,
                   "key_derivation": "jax.random.split(jax.random.key(seed), reassignments)[r]",
                   "prng_impl": str(jax.config.jax_default_prng_impl),
@@ -698,55 +844,58 @@ def assemble_results(title: str, checkpoints: Sequence[dict], infos: Sequence[di
     return results
 
 
-def audit_targets(targets: Sequence[dict], calib_tokens, eval_tokens, settings: Settings,
+def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings: Settings,
                   title: str, meta: dict | None = None, progress: bool = True,
-                  engines: dict | None = None) -> dict:
+                  engines: dict | None = None, task: Task = LM) -> dict:
     """Audit every target (one checkpoint each) on the same windows; the results dict.
 
     A target is ``{"apply_fn", "schema", "params", "info": {...}}``; targets that share an
     ``engine_key`` share one compiled Engine (pass ``engines``, a dict, to keep them across
-    calls).
+    calls). ``task`` says what a window is and how it is scored (:data:`LM`, :data:`CLASSIFY`).
+    Conditions that cannot apply to the schema are skipped and reported (:func:`applicable`).
     """
     from tqdm.auto import tqdm
 
-    eval_tokens = np.asarray(eval_tokens, np.int32)
-    calib_tokens = np.asarray(calib_tokens, np.int32)
-    if eval_tokens.shape[1] != calib_tokens.shape[1]:
-        raise AuditError(f"calibration windows have {calib_tokens.shape[1]} tokens but "
-                         f"evaluation windows {eval_tokens.shape[1]}; use one seq_len")
-    rows = min(settings.batch_size, len(eval_tokens), len(calib_tokens))
-    engines = {} if engines is None else engines
-    engine_of = []
-    for t in targets:
-        key = (t.get("engine_key", id(t)), rows, eval_tokens.shape[1])
-        if key not in engines:
-            engines[key] = Engine(t["apply_fn"], t["schema"], rows, eval_tokens.shape[1])
-        engine_of.append(engines[key])
+    eval_windows, calib_windows = task.prepare(eval_windows), task.prepare(calib_windows)
+    spec = window_spec(eval_windows)
+    if window_spec(calib_windows) != spec:
+        raise AuditError(f"calibration windows have shapes {window_spec(calib_windows)} but "
+                         f"evaluation windows {spec}; use one seq_len / input size")
     if len({schema_signature(t["schema"]) for t in targets}) > 1:
         raise AuditError("the checkpoints have different coefficient schemas; audit one "
                          "model family and variant per run")
+    settings, skipped = applicable(settings, targets[0]["schema"])
+    n_eval, n_calib = n_windows(eval_windows), n_windows(calib_windows)
+    rows = min(settings.batch_size, n_eval, n_calib)
+    engines = {} if engines is None else engines
+    engine_of = []
+    for t in targets:
+        key = (t.get("engine_key", id(t)), rows, str(spec), task.name)
+        if key not in engines:
+            engines[key] = Engine(t["apply_fn"], t["schema"], rows, spec, task)
+        engine_of.append(engines[key])
     total = 0
     for t, eng in zip(targets, engine_of):
-        total += eng.forward_count(len(eval_tokens), len(calib_tokens), settings,
-                                   eng.cache_bytes(t["params"], len(eval_tokens)))
+        total += eng.forward_count(n_eval, n_calib, settings, eng.cache_bytes(t["params"], n_eval))
     bar = tqdm(total=total, desc="audit forwards", unit="fwd", disable=not progress,
                mininterval=1)
     ckpts = []
     try:
         for t, eng in zip(targets, engine_of):
             bar.set_postfix_str(t["info"].get("name", ""))
-            ckpts.append(audit_checkpoint(eng, t["params"], calib_tokens, eval_tokens,
+            ckpts.append(audit_checkpoint(eng, t["params"], calib_windows, eval_windows,
                                           settings, bar=bar))
     finally:
         bar.close()
     meta = dict(meta or {})
-    meta["windows"] = {"seq_len": int(eval_tokens.shape[1]),
-                       "calibration": int(len(calib_tokens)), "evaluation": int(len(eval_tokens)),
-                       "calibration_sha256": hashlib.sha256(calib_tokens.tobytes()).hexdigest(),
-                       "evaluation_sha256": hashlib.sha256(eval_tokens.tobytes()).hexdigest(),
+    shapes = {"seq_len": int(spec.shape[0])} if task is LM else {
+        "window_shapes": jax.tree.map(lambda s: list(s.shape), spec)}
+    meta["windows"] = {**shapes, "calibration": n_calib, "evaluation": n_eval,
+                       "calibration_sha256": windows_sha256(calib_windows),
+                       "evaluation_sha256": windows_sha256(eval_windows),
                        **meta.get("windows", {})}
     return assemble_results(title, ckpts, [t["info"] for t in targets], settings,
-                            targets[0]["schema"], meta)
+                            targets[0]["schema"], meta, not_applicable=skipped, task=task)
 
 
 # ------------------------------------------------------------------------------- inputs
@@ -757,8 +906,64 @@ def _opt(cfg, name, default=None):
     return default if v is None or v == "" else v
 
 
+def is_classifier_run(config) -> bool:
+    """train_mlp.py runs: ``data.dataset`` and an MLP model config (no ``model.family``)."""
+    return "dataset" in config.data and "family" not in config.model
+
+
+def family_variant(config) -> tuple[str, str]:
+    if is_classifier_run(config):
+        return "gated_mlp", config.model.variant
+    return config.model.family, config.model.variant
+
+
+@functools.lru_cache(maxsize=2)
+def _tabular(dataset: str, data_dir):
+    from dynjax.data import tabular
+    try:
+        return tabular.load(dataset, data_dir)
+    except tabular.DataError as e:
+        raise AuditError(str(e)) from None
+
+
+def classifier_model(config):
+    """The GatedMLP of a train_mlp.py run (input and class counts come from its dataset)."""
+    from dynjax.data import tabular
+    from dynjax.models.gated_mlp import GatedMLP
+    from dynjax.train import classify
+
+    splits = _tabular(config.data.dataset, config.data.get("data_dir"))
+    return GatedMLP(classify._model_dict(config, splits["train"][0].shape[1],
+                                         tabular.num_classes(splits)))
+
+
+def load_classifier(run_dir, config, model):
+    """``(apply_fn, params, step, schedule)`` of a train_mlp.py run at its latest checkpoint.
+
+    The gates run at the schedule of that step (tau, theta, gates forced open in warm-up),
+    i.e. the function the run's own evaluation measured; hard masks are re-thresholded from
+    the (replayed) gate probabilities.
+    """
+    from dynjax.train import checkpoint, classify
+
+    mngr = checkpoint.manager(run_dir, every=1, keep=1_000_000)
+    step = mngr.latest_step()
+    if step is None:
+        raise AuditError(f"no checkpoint under {run_dir}/checkpoints; train it first")
+    tx = classify.make_tx(config)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(
+        lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
+        jax.eval_shape(lambda: classify.init_state(model, tx, jax.random.key(0))))
+    params = checkpoint.restore(mngr, abstract)["params"]
+    sched = jax.device_get(classify.gate_schedule(config, step))
+    sched = {"tau": float(sched["tau"]), "theta": float(sched["theta"]),
+             "gates_open": bool(sched["gates_open"])}
+    return functools.partial(model.apply, **sched), params, int(step), sched
+
+
 def load_run_targets(run_dirs: Sequence[str]) -> tuple[list[dict], list]:
-    """One target per run directory written by train.py; (targets, run configs).
+    """One target per run directory written by train.py or train_mlp.py; (targets, configs).
 
     Checks, before loading any parameters, that each directory exists, is a dynjax run, and
     holds a model that records coefficients.
@@ -780,41 +985,52 @@ def load_run_targets(run_dirs: Sequence[str]) -> tuple[list[dict], list]:
             config = checkpoint.read_config(d)
         except FileNotFoundError as e:
             raise AuditError(str(e)) from None
-        model = build(config.model.to_dict())
+        model = (classifier_model(config) if is_classifier_run(config)
+                 else build(config.model.to_dict()))
         if not jax.tree.leaves(model.schema, is_leaf=is_axes):
+            family, variant = family_variant(config)
             raise AuditError(
-                f"{d} holds a {config.model.variant!r} {config.model.family} model, which "
-                "records no coefficients: there is nothing to audit. Audit a variant with "
-                "coefficients (uniform, layer_static, feature_gate) or MUDDPythia")
+                f"{d} holds a {variant!r} {family} model, which records no coefficients: "
+                "there is nothing to audit. Audit a variant with coefficients (uniform, "
+                "layer_static, feature_gate; mod, moe, mode_*; dgate, structured) or MUDDPythia")
         configs.append(config)
     def same(what, key):
         values = {json.dumps(key(c), sort_keys=True) for c in configs}
         if len(values) > 1:
             raise AuditError(f"the checkpoints differ in {what} ({sorted(values)}); audit the "
                              "seeds of one model and data configuration together")
-    same("data.seq_len", lambda c: c.data.seq_len)
-    same("model family and variant", lambda c: [c.model.family, c.model.variant])
-    same("training data", lambda c: [c.data.get(k) for k in ("source", "path", "tfds_name")])
+    same("data.seq_len", lambda c: c.data.get("seq_len"))
+    same("model family and variant", family_variant)
+    same("training data", lambda c: [c.data.get(k) for k in ("source", "path", "tfds_name",
+                                                             "dataset")])
     targets = []
     for d, config in zip(run_dirs, configs):
-        try:
-            _, model, params = checkpoint.load_params(d)
-        except FileNotFoundError as e:
-            raise AuditError(str(e)) from None
-        step = checkpoint.manager(d, every=1, keep=1_000_000).latest_step()
+        extra = {}
+        if is_classifier_run(config):
+            model = classifier_model(config)
+            apply_fn, params, step, sched = load_classifier(d, config, model)
+            extra["gate_schedule"] = sched
+            key = [config.model.to_dict(), sched]
+        else:
+            try:
+                _, model, params = checkpoint.load_params(d)
+            except FileNotFoundError as e:
+                raise AuditError(str(e)) from None
+            apply_fn, key = model.apply, config.model.to_dict()
+            step = checkpoint.manager(d, every=1, keep=1_000_000).latest_step()
+        family, variant = family_variant(config)
         info = {"name": pathlib.Path(d).resolve().name, "run_dir": str(pathlib.Path(d).resolve()),
-                "step": int(step), "seed": int(config.seed), "family": config.model.family,
-                "variant": config.model.variant, "params_sha256": params_sha256(params),
-                "n_params": int(sum(np.size(x) for x in jax.tree.leaves(params)))}
+                "step": int(step), "seed": int(config.seed), "family": family,
+                "variant": variant, "params_sha256": params_sha256(params),
+                "n_params": int(sum(np.size(x) for x in jax.tree.leaves(params))), **extra}
         eval_path = pathlib.Path(d) / "eval.json"
         if eval_path.exists():
             info["train_eval"] = json.loads(eval_path.read_text())
         else:
             info["note"] = (f"{d} has no eval.json (training unfinished?): auditing its latest "
                             f"checkpoint, step {step}")
-        targets.append({"apply_fn": model.apply, "schema": model.schema, "params": params,
-                        "info": info,
-                        "engine_key": json.dumps(config.model.to_dict(), sort_keys=True)})
+        targets.append({"apply_fn": apply_fn, "schema": model.schema, "params": params,
+                        "info": info, "engine_key": json.dumps(key, sort_keys=True)})
     return targets, configs
 
 
@@ -855,6 +1071,26 @@ def run_windows(data_cfg, run_config, seq_len: int, n_calib: int, n_eval: int):
     info = {"source": src["source"], "path": src["path"], "tfds_name": src["tfds_name"],
             "calibration_split": "validation", "evaluation_split": "test", "notes": notes}
     return calib, ev, info
+
+
+def classifier_windows(data_cfg, run_config, n_calib: int, n_eval: int, seed: int = 0):
+    """Calibration examples from the validation split, evaluation examples from test (one
+    window = one labelled example). A fixed-seed random subset of each split, since a split
+    may be sorted by class (mnist5k's is)."""
+    dataset = _opt(data_cfg, "dataset", run_config.data.dataset)
+    data_dir = _opt(data_cfg, "data_dir", run_config.data.get("data_dir"))
+    splits = _tabular(dataset, data_dir)
+    notes, out = [], []
+    for name, split, n in (("calibration (validation split)", "validation", n_calib),
+                           ("evaluation (test split)", "test", n_eval)):
+        x, y = splits[split]
+        if len(x) < n:
+            notes.append(f"{name}: {len(x)} examples available, {n} requested")
+        idx = np.random.default_rng([seed, len(out)]).permutation(len(x))[:n]
+        out.append({"x": x[idx], "y": y[idx]})
+    info = {"dataset": dataset, "calibration_split": "validation", "evaluation_split": "test",
+            "subset": f"numpy default_rng([{seed}, 0 | 1]) permutation, first n", "notes": notes}
+    return out[0], out[1], info
 
 
 def _read_text(path) -> str:
@@ -989,6 +1225,7 @@ def audit_from_config(config, run_dirs: Sequence[str] = (), muddpythia_dir: str 
     from dynjax.audit import report
 
     settings = Settings.from_config(config)
+    task = LM
     dc = config.data
     n_calib, n_eval = int(dc.calib_windows), int(dc.eval_windows)
     mudd = muddpythia_dir or _opt(config.get("muddpythia"), "path")
@@ -1013,11 +1250,18 @@ def audit_from_config(config, run_dirs: Sequence[str] = (), muddpythia_dir: str 
         meta = {"plan": plan}
     else:
         targets, configs = load_run_targets(run_dirs)
-        seq_len = _resolve_seq_len(_opt(dc, "seq_len"), int(configs[0].data.seq_len),
-                                   f"checkpoint {run_dirs[0]}")
-        calib, ev, data_info = run_windows(dc, configs[0], seq_len, n_calib, n_eval)
-        v = configs[0].model
-        title = f"FCA: {v.family}/{v.variant}, {len(targets)} checkpoint" + \
+        if is_classifier_run(configs[0]):
+            if _opt(dc, "seq_len") is not None:
+                raise AuditError("data.seq_len does not apply to a classifier run (a window is "
+                                 "one example); drop the override")
+            task = CLASSIFY
+            calib, ev, data_info = classifier_windows(dc, configs[0], n_calib, n_eval)
+        else:
+            seq_len = _resolve_seq_len(_opt(dc, "seq_len"), int(configs[0].data.seq_len),
+                                       f"checkpoint {run_dirs[0]}")
+            calib, ev, data_info = run_windows(dc, configs[0], seq_len, n_calib, n_eval)
+        family, variant = family_variant(configs[0])
+        title = f"FCA: {family}/{variant}, {len(targets)} checkpoint" + \
             ("s" if len(targets) > 1 else "")
         meta = {"run_configs": [c.to_dict() for c in configs]}
         for t in targets:
@@ -1027,7 +1271,10 @@ def audit_from_config(config, run_dirs: Sequence[str] = (), muddpythia_dir: str 
         log(f"warning: {note}")
     meta.update(config=config.to_dict(), data=data_info)
     t0 = time.perf_counter()
-    results = audit_targets(targets, calib, ev, settings, title, meta=meta, progress=progress)
+    results = audit_targets(targets, calib, ev, settings, title, meta=meta, progress=progress,
+                            task=task)
+    for name in results["meta"]["not_applicable"]:
+        log(f"note: {name} not applicable: {results['meta']['not_applicable'][name]}")
     results["meta"]["wall_seconds"] = time.perf_counter() - t0
     if len(targets) == 1:
         results["meta"]["single_checkpoint_note"] = (
@@ -1043,7 +1290,8 @@ def audit_from_config(config, run_dirs: Sequence[str] = (), muddpythia_dir: str 
 def verdict_table(results: dict) -> str:
     """A short plain-text table: condition, ΔNLL, CI, p, retention, verdicts; then effects."""
     fmt = lambda v, f="{:+.6f}": "—" if v is None or not np.isfinite(v) else f.format(v)
-    lines = [results["title"], f"unit: {results['unit']}",
+    lines = [results["title"],
+             f"unit: {results['unit']}; loss: {results.get('loss', LM.description)}",
              f"exact replay: {'passed' if results['replay']['exact'] else 'within tolerance'}"
              f" (max |Δlogit| {results['replay']['max_abs_dlogit']:.3g}, "
              f"NLL {results['replay']['nll']:.6f})",
@@ -1055,12 +1303,17 @@ def verdict_table(results: dict) -> str:
             extra = f"retention {fmt(r['retention']['estimate'], '{:.2%}')} " \
                     f"[{fmt(r['retention']['ci_low'], '{:.2%}')}, " \
                     f"{fmt(r['retention']['ci_high'], '{:.2%}')}]"
+        if r.get("not_applicable"):
+            extra = f"not applicable: {r['not_applicable']}"
         for vname, v in (r.get("verdicts") or {}).items():
             met = {True: "MET", False: "not met", None: "undetermined"}[v["met"]]
             extra += f"; {vname}: {met}"
         lines.append(f"{r.get('label', name):<20} {fmt(r['estimate']):>10} {ci:>25} "
                      f"{fmt(r.get('p'), '{:.3g}'):>8}  {extra}")
     for name, e in results.get("effects", {}).items():
+        if e.get("not_applicable"):
+            lines.append(f"{name:<20} {'—':>10} not applicable: {e['not_applicable']}")
+            continue
         lines.append(f"{name:<20} {fmt(e['estimate']):>10} "
                      f"{'[' + fmt(e['ci_low']) + ', ' + fmt(e['ci_high']) + ']':>25} "
                      f"{fmt(e.get('p'), '{:.3g}'):>8}  Holm p {fmt(e.get('p_holm'), '{:.3g}')}")
