@@ -24,10 +24,23 @@ causal rule over a full sequence; a block still holds at most k = floor(c*T) tok
 first k that ask to enter). ``decode_step`` runs the same rule one token at a time with a KV
 cache whose MoD-block buffers hold only the tokens that entered that block (k slots).
 
+Staged MoDE (variant ``mode_staged``, Raposo et al. 2024): MoD routing around an MoE
+block. The router selects k tokens as above; only they enter a block whose FFN is the MoE
+layer of ``dynjax.models.moe`` (attention among the k, then expert routing of the k with
+expert capacity ceil(cf * top_k * k / E)). Non-MoD blocks stay dense. No KV-cache decoding.
+
 Coefficients: ``{"router": (layer, example, token)}``, the raw scores r of the MoD blocks
 (plus ``"predictor"`` logits when ``mod_route="predictor"``). Replay recomputes the
 selection from the given scores, so a reassignment of scores across examples or tokens
 changes which tokens enter while capacity and the set of weight values stay fixed.
+``mode_staged`` adds ``"moe": (layer, example, token, expert)``: the MoE routing
+probabilities of the k tokens that entered, where ``token`` indexes those k slots in
+position order (slot j = the j-th routed token). Replay feeds them to the block's MoE
+verbatim, so slot j's expert choice follows the slot, whichever token fills it.
+
+Ties. ``lax.top_k`` breaks ties by the lowest index. Conditions that make scores constant
+along tokens (a static profile, a global mean) therefore select the first k positions of
+every window; the audit reports which conditions do this (``constant_along``).
 """
 from __future__ import annotations
 
@@ -38,12 +51,14 @@ import jax
 import jax.numpy as jnp
 
 from dynjax.coeffs import Axes
+from dynjax.models import moe
 from dynjax.models.transformer import (Block, Embed, Head, Mlp, ModelConfig, causal_attention,
                                        embed_tokens,
                                        dense_init, norm, rotary, scan_layers)
 
-VARIANTS = ("dense", "mod")
+VARIANTS = ("dense", "mod", "mode_staged")
 ROUTER_AXES = Axes(("layer", "example", "token"))
+MOE_AXES = Axes(("layer", "example", "token", "expert"))  # token: the k routed slots
 EMPTY = 2 ** 30  # position of an unused slot: later than every real query, so never seen
 
 
@@ -63,7 +78,7 @@ def layout(cfg: ModelConfig) -> tuple[int, tuple[bool, ...]]:
     e = cfg.mod_every
     if cfg.mod_layers or cfg.n_layers % e:
         return 1, tuple(i in ids for i in range(cfg.n_layers))
-    return cfg.n_layers // e, tuple(cfg.variant == "mod" and j == e - 1 for j in range(e))
+    return cfg.n_layers // e, tuple(cfg.variant != "dense" and j == e - 1 for j in range(e))
 
 
 def validate(cfg: ModelConfig):
@@ -86,6 +101,8 @@ def validate(cfg: ModelConfig):
     if cfg.mod_route not in ("topk", "router", "predictor"):
         raise ValueError(f"model.mod_route={cfg.mod_route!r}; use 'topk', 'router' or "
                          "'predictor'")
+    if cfg.variant == "mode_staged":
+        moe.validate(cfg)
 
 
 def capacity(cfg: ModelConfig, seq_len: int) -> int:
@@ -102,9 +119,12 @@ def schema(cfg: ModelConfig):
     validate(cfg)  # called once by models.build, so a bad config fails there
     if cfg.variant == "dense":
         return {}
+    out = {"router": ROUTER_AXES}
     if cfg.mod_route == "predictor":
-        return {"router": ROUTER_AXES, "predictor": ROUTER_AXES}
-    return {"router": ROUTER_AXES}
+        out["predictor"] = ROUTER_AXES
+    if cfg.variant == "mode_staged":
+        out["moe"] = MOE_AXES
+    return out
 
 
 def router_weight(cfg: ModelConfig, r):
@@ -116,16 +136,18 @@ def router_weight(cfg: ModelConfig, r):
 def routed_update(block, h, positions, scores, idx, valid, weight):
     """Run ``block`` on the tokens ``idx`` (B, k) of h (B, T, d) and write back only them.
 
-    Slots with ``valid`` False (decode mode: fewer than k tokens asked to enter) get the
-    EMPTY position, so no real token attends to them, and are written back unchanged.
+    Returns the new h and the block's second output (attention statistics, or staged
+    MoDE's MoE routing of the k slots). Slots with ``valid`` False (decode mode: fewer than
+    k tokens asked to enter) get the EMPTY position, so no real token attends to them, and
+    are written back unchanged.
     """
     take = lambda a: jnp.take_along_axis(a, idx.reshape(idx.shape + (1,) * (a.ndim - 2)), 1)
     x = take(h)                                                        # (B, k, d)
-    update, _ = block(x, jnp.where(valid, take(positions), EMPTY))     # original positions
+    update, extra = block(x, jnp.where(valid, take(positions), EMPTY))  # original positions
     w = weight(take(scores))[..., None].astype(x.dtype)
     new = jnp.where(valid[..., None], x + w * update, x)
     scatter = lambda hb, ib, nb: hb.at[ib].set(nb, indices_are_sorted=True, unique_indices=True)
-    return jax.vmap(scatter)(h, idx, new)
+    return jax.vmap(scatter)(h, idx, new), extra
 
 
 def top_k_slots(scores, k):
@@ -170,6 +192,18 @@ def _bce(logits, targets):
     return jnp.mean(jnp.maximum(logits, 0) - logits * t + jnp.log1p(jnp.exp(-jnp.abs(logits))))
 
 
+class StagedBlock(nn.Module):
+    """Staged MoDE's block on the k routed tokens: attention, then the MoE FFN. Returns the
+    update a + m (as ``Block`` does) and (probs, aux, stats); ``probs`` given: replay."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x, positions, probs=None):
+        a, m, probs, aux, stats = moe.attention_then_moe(self.cfg, x, positions, probs)
+        return a + m, (probs, aux, stats)
+
+
 class ModLayer(nn.Module):
     """One block: dense (h + F(h)), or MoD with its router. ``replay``: coefficients or None."""
 
@@ -179,7 +213,8 @@ class ModLayer(nn.Module):
     @nn.compact
     def __call__(self, h, positions, replay):
         cfg = self.cfg
-        block = Block(cfg, name="block")
+        staged = self.routed and cfg.variant == "mode_staged"
+        block = (StagedBlock if staged else Block)(cfg, name="block")
         if not self.routed:
             return h + block(h, positions)[0], None
         T = h.shape[1]
@@ -200,13 +235,19 @@ class ModLayer(nn.Module):
         else:
             ask = coeffs["predictor"] if cfg.mod_route == "predictor" else scores
             idx, valid = first_k_slots(ask > 0, k)
-        h = routed_update(block, h, positions, scores, idx, valid,
-                          lambda r: router_weight(cfg, r))
+        run = (lambda x, p: block(x, p, coeffs.get("moe"))) if staged else block
+        h, extra = routed_update(run, h, positions, scores, idx, valid,
+                                 lambda r: router_weight(cfg, r))
         target = jax.lax.stop_gradient(membership(top_idx, top_valid, T))
         aux = {"router_bce": cfg.mod_bce_weight * _bce(scores, target),
                "predictor_bce": cfg.mod_predictor_weight * _bce(pred, target)}
         stats = {"topk": target, "entered": membership(idx, valid, T),
                  "router_says": scores > 0, "predictor_says": pred > 0}
+        if staged:  # the k slots' MoE routing is a coefficient too; its losses and load
+            probs, moe_aux, moe_stats = extra
+            coeffs = dict(coeffs, moe=probs)
+            aux.update(moe_aux)
+            stats.update({f"moe_{k}": v for k, v in moe_stats.items()})
         return h, (coeffs, aux, stats)
 
 
@@ -238,7 +279,7 @@ class ModDecoder(nn.Module):
         h, positions = embed_tokens(cfg, tokens)
         n_groups, pattern = layout(cfg)
         xs = None if coeffs is None else jax.tree.map(
-            lambda a: a.astype(jnp.float32).reshape(n_groups, -1, B, T), coeffs)
+            lambda a: a.astype(jnp.float32).reshape((n_groups, -1) + a.shape[1:]), coeffs)
         (h, _), out = scan_layers(ModGroup, cfg, n_groups, pattern=pattern)((h, positions), xs)
         logits = Head(cfg, name="head")(h)
         if out is None:
@@ -337,9 +378,16 @@ def layer_params(cfg: ModelConfig, params):
     return out
 
 
+def _check_decodable(cfg: ModelConfig):
+    if cfg.variant == "mode_staged":
+        raise NotImplementedError("KV-cache decoding is implemented for the mod and dense "
+                                  "variants only; mode_staged's MoE block has no cached form")
+
+
 def init_cache(cfg: ModelConfig, batch: int, max_len: int):
     """Per block: keys/values/positions for max_len tokens (dense) or k = floor(c*max_len)
     tokens (MoD), and the count of tokens held."""
+    _check_decodable(cfg)
     k = capacity(cfg, max_len) if cfg.variant == "mod" else max_len
     shape = lambda s: (batch, s, cfg.n_heads, cfg.head_dim)
     n_groups, pattern = layout(cfg)
@@ -359,6 +407,7 @@ def decode_step(cfg: ModelConfig, params, cache, token, pos):
     """One causal step: token (B,) at positions pos (B,) -> logits (B, V), new cache, and
     (n_mod, B) bool of which MoD blocks the token entered. A MoD block runs (``lax.cond``)
     only when some example's token enters it; its cache grows only for those examples."""
+    _check_decodable(cfg)
     h = Embed(cfg).apply({"params": params["embed"]}, token[:, None])
     pos = pos[:, None].astype(jnp.int32)
     B = token.shape[0]

@@ -137,6 +137,18 @@ class MoeFfn(nn.Module):
         return y, probs, aux, stats
 
 
+def attention_then_moe(cfg: ModelConfig, h, positions, probs=None):
+    """The core's attention, then the MoE FFN: ``(a, m, probs, aux, stats)``.
+
+    Call it inside a compact method: its submodules ("attn", "attn_norm", "mlp_norm", "moe")
+    belong to the caller, so the MoE layer and staged MoDE's block (``dynjax.models.mod``)
+    share one definition and one parameter layout.
+    """
+    a, _ = Attention(cfg, name="attn")(norm("attn_norm", cfg)(h), positions)
+    m, probs, aux, stats = MoeFfn(cfg, name="moe")(norm("mlp_norm", cfg)(h + a), probs)
+    return a, m, probs, aux, stats
+
+
 class MoeLayer(nn.Module):
     """Attention then the MoE FFN. Carry (h, positions); xs: replayed probs or None."""
 
@@ -145,9 +157,7 @@ class MoeLayer(nn.Module):
     @nn.compact
     def __call__(self, carry, probs):
         h, positions = carry
-        a, _ = Attention(self.cfg, name="attn")(norm("attn_norm", self.cfg)(h), positions)
-        m, probs, aux, stats = MoeFfn(self.cfg, name="moe")(norm("mlp_norm", self.cfg)(h + a),
-                                                            probs)
+        a, m, probs, aux, stats = attention_then_moe(self.cfg, h, positions, probs)
         return (h + a + m, positions), (probs, aux, stats)
 
 

@@ -1,0 +1,86 @@
+"""Staged MoDE (MoD routing around an MoE block): bitwise replay of both routings, unselected
+tokens untouched, the k slots' MoE routing replayed verbatim, and the mode_tiny configs."""
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dynjax.models import build, mod
+from dynjax.models.transformer import ModelConfig
+
+B, T, D, E = 2, 16, 32, 4
+K = 4  # floor(0.25 * 16)
+CFG = ModelConfig(family="mod", variant="mode_staged", d_model=D, n_heads=2, n_layers=2,
+                  d_ff=64, mod_capacity=0.25, moe_num_experts=E, moe_capacity_factor=1.0,
+                  scan_layers=False)
+TOKENS = jax.random.randint(jax.random.key(0), (B, T), 0, 256)
+
+
+def test_record_replay_bitwise_with_both_routings():
+    model = build(dataclasses.replace(CFG, scan_layers=True, n_layers=4))   # 2 scanned groups
+    params = model.init(jax.random.key(1), TOKENS)
+    fwd = jax.jit(model.apply)
+    logits, coeffs = fwd(params, TOKENS)
+    assert set(coeffs) == {"router", "moe"} and set(model.schema) == {"router", "moe"}
+    assert coeffs["router"].shape == (2, B, T)          # blocks 1 and 3 are MoD blocks
+    assert coeffs["moe"].shape == (2, B, K, E)          # routing of the k slots
+    np.testing.assert_allclose(coeffs["moe"].sum(-1), 1, rtol=1e-5)
+    logits2, coeffs2 = fwd(params, TOKENS, coeffs)
+    np.testing.assert_array_equal(np.asarray(logits2), np.asarray(logits))
+    np.testing.assert_array_equal(np.asarray(coeffs2["moe"]), np.asarray(coeffs["moe"]))
+    # The MoE routing inside the block is replayed, not recomputed: swapping the slots'
+    # routing values changes the output.
+    swapped = dict(coeffs, moe=coeffs["moe"][:, :, ::-1])
+    assert not np.array_equal(np.asarray(fwd(params, TOKENS, swapped)[0]), np.asarray(logits))
+
+
+def test_unselected_tokens_bitwise_unchanged():
+    h = jax.random.normal(jax.random.key(2), (B, T, D))
+    pos = jnp.broadcast_to(jnp.arange(T), (B, T))
+    layer = mod.ModLayer(CFG, True)
+    params = nn.meta.unbox(layer.init(jax.random.key(3), h, pos, None))
+    assert "moe" in params["params"]["block"]          # the routed block's FFN is the MoE
+    sel = [np.array([1, 4, 9, 13]), np.array([0, 2, 3, 15])]
+    scores = np.full((B, T), -5.0, np.float32)
+    for b in range(B):
+        scores[b, sel[b]] = 1.0 + 0.1 * np.arange(K)
+    run = jax.jit(lambda s: layer.apply(params, h, pos, {"router": s}))
+    out, (coeffs, aux, stats) = run(jnp.asarray(scores))
+    out, hn = np.asarray(out), np.asarray(h)
+    for b in range(B):
+        unsel = np.setdiff1d(np.arange(T), sel[b])
+        np.testing.assert_array_equal(out[b, unsel], hn[b, unsel])
+        assert not np.any(np.all(out[b, sel[b]] == hn[b, sel[b]], axis=-1))
+    np.testing.assert_array_equal(np.asarray(stats["entered"]).sum(-1), [K, K])
+    assert coeffs["moe"].shape == (B, K, E) and {"load_balance", "router_z"} <= set(aux)
+
+
+def test_decoding_with_kv_cache_is_refused_clearly():
+    with pytest.raises(NotImplementedError, match="mode_staged"):
+        mod.init_cache(CFG, B, T)
+
+
+@pytest.mark.parametrize("variant", ["mode_staged", "mode_integrated"])
+def test_mode_tiny_configs_build_and_train_one_step(variant):
+    import optax
+
+    from configs import mode_tiny
+    c = mode_tiny.get_config(variant)
+    c.model.update(d_model=32, n_heads=2, d_ff=64, n_layers=2)
+    model = build(c.model.to_dict())
+    tokens = TOKENS[:, :16]
+    params = model.init(jax.random.key(4), tokens)
+
+    def loss(p):
+        logits, _, aux = model.apply(p, tokens, with_aux=True)
+        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
+            logits[:, :-1], tokens[:, 1:])) + sum(aux.values())
+    value, grads = jax.jit(jax.value_and_grad(loss))(params)
+    assert np.isfinite(float(value))
+    assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
+    assert c.model.family == ("mod" if variant == "mode_staged" else "moe")
+    with pytest.raises(ValueError, match="unknown variant"):
+        mode_tiny.get_config("nope")
