@@ -94,6 +94,17 @@ def test_replay_is_bitwise(variant, dtype):
     assert all(np.array_equal(a, b) for a, b in zip(coeffs["mix"], coeffs2["mix"]))
 
 
+def test_replay_is_bitwise_at_training_width():
+    """d_model=128, (32, 128) tokens: where XLA fused the block differently in record and
+    replay (2e-6 drift) until the DA's input norm ran in both modes."""
+    model = _model("mudd", d_model=128, n_heads=4, d_ff=512, n_layers=2)
+    tokens = jax.random.randint(jax.random.key(0), (32, 128), 0, 256)
+    params = _randomize(jax.jit(model.init)(jax.random.key(1), tokens), "", 0.05, seed=0)
+    apply = jax.jit(model.apply)
+    logits, coeffs = apply(params, tokens)
+    assert np.array_equal(np.asarray(apply(params, tokens, coeffs)[0]), np.asarray(logits))
+
+
 def test_replay_ignores_the_da_controllers(trained_like):
     model, params, apply = trained_like
     tokens = _tokens()

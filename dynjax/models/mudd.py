@@ -17,7 +17,7 @@ head reads after the last block (``C = 1``): ``stream_c = sum_s A_i[c, ..., s] *
 
 Variants (``ModelConfig.variant``):
 
-- ``mudd``        ``A_i = DA_i(X_{i+1}) + bias_i``: the DA MLP (norm -> hidden -> GELU ->
+- ``mudd``        ``A_i = DA_i(norm(X_{i+1})) + bias_i``: the DA MLP (hidden -> GELU ->
                   ``C_i * S_i`` outputs, stream-major as upstream) gives per-token, signed,
                   unbounded coefficients; its output layer starts at zero.
 - ``mudd_static`` ``A_i = bias_i`` only: learned cross-layer weights with no input
@@ -28,8 +28,8 @@ Variants (``ModelConfig.variant``):
 starts from an ordinary residual network. Coefficients ``{"mix": [A_0 .. A_{L-1}]}`` are the
 totals in float32, with MUDDPythia's schema, so every MUDD intervention applies unchanged.
 Replay uses them verbatim and never runs a DA MLP; coefficients and sources pass one
-``optimization_barrier`` before the (float32) mix, so replay is bitwise equal to record
-under jit.
+``optimization_barrier`` before the (float32) mix and the block output keeps the same
+consumers in both modes (see ``MuddLayer``), so replay is bitwise equal to record under jit.
 
 Layers are always unrolled (``scan_layers`` is ignored): under ``nn.scan`` every layer must
 have the same shapes, but here layer ``i`` has its own source count ``i + 2`` (bias and DA
@@ -96,21 +96,21 @@ class MuddBlock(nn.Module):
 
 
 class DynamicDense(nn.Module):
-    """The DA controller: X_{i+1} (B, T, D) -> dynamic coefficients (C, B, T, S), float32."""
+    """The DA controller MLP: normalised X_{i+1} (B, T, D) -> coefficients (C, B, T, S), f32."""
 
     cfg: ModelConfig
     n_streams: int
     n_sources: int
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, nx):
         cfg, C, S = self.cfg, self.n_streams, self.n_sources
         z = nn.Dense(cfg.mudd_da_hidden, use_bias=False, dtype=cfg.compute_dtype,
-                     kernel_init=dense_init(("embed", None)), name="hidden")(norm("norm", cfg)(x))
+                     kernel_init=dense_init(("embed", None)), name="hidden")(nx)
         a = nn.Dense(C * S, use_bias=False, dtype=cfg.compute_dtype, name="out",
                      kernel_init=nn.with_logical_partitioning(nn.initializers.zeros,
                                                               (None, None)))(nn.gelu(z))
-        B, T, _ = x.shape
+        B, T, _ = nx.shape
         return a.astype(jnp.float32).reshape(B, T, C, S).transpose(2, 0, 1, 3)  # stream-major
 
 
@@ -136,11 +136,19 @@ class MuddLayer(nn.Module):
         x = MuddBlock(cfg, name="block")(streams, positions)
         bias = self.param("static_bias", nn.with_logical_partitioning(
             _newest_source_init, (None, None)), (C, S))
-        if coef is None:  # record: the controller runs
-            B, T, _ = x.shape
-            coef = jnp.broadcast_to(bias[:, None, None, :], (C, B, T, S))
-            if cfg.variant == "mudd":
-                coef = DynamicDense(cfg, C, S, name="da")(x) + coef
+        if cfg.variant == "mudd":
+            # The DA's input norm runs in both modes, so X_{i+1} has the same consumers in
+            # record and replay and XLA fuses the block identically (CPU expands optimization
+            # barriers before fusion; without this, replay of a trained tiny model drifted by
+            # ~8e-6). Replay ties it to the coefficients with weight 0 (exact for finite
+            # values) and never runs the DA MLP.
+            nx = norm("da_norm", cfg)(x)
+            if coef is None:
+                coef = DynamicDense(cfg, C, S, name="da")(nx) + bias[:, None, None, :]
+            else:
+                coef = coef + 0.0 * jnp.sum(nx.astype(jnp.float32), axis=-1)[None, ..., None]
+        elif coef is None:  # mudd_static: the bias is the coefficient
+            coef = jnp.broadcast_to(bias[:, None, None, :], (C,) + x.shape[:2] + (S,))
         coef = coef.astype(jnp.float32)
         # Record and replay both mix through this barrier: one compiled mix for both modes.
         coef, sources = jax.lax.optimization_barrier((coef, sources + [x]))
