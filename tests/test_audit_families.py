@@ -1,0 +1,181 @@
+"""audit.py on routing and unit-gating families: MoD, MoE (train.py runs) and DynamicGate-MLP
+(a train_mlp.py run), each trained for a few steps once per module.
+
+Covers: exact replay and every condition through one engine (the per-window loss hook picks
+next-token NLL or label cross-entropy from the run's config); conditions that need a token
+axis reported as not applicable for unit gates; routing interventions keep MoD's capacity
+(k tokens per example and block under every condition) and the multiset of router values;
+MoE routing vectors move whole; ties of constant scores are reported.
+"""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import audit_tiny, mlp_common
+from dynjax.audit import interventions, run
+from dynjax.data import text
+from dynjax.train import checkpoint
+from tests.conftest import tiny_config
+
+W, T, R = 8, 32, 2          # windows (calibration and evaluation each), tokens, reassignments
+K = 8                       # MoD capacity: floor(0.25 * 32)
+LM_KEYS = {"title", "unit", "loss", "replay", "conditions", "effects", "variance", "profiles",
+           "meta"}
+TOKEN_CONDS = ("token_shuffle", "cross_shuffle", "layer_position_mean")
+
+
+def audit_config(windows=W):
+    c = audit_tiny.get_config()
+    c.reassignments, c.batch_size = R, windows
+    c.data.calib_windows = c.data.eval_windows = windows
+    c.stats.n_resamples = 99
+    return c
+
+
+def lm_run(tmp, family, variant, **model):
+    from dynjax.train.loop import train
+
+    c = tiny_config("dense", n_layers=2, **model)
+    c.model.update(family=family, variant=variant)
+    c.train.update(steps=4, ckpt_every=4, eval_every=1000)
+    c.eval.update(windows=8, batch_size=8)
+    train(c, str(tmp), progress=False)
+    return str(tmp)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Tiny trained run directories: {"mod", "moe", "dgate"}."""
+    from dynjax.data import tabular
+    from dynjax.train.classify import train
+
+    root = tmp_path_factory.mktemp("families")
+    out = {"mod": lm_run(root / "mod", "mod", "mod", mod_capacity=0.25, mod_every=2),
+           "moe": lm_run(root / "moe", "moe", "moe")}
+    try:
+        tabular.load("mnist5k")
+    except tabular.DataError as e:
+        pytest.skip(f"tabular data not fetched: {e}")
+    c = mlp_common.base("dgate", "mnist5k")
+    c.model.hidden = (16, 16)
+    c.gate.update(warmup_steps=0, anneal_steps=2, ramp_steps=2)
+    c.train.update(steps=4, batch_size=32, warmup_steps=1, eval_every=1000, ckpt_every=4,
+                   log_every=2)
+    c.eval.batch_size = 500
+    train(c, str(root / "dgate"), progress=False)
+    out["dgate"] = str(root / "dgate")
+    return out
+
+
+@pytest.fixture(scope="module")
+def audits(runs, tmp_path_factory):
+    """audit.py's program on each run: {name: (results.json contents, out dir)}."""
+    out = {}
+    for name, d in runs.items():
+        dest = str(tmp_path_factory.mktemp("audit") / name)
+        cfg = audit_config(16 if name == "dgate" else W)
+        run.audit_from_config(cfg, [d], out=dest, progress=False, log=lambda _: None)
+        with open(os.path.join(dest, "results.json")) as f:
+            out[name] = json.load(f), dest
+    return out
+
+
+@pytest.mark.parametrize("name", ["mod", "moe"])
+def test_routing_lm_exact_replay_and_every_condition(audits, name):
+    res, dest = audits[name]
+    assert LM_KEYS <= set(res) and os.path.exists(os.path.join(dest, "report.md"))
+    assert res["replay"]["exact"] is True and res["replay"]["max_abs_dlogit"] == 0.0
+    assert list(res["conditions"]) == list(interventions.CONDITIONS)
+    assert all(np.isfinite(r["estimate"]) for r in res["conditions"].values())
+    assert set(res["effects"]) == set(run.EFFECTS)
+    meta = res["meta"]
+    assert meta["task"] == "next_token" and meta["not_applicable"] == {}
+    ck = meta["checkpoints"][0]
+    assert ck["family"] == name
+    assert np.shape(ck["per_window"]["delta_nll"]["cross_input"]) == (R, W)
+    # Averaging over tokens leaves every position tied; the report says so.
+    assert ck["constant_along"]["static_profile"] == {"['router']": ["token"]}
+    assert "token" in ck["constant_along"]["structure_removed"]["['router']"]
+    heat = np.asarray(res["profiles"]["heatmap"])
+    assert heat.shape == ((1, T) if name == "mod" else (2, T))   # MoD blocks / MoE layers
+    if name == "moe":   # top routing probability per token, not the trivial mean 1/E
+        assert np.all(heat > 1 / 4) and np.all(heat <= 1)
+        assert ck["constant_along"]["structure_removed"]["['router']"] == ["token", "expert"]
+
+
+def test_dynamic_gate_classifier_audit(audits, runs):
+    res, dest = audits["dgate"]
+    assert {"title", "unit", "loss", "replay", "conditions", "effects", "variance",
+            "meta"} <= set(res)
+    assert "label" in res["loss"] and res["meta"]["task"] == "classification"
+    assert res["replay"]["exact"] is True and res["replay"]["max_abs_dlogit"] == 0.0
+    assert list(res["conditions"]) == list(interventions.CONDITIONS)
+    for name, row in res["conditions"].items():
+        if name in TOKEN_CONDS:   # no token axis in unit gates: not run, no fake numbers
+            assert row["estimate"] is None and "token axis" in row["not_applicable"]
+        else:
+            assert np.isfinite(row["estimate"]), name
+    assert all(e["estimate"] is None and "not applicable" in e["note"]
+               for e in res["effects"].values())
+    assert set(res["meta"]["not_applicable"]) == set(TOKEN_CONDS)
+    ck = res["meta"]["checkpoints"][0]
+    assert ck["family"] == "gated_mlp" and ck["variant"] == "dgate"
+    assert ck["gate_schedule"] == {"tau": 0.5, "theta": 0.5, "gates_open": False}
+    assert set(ck["per_window"]["delta_nll"]) == {"correct", "cross_input", "static_profile",
+                                                  "structure_removed"}
+    assert np.shape(ck["per_window"]["delta_nll"]["cross_input"]) == (R, 16)
+    assert res["meta"]["windows"]["window_shapes"] == {"x": [784], "y": []}
+    assert "['p']" in res["variance"]
+    md = open(os.path.join(dest, "report.md")).read()
+    assert "not applicable" in md
+
+
+@pytest.fixture(scope="module")
+def recorded(runs):
+    """The MoD and MoE runs' models, params, and evaluation / calibration coefficients."""
+    splits = text.load_splits()
+    ev = jnp.asarray(text.eval_windows(splits["test"], T, W))
+    cal = jnp.asarray(text.eval_windows(splits["validation"], T, W))
+    out = {}
+    for name in ("mod", "moe"):
+        _, model, params = checkpoint.load_params(runs[name])
+        record = jax.jit(model.apply)
+        out[name] = model, params, ev, record(params, ev)[1], record(params, cal)[1]
+    return out
+
+
+def conditioned(cache, calib, schema):
+    """{condition: coefficients of the whole evaluation set} as the engine builds them."""
+    key = run.reassignment_keys(0, R)[0]
+    return {n: interventions.apply_condition(n, cache, schema, key=key, calib=calib)
+            for n in interventions.CONDITIONS}
+
+
+def test_routing_interventions_keep_mod_capacity_and_router_values(recorded):
+    model, params, ev, cache, calib = recorded["mod"]
+    stats = jax.jit(lambda c: model.module.apply({"params": params}, ev, c,
+                                                 mutable=["mod_stats"])[1]["mod_stats"])
+    base = np.sort(np.asarray(cache["router"]).reshape(cache["router"].shape[0], -1), axis=-1)
+    for name, c in conditioned(cache, calib, model.schema).items():
+        entered = np.asarray(stats(c)["stats"][0]["entered"])          # (blocks, W, T)
+        np.testing.assert_array_equal(entered.sum(-1), K, err_msg=name)
+        if interventions.CONDITIONS[name].randomized or name == "correct":
+            r = np.asarray(c["router"])
+            assert not name != "correct" or not np.array_equal(r, np.asarray(cache["router"]))
+            np.testing.assert_array_equal(np.sort(r.reshape(r.shape[0], -1), axis=-1), base,
+                                          err_msg=name)   # same values, new assignment
+
+
+def test_routing_interventions_move_whole_moe_routing_vectors(recorded):
+    """Each token's routing vector over experts moves as a whole (values kept, assignment
+    changed); expert capacity is static (moe.expert_capacity), so no condition changes it."""
+    model, _, _, cache, calib = recorded["moe"]
+    rows = lambda c: np.unique(np.asarray(c["router"]).reshape(-1, 4), axis=0)
+    for name, c in conditioned(cache, calib, model.schema).items():
+        if interventions.CONDITIONS[name].randomized:
+            np.testing.assert_array_equal(rows(c), rows(cache), err_msg=name)
+            assert not np.array_equal(np.asarray(c["router"]), np.asarray(cache["router"]))
