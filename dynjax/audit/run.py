@@ -933,7 +933,7 @@ def classifier_model(config):
     from dynjax.train import classify
 
     splits = _tabular(config.data.dataset, config.data.get("data_dir"))
-    return GatedMLP(classify._model_dict(config, splits["train"][0].shape[1],
+    return GatedMLP(classify.model_dict(config, splits["train"][0].shape[1],
                                          tabular.num_classes(splits)))
 
 

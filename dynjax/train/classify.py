@@ -35,7 +35,7 @@ from dynjax.data import tabular
 from dynjax.measure import macs as macs_lib
 from dynjax.models.gated_mlp import GatedMLP, MLPConfig, gate_penalty
 from dynjax.train import checkpoint, sparse
-from dynjax.train.loop import make_optimizer
+from dynjax.train.loop import check_train_config, make_optimizer
 from dynjax.train.metrics import JsonlWriter, write_json_atomic
 
 SPARSE_METHODS = ("none", "rigl", "prune")
@@ -54,18 +54,16 @@ def resolve_config(config) -> ml_collections.ConfigDict:
         raise ValueError(f"gate.theta_start={g.theta_start} must lie in (0, 1)")
     if g.lambda_g < 0 or min(g.warmup_steps, g.anneal_steps, g.ramp_steps) < 0:
         raise ValueError("gate.lambda_g and the gate schedule lengths must be >= 0")
-    MLPConfig.from_dict(_model_dict(config, 1, 2))  # validates theta, tau, widths, variant
+    MLPConfig.from_dict(model_dict(config, 1, 2))  # validates theta, tau, widths, variant
     if config.sparse.method not in SPARSE_METHODS:
         raise ValueError(f"unknown sparse.method={config.sparse.method!r}; choose one of "
                          f"{SPARSE_METHODS}")
-    tc = config.train
-    for name in ("steps", "batch_size", "log_every", "eval_every", "ckpt_every"):
-        if tc[name] <= 0:
-            raise ValueError(f"train.{name}={tc[name]} must be positive")
+    check_train_config(config.train)
     return config
 
 
-def _model_dict(config, in_dim, n_classes):
+def model_dict(config, in_dim, n_classes):
+    """The GatedMLP config of a run: its model fields plus the data's input and class sizes."""
     d = dict(config.model.to_dict())
     d["hidden"] = tuple(d["hidden"])
     return {**d, "in_dim": in_dim, "n_classes": n_classes}
@@ -178,7 +176,7 @@ def train(config, workdir: str, progress: bool = True) -> dict:
 
     splits = tabular.load(config.data.dataset, config.data.get("data_dir"))
     (x_tr, y_tr) = splits["train"]
-    model = GatedMLP(_model_dict(config, x_tr.shape[1], tabular.num_classes(splits)))
+    model = GatedMLP(model_dict(config, x_tr.shape[1], tabular.num_classes(splits)))
     tc = config.train
     tx = make_tx(config)
 

@@ -114,15 +114,19 @@ def resolve_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDi
             raise ValueError(f"{eval_path} reports no gate mass; mass matching needs a gated run")
         config.model.uniform_value = float(mass)
     build(config.model.to_dict())  # validates the model config with a clear message
-    tc = config.train
+    check_train_config(config.train)
+    if config.data.seq_len < 2:
+        raise ValueError(f"data.seq_len={config.data.seq_len} must be at least 2")
+    return config
+
+
+def check_train_config(tc) -> None:
+    """The schedule fields every training loop (LM or classifier) relies on."""
     for name in ("steps", "batch_size", "log_every", "eval_every", "ckpt_every"):
         if tc[name] <= 0:
             raise ValueError(f"train.{name}={tc[name]} must be positive")
     if not 0 < tc.lr < 1:
         raise ValueError(f"train.lr={tc.lr} is outside (0, 1)")
-    if config.data.seq_len < 2:
-        raise ValueError(f"data.seq_len={config.data.seq_len} must be at least 2")
-    return config
 
 
 def _check_same_run(run_dir: pathlib.Path, config):

@@ -21,7 +21,6 @@ round(density * size) largest-magnitude weights for the rest of training.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, NamedTuple
 
 import jax
