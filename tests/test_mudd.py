@@ -5,7 +5,6 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from dynjax.audit import interventions
