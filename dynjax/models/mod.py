@@ -53,8 +53,8 @@ import jax.numpy as jnp
 from dynjax.coeffs import Axes
 from dynjax.models import moe
 from dynjax.models.transformer import (Block, Embed, Head, Mlp, ModelConfig, causal_attention,
-                                       embed_tokens,
-                                       dense_init, norm, rotary, scan_layers)
+                                       dense_init, embed_tokens, head_projection, norm,
+                                       out_projection, rotary, scan_layers)
 
 VARIANTS = ("dense", "mod", "mode_staged")
 ROUTER_AXES = Axes(("layer", "example", "token"))
@@ -336,22 +336,16 @@ class _CachedAttention(nn.Module):
     @nn.compact
     def __call__(self, x, pos, cache, write):
         cfg = self.cfg
-        proj = lambda name: nn.DenseGeneral(
-            (cfg.n_heads, cfg.head_dim), use_bias=False, dtype=cfg.compute_dtype,
-            kernel_init=dense_init(("embed", "heads", "kv")), name=name)
-        q = rotary(proj("query")(x), pos, cfg.rope_base)
-        k = rotary(proj("key")(x), pos, cfg.rope_base)
-        v = proj("value")(x)
+        q = rotary(head_projection(cfg, "query")(x), pos, cfg.rope_base)
+        k = rotary(head_projection(cfg, "key")(x), pos, cfg.rope_base)
+        v = head_projection(cfg, "value")(x)
         B, S = cache["pos"].shape
         slot = jnp.where(write, cache["n"], S)  # out of range: dropped, nothing written
         put = lambda buf, new: buf.at[jnp.arange(B), slot].set(new[:, 0], mode="drop")
         cache = {"k": put(cache["k"], k), "v": put(cache["v"], v),
                  "pos": put(cache["pos"], pos), "n": cache["n"] + write}
         out, _, _ = causal_attention(q, cache["k"], cache["v"], pos, cache["pos"])
-        out = nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False,
-                              dtype=cfg.compute_dtype,
-                              kernel_init=dense_init(("heads", "kv", "embed")), name="out")(out)
-        return out, cache
+        return out_projection(cfg)(out), cache
 
 
 class _CachedBlock(nn.Module):

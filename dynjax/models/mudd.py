@@ -44,7 +44,8 @@ import jax.numpy as jnp
 from dynjax.coeffs import Axes
 from dynjax.models.muddpythia import mix
 from dynjax.models.transformer import (Head, Mlp, ModelConfig, causal_attention, dense_init,
-                                       embed_tokens, norm, rotary)
+                                       embed_tokens, head_projection, norm, out_projection,
+                                       rotary)
 
 VARIANTS = ("mudd", "mudd_static")
 MIX_AXES = Axes(("stream", "example", "token", "source"))
@@ -68,16 +69,10 @@ class StreamAttention(nn.Module):
     @nn.compact
     def __call__(self, xq, xk, xv, positions):
         cfg = self.cfg
-        proj = lambda name: nn.DenseGeneral(
-            (cfg.n_heads, cfg.head_dim), use_bias=False, dtype=cfg.compute_dtype,
-            kernel_init=dense_init(("embed", "heads", "kv")), name=name)
-        q = rotary(proj("query")(xq), positions, cfg.rope_base)
-        k = rotary(proj("key")(xk), positions, cfg.rope_base)
-        out, _, _ = causal_attention(q, k, proj("value")(xv), positions, positions)
-        return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False,
-                               dtype=cfg.compute_dtype,
-                               kernel_init=dense_init(("heads", "kv", "embed")),
-                               name="out")(out)
+        q = rotary(head_projection(cfg, "query")(xq), positions, cfg.rope_base)
+        k = rotary(head_projection(cfg, "key")(xk), positions, cfg.rope_base)
+        out, _, _ = causal_attention(q, k, head_projection(cfg, "value")(xv), positions, positions)
+        return out_projection(cfg)(out)
 
 
 class MuddBlock(nn.Module):

@@ -128,6 +128,19 @@ def causal_attention(q, k, v, q_pos, k_pos):
     return out, logits, lse
 
 
+def head_projection(cfg: ModelConfig, name: str):
+    """(B, T, D) -> (B, T, H, Dh): every attention's "query", "key" and "value" layers, so
+    the attention variants of other families share parameter names and shapes."""
+    return nn.DenseGeneral((cfg.n_heads, cfg.head_dim), use_bias=False, dtype=cfg.compute_dtype,
+                           kernel_init=dense_init(("embed", "heads", "kv")), name=name)
+
+
+def out_projection(cfg: ModelConfig):
+    """(B, T, H, Dh) -> (B, T, D): every attention's "out" layer."""
+    return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False, dtype=cfg.compute_dtype,
+                           kernel_init=dense_init(("heads", "kv", "embed")), name="out")
+
+
 class Attention(nn.Module):
     cfg: ModelConfig
 
@@ -135,19 +148,12 @@ class Attention(nn.Module):
     def __call__(self, x, positions, kv=None):
         """x: (B, T, D). ``kv`` = (keys_x, key_positions) attends to other tokens (decoding)."""
         cfg = self.cfg
-        proj = lambda name: nn.DenseGeneral(
-            (cfg.n_heads, cfg.head_dim), use_bias=False, dtype=cfg.compute_dtype,
-            kernel_init=dense_init(("embed", "heads", "kv")), name=name)
-        q = rotary(proj("query")(x), positions, cfg.rope_base)
+        q = rotary(head_projection(cfg, "query")(x), positions, cfg.rope_base)
         kx, kpos = (x, positions) if kv is None else kv
-        k = rotary(proj("key")(kx), kpos, cfg.rope_base)
-        v = proj("value")(kx)
+        k = rotary(head_projection(cfg, "key")(kx), kpos, cfg.rope_base)
+        v = head_projection(cfg, "value")(kx)
         out, logits, lse = causal_attention(q, k, v, positions, kpos)
-        out = nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False,
-                              dtype=cfg.compute_dtype,
-                              kernel_init=dense_init(("heads", "kv", "embed")),
-                              name="out")(out)
-        return out, (logits, lse)
+        return out_projection(cfg)(out), (logits, lse)
 
 
 class Mlp(nn.Module):
