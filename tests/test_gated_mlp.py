@@ -59,7 +59,7 @@ def _train_open_rate(lambda_g, steps=90):
     config.model.update(hidden=(32, 32), gate_hidden=8, min_keep=0.0, tau=1.0)
     config.gate.update(warmup_steps=10, anneal_steps=20, ramp_steps=20, lambda_g=lambda_g)
     config.train.update(steps=steps, batch_size=32, lr=3e-3, warmup_steps=5)
-    model = GatedMLP(classify._model_dict(config, 12, 3))
+    model = GatedMLP(classify.model_dict(config, 12, 3))
     tx = classify.make_tx(config)
     state = classify.init_state(model, tx, jax.random.key(0))
     step = classify.make_train_step(config, model, tx)
