@@ -34,3 +34,13 @@ def base(variant: str) -> ml_collections.ConfigDict:
     c.sharding = ml_collections.ConfigDict(dict(model_parallel=1, rules=DEFAULT_RULES))
     c.mass_match_run = ""  # uniform only: fix its gate to this feature_gate run's gate mass
     return c
+
+
+def family_base(family: str, variant: str, variants) -> ml_collections.ConfigDict:
+    """``base`` for another model family built on the same core: its variant checked."""
+    if variant not in variants:
+        raise ValueError(f"unknown variant {variant!r}; choose one of {list(variants)}")
+    c = base("dense")
+    c.model.family = family
+    c.model.variant = variant
+    return c

@@ -15,11 +15,7 @@ from dynjax.models.mod import VARIANTS
 
 
 def get_config(variant: str = "mod"):
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; choose one of {list(VARIANTS)}")
-    c = common.base("dense")
-    c.model.family = "mod"
-    c.model.variant = variant
+    c = common.family_base("mod", variant, VARIANTS)
     c.model.scan_layers = False  # 4 layers unrolled run faster on CPU than scanned
     c.model.update(dict(mod_capacity=0.125, mod_every=2, mod_layers=(), mod_router_weight="sigmoid",
                         mod_route="topk", mod_bce_weight=0.01, mod_predictor_weight=0.01,

@@ -16,11 +16,7 @@ from dynjax.models.mudd import VARIANTS
 
 
 def get_config(variant: str = "mudd"):
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; choose one of {list(VARIANTS)}")
-    c = common.base("dense")
-    c.model.family = "mudd"
-    c.model.variant = variant
+    c = common.family_base("mudd", variant, VARIANTS)
     c.model.scan_layers = False  # MUDD layers are always unrolled (see dynjax/models/mudd.py)
     c.model.mudd_da_hidden = 64
     c.train.steps = 600
