@@ -1,6 +1,8 @@
 """Mixture-of-Depths vs dense of the same size: measured time ratio beside the FLOP ratio.
 
     python benchmarks/mod_speed.py [--seq-len 1024] [--batch-size 2] [--repeats 7] [--out F]
+    python benchmarks/mod_speed.py --d-model=1024 --n-heads=16 --n-layers=8 --dtype=bfloat16 \
+        --seq-len=2048 --batch-size=8      # an accelerator-sized model
 
 Models: configs/mod_tiny.py (4 blocks, d=128); ``mod`` has MoD blocks 1 and 3 at capacity
 c = 0.125, ``dense`` the same blocks without routing. Measured in one run, medians over
@@ -66,6 +68,11 @@ def decode_flops(cfg: ModelConfig, max_len: int, enter_fraction: float) -> float
 def measure(variant, args):
     config = mod_tiny.get_config(variant)
     config.train.batch_size, config.data.seq_len = args.batch_size, args.seq_len
+    if args.d_model:
+        config.model.update(dict(d_model=args.d_model, d_ff=4 * args.d_model))
+    for field in ("n_heads", "n_layers", "dtype"):
+        if getattr(args, field):
+            config.model[field] = getattr(args, field)
     cfg = ModelConfig.from_dict(config.model.to_dict())
     model = build(cfg)
     tokens = jax.random.randint(jax.random.key(1), (args.batch_size, args.seq_len), 0, 256)
@@ -129,9 +136,15 @@ def main():
     ap.add_argument("--batch-size", type=int, default=2)
     ap.add_argument("--decode-batch", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--d-model", type=int, help="width (d_ff = 4x); default mod_tiny's 128")
+    ap.add_argument("--n-heads", type=int)
+    ap.add_argument("--n-layers", type=int, help="MoD on every other block")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"))
     ap.add_argument("--out")
     args = ap.parse_args()
-    res = {"backend": jax.default_backend(), "devices": jax.device_count(),
+    res = {"backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
+           "devices": jax.device_count(), "model": {k: getattr(args, k) for k in
+                                                    ("d_model", "n_heads", "n_layers", "dtype")},
            "seq_len": args.seq_len, "batch_size": args.batch_size,
            "decode_batch": args.decode_batch, "repeats": args.repeats,
            "note": "medians over repeats in this one run; the CPU is shared, compare ratios"}

@@ -1,12 +1,15 @@
 """Train-step time and tokens/s of every tiny gate variant, measured in one run.
 
     python benchmarks/train_throughput.py [--steps 20] [--repeats 3] [--out FILE]
+    python benchmarks/train_throughput.py --config=featuregate_76m --batch-size=64 \
+        --seq-len=512 --variants=dense,uniform,feature_gate,fixed_depth15   # accelerator
 
 Prints JSON: per variant the median step time after warm-up (compilation excluded) and
 tokens/s, and FeatureGate's overhead over dense as a ratio of medians from this same run
 (these machines are noisy: compare ratios, not absolute times across runs).
 """
 import argparse
+import importlib
 import json
 import statistics
 import sys
@@ -15,16 +18,15 @@ import time
 import jax
 
 sys.path.insert(0, ".")
-from configs import tiny  # noqa: E402
 from dynjax.models import build  # noqa: E402
 from dynjax.train.loop import init_state, make_optimizer, make_train_step  # noqa: E402
 
 VARIANTS = ("dense", "uniform", "layer_static", "feature_gate", "fixed_depth2")
 
 
-def compiled_step(variant, batch_size, seq_len):
-    """A compiled, warmed-up train step of one tiny variant and its state."""
-    config = tiny.get_config(variant)
+def compiled_step(config_module, variant, batch_size, seq_len):
+    """A compiled, warmed-up train step of one variant of a config and its state."""
+    config = config_module.get_config(variant)
     config.train.batch_size, config.data.seq_len = batch_size, seq_len
     model = build(config.model.to_dict())
     step_fn = jax.jit(make_train_step(model, make_optimizer(config.train)), donate_argnums=0)
@@ -35,10 +37,10 @@ def compiled_step(variant, batch_size, seq_len):
     return step_fn, state, tokens
 
 
-def measure(variants, steps, repeats, batch_size, seq_len):
+def measure(config_module, variants, steps, repeats, batch_size, seq_len):
     """Median step time per variant. Variants take turns in every repeat, so load changes on
     a shared machine hit all of them alike and the ratios stay meaningful."""
-    compiled = {v: compiled_step(v, batch_size, seq_len) for v in variants}
+    compiled = {v: compiled_step(config_module, v, batch_size, seq_len) for v in variants}
     times = {v: [] for v in variants}
     for _ in range(repeats):
         for v in variants:
@@ -59,6 +61,7 @@ def measure(variants, steps, repeats, batch_size, seq_len):
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default="tiny", help="a module in configs/ (tiny, featuregate_76m)")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=4)
     ap.add_argument("--batch-size", type=int, default=32)
@@ -66,9 +69,11 @@ def main():
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--out")
     args = ap.parse_args()
-    res = {"backend": jax.default_backend(), "devices": jax.device_count(),
+    config_module = importlib.import_module(f"configs.{args.config}")
+    res = {"backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
+           "devices": jax.device_count(), "config": args.config,
            "batch_size": args.batch_size, "seq_len": args.seq_len, "variants": {}}
-    res["variants"] = measure(args.variants.split(","), args.steps, args.repeats,
+    res["variants"] = measure(config_module, args.variants.split(","), args.steps, args.repeats,
                               args.batch_size, args.seq_len)
     vs = res["variants"]
     if "dense" in vs:

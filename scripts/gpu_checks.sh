@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The checks dynjax runs when a session is lent a GPU (one short script, ~6 min on an H200).
+# On the device machine (JAX with CUDA preinstalled; ml_collections carried as a wheel in
+# .whl/), from the repo root, with $OUT the folder whose files come back:
+#   bash scripts/gpu_checks.sh
+# 1. the coefficient contract on the GPU: causality and bitwise replay tests (tests/test_gates.py)
+#    and the audit engine's exact-replay gate at d=128 (benchmarks/audit_throughput.py);
+# 2. FeatureGate step overhead at the paper's 76M size (bf16, batch 64 x 512);
+# 3. Mixture-of-Depths time vs FLOP ratios at d=1024, T=2048 (bf16);
+# 4. DynamicGate-MLP latency (dense / masked / structured) at batch 1 and 256 (H=4096).
+# Each step has its own time limit so a slow one cannot swallow the others' results.
+set -u
+OUT=${OUT:-runs/gpu_checks}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+{
+  nvidia-smi -L
+  $PY -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
+} 2>&1 | tee "$OUT/env.txt"
+step() {  # step SECONDS NAME CMD...: run with a limit, log to $OUT/log.txt
+  local limit=$1 name=$2; shift 2
+  echo "=== $name ($(date +%T))" | tee -a "$OUT/log.txt"
+  local t0=$SECONDS
+  timeout "$limit" "$@" >>"$OUT/log.txt" 2>&1
+  echo "=== $name: exit $? in $((SECONDS - t0)) s" | tee -a "$OUT/log.txt"
+}
+step 150 pytest_contract $PY -m pytest -q -p no:cacheprovider tests/test_gates.py -k "replay or causality or dense_equals"
+step 90 audit_replay $PY benchmarks/audit_throughput.py --repeats 5 --audit-repeats 1 \
+  --out "$OUT/audit_throughput_gpu.json"
+step 150 train_76m $PY benchmarks/train_throughput.py --config featuregate_76m --batch-size 64 \
+  --seq-len 512 --variants dense,uniform,feature_gate,fixed_depth15 --steps 5 --repeats 3 \
+  --out "$OUT/train_throughput_76m_gpu.json"
+step 120 mod_speed $PY benchmarks/mod_speed.py --d-model 1024 --n-heads 16 --n-layers 8 \
+  --dtype bfloat16 --seq-len 2048 --batch-size 8 --repeats 9 --out "$OUT/mod_speed_gpu.json"
+step 60 gate_speed $PY benchmarks/gate_speed.py --hidden 4096 --batches 1,256 \
+  --out "$OUT/gate_speed_gpu.json"
+grep -E "passed|failed|error" "$OUT/log.txt" | tail -3
