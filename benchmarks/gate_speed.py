@@ -55,6 +55,9 @@ def main():
     ap.add_argument("--block", type=int, default=64)
     ap.add_argument("--batches", default="1,256")
     ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--max-example-batch", type=int, default=1024,
+                    help="skip structured_example above this batch (it gathers a weight copy "
+                         "per example: batch x H x keep*H floats)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -75,7 +78,7 @@ def main():
         rows.append({"batch": batch, "mode": "masked", "relmac": relmac(masked, p_m, x),
                      "latency_s": median_latency(jax.jit(lambda p, x: masked.apply(p, x)[0]),
                                                  p_m, x, repeats=args.repeats)})
-        for mode in ("example", "batch"):
+        for mode in ("example", "batch") if batch <= args.max_example_batch else ("batch",):
             cfg = MLPConfig(**base, variant="structured", capacity_mode=mode)
             model = GatedMLP(cfg)
             p_s = model.init(key, x)

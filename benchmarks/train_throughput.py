@@ -9,6 +9,7 @@ tokens/s, and FeatureGate's overhead over dense as a ratio of medians from this 
 (these machines are noisy: compare ratios, not absolute times across runs).
 """
 import argparse
+import ast
 import importlib
 import json
 import statistics
@@ -24,9 +25,14 @@ from dynjax.train.loop import init_state, make_optimizer, make_train_step  # noq
 VARIANTS = ("dense", "uniform", "layer_static", "feature_gate", "fixed_depth2")
 
 
-def compiled_step(config_module, variant, batch_size, seq_len):
+def compiled_step(config_module, variant, batch_size, seq_len, model_set=()):
     """A compiled, warmed-up train step of one variant of a config and its state."""
     config = config_module.get_config(variant)
+    for item in model_set:  # "field=value", e.g. "remat=False"
+        field, _, value = item.partition("=")
+        if field not in config.model:
+            raise SystemExit(f"--model-set {item!r}: the model config has no field {field!r}")
+        config.model[field] = ast.literal_eval(value)
     config.train.batch_size, config.data.seq_len = batch_size, seq_len
     model = build(config.model.to_dict())
     step_fn = jax.jit(make_train_step(model, make_optimizer(config.train)), donate_argnums=0)
@@ -37,10 +43,10 @@ def compiled_step(config_module, variant, batch_size, seq_len):
     return step_fn, state, tokens
 
 
-def measure(config_module, variants, steps, repeats, batch_size, seq_len):
+def measure(config_module, variants, steps, repeats, batch_size, seq_len, model_set=()):
     """Median step time per variant. Variants take turns in every repeat, so load changes on
     a shared machine hit all of them alike and the ratios stay meaningful."""
-    compiled = {v: compiled_step(config_module, v, batch_size, seq_len) for v in variants}
+    compiled = {v: compiled_step(config_module, v, batch_size, seq_len, model_set) for v in variants}
     times = {v: [] for v in variants}
     for _ in range(repeats):
         for v in variants:
@@ -62,6 +68,8 @@ def measure(config_module, variants, steps, repeats, batch_size, seq_len):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default="tiny", help="a module in configs/ (tiny, featuregate_76m)")
+    ap.add_argument("--model-set", action="append", default=[],
+                    help="override a model field, e.g. --model-set remat=False (repeatable)")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=4)
     ap.add_argument("--batch-size", type=int, default=32)
@@ -71,10 +79,10 @@ def main():
     args = ap.parse_args()
     config_module = importlib.import_module(f"configs.{args.config}")
     res = {"backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
-           "devices": jax.device_count(), "config": args.config,
+           "devices": jax.device_count(), "config": args.config, "model_set": args.model_set,
            "batch_size": args.batch_size, "seq_len": args.seq_len, "variants": {}}
     res["variants"] = measure(config_module, args.variants.split(","), args.steps, args.repeats,
-                              args.batch_size, args.seq_len)
+                              args.batch_size, args.seq_len, args.model_set)
     vs = res["variants"]
     if "dense" in vs:
         res["step_time_ratio_vs_dense"] = {

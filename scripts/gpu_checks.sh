@@ -7,8 +7,12 @@
 #    and the audit engine's exact-replay gate at d=128 (benchmarks/audit_throughput.py);
 # 2. FeatureGate step overhead at the paper's 76M size (bf16, batch 64 x 512);
 # 3. Mixture-of-Depths time vs FLOP ratios at d=1024, T=2048 (bf16);
-# 4. DynamicGate-MLP latency (dense / masked / structured) at batch 1 and 256 (H=4096).
+# 4. DynamicGate-MLP latency (dense / masked / structured) at batch 1 and 256 (H=4096), and
+#    dense / masked / structured-per-batch at 4096 and 16384;
+# 5. where FeatureGate's step overhead comes from: without rematerialisation, and at T=256.
 # Each step has its own time limit so a slow one cannot swallow the others' results.
+# `bash scripts/gpu_checks.sh STEP...` runs only the named steps. The audit step reads the
+# embedded corpus: carry .data/embedded_v1 and the two archives in .data/.
 set -u
 OUT=${OUT:-runs/gpu_checks}
 mkdir -p "$OUT"
@@ -23,8 +27,10 @@ PY=${PY:-python3}
   nvidia-smi -L
   $PY -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
 } 2>&1 | tee "$OUT/env.txt"
+STEPS=" ${*:-pytest_contract audit_replay train_76m mod_speed gate_speed gate_speed_large fg_remat_off fg_t256} "
 step() {  # step SECONDS NAME CMD...: run with a limit, log to $OUT/log.txt
   local limit=$1 name=$2; shift 2
+  [[ $STEPS == *" $name "* ]] || return 0
   echo "=== $name ($(date +%T))" | tee -a "$OUT/log.txt"
   local t0=$SECONDS
   timeout "$limit" "$@" >>"$OUT/log.txt" 2>&1
@@ -40,4 +46,12 @@ step 120 mod_speed $PY benchmarks/mod_speed.py --d-model 1024 --n-heads 16 --n-l
   --dtype bfloat16 --seq-len 2048 --batch-size 8 --repeats 9 --out "$OUT/mod_speed_gpu.json"
 step 60 gate_speed $PY benchmarks/gate_speed.py --hidden 4096 --batches 1,256 \
   --out "$OUT/gate_speed_gpu.json"
+step 60 gate_speed_large $PY benchmarks/gate_speed.py --hidden 4096 --batches 4096,16384 \
+  --max-example-batch 0 --out "$OUT/gate_speed_large_gpu.json"
+step 90 fg_remat_off $PY benchmarks/train_throughput.py --config featuregate_76m --batch-size 64 \
+  --seq-len 512 --variants dense,feature_gate --steps 5 --repeats 3 --model-set remat=False \
+  --out "$OUT/train_76m_remat_off_gpu.json"
+step 90 fg_t256 $PY benchmarks/train_throughput.py --config featuregate_76m --batch-size 128 \
+  --seq-len 256 --variants dense,feature_gate --steps 5 --repeats 3 \
+  --out "$OUT/train_76m_t256_gpu.json"
 grep -E "passed|failed|error" "$OUT/log.txt" | tail -3
