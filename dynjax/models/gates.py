@@ -25,9 +25,11 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from dynjax.coeffs import Axes
-from dynjax.models.transformer import Block, Head, ModelConfig, embed_tokens, scan_layers
+from dynjax.models.transformer import (REMAT_SAVED, Block, Head, ModelConfig, embed_tokens,
+                                       scan_layers)
 
 VARIANTS = ("dense", "uniform", "layer_static", "feature_gate", "fixed_depth")
 GATE_AXES = Axes(("layer", "example", "token"))
@@ -92,6 +94,7 @@ class GateLayer(nn.Module):
             # ties the features to the gate with weight 0 (a data dependency that keeps them;
             # exact for finite features) and never runs the controller MLP.
             features, prev_logp = attention_features(logits, lse, prev_logp, update, h)
+            features = checkpoint_name(features, REMAT_SAVED)  # remat: not recomputed
             if gate is None:  # record: the controller runs
                 gate = Controller(self.cfg, name="controller")(features)
             else:

@@ -216,6 +216,12 @@ class Head(nn.Module):
                         name="lm_head")(h).astype(jnp.float32)
 
 
+# Values a layer tags with ``checkpoint_name(x, REMAT_SAVED)`` are kept for the backward pass
+# under ``remat``; everything else is recomputed. For small values that are costly to recompute
+# (FeatureGate's four features summarise two (T, T) attention maps per head).
+REMAT_SAVED = "remat_saved"
+
+
 def scan_layers(layer_cls, cfg: ModelConfig, length: int, name="layers", **kwargs):
     """Stack ``length`` copies of ``layer_cls`` (carry, xs) -> (carry, ys) along axis 0.
 
@@ -223,7 +229,8 @@ def scan_layers(layer_cls, cfg: ModelConfig, length: int, name="layers", **kwarg
     it they are unrolled, which is what FLOP counting from the compiled program needs.
     """
     if cfg.remat:
-        layer_cls = nn.remat(layer_cls, prevent_cse=not cfg.scan_layers)
+        layer_cls = nn.remat(layer_cls, prevent_cse=not cfg.scan_layers,
+                             policy=jax.checkpoint_policies.save_only_these_names(REMAT_SAVED))
     if cfg.scan_layers:
         return nn.scan(layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
                        in_axes=0, length=length,
