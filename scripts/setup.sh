@@ -16,4 +16,4 @@ if [ "$(cat .venv/.setup-stamp 2>/dev/null)" != "$stamp" ]; then
   echo "$stamp" > .venv/.setup-stamp
 fi
 .venv/bin/python -m dynjax.data.fetch
-.venv/bin/python -m dynjax.data.tabular fetch
+.venv/bin/python -m dynjax.data.tabular fetch   # Fashion-MNIST through apt-get download where apt exists

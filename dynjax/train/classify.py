@@ -31,7 +31,7 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
-from dynjax.data import tabular
+from dynjax.data import tabular, tfds_classify
 from dynjax.measure import macs as macs_lib
 from dynjax.models.gated_mlp import GatedMLP, MLPConfig, gate_penalty
 from dynjax.train import checkpoint, sparse
@@ -44,9 +44,14 @@ SPARSE_METHODS = ("none", "rigl", "prune")
 def resolve_config(config) -> ml_collections.ConfigDict:
     """Validate everything with a clear message; returns a plain copy."""
     config = ml_collections.ConfigDict(config.to_dict())
-    if config.data.dataset not in tabular.DATASETS:
-        raise ValueError(f"unknown data.dataset={config.data.dataset!r}; choose one of "
-                         f"{sorted(tabular.DATASETS)}")
+    dataset = config.data.dataset
+    if dataset.startswith(tfds_classify.PREFIX):
+        if not config.data.get("data_dir"):
+            raise ValueError(f"data.dataset={dataset!r} needs data.data_dir, the directory "
+                             "where the TFDS dataset was built")
+    elif dataset not in tabular.DATASETS:
+        raise ValueError(f"unknown data.dataset={dataset!r}; choose one of "
+                         f"{sorted(tabular.DATASETS)} or 'tfds:NAME' (e.g. tfds:cifar10)")
     g = config.gate
     if not g.tau_start > 0:
         raise ValueError(f"gate.tau_start={g.tau_start} must be > 0")
@@ -60,6 +65,13 @@ def resolve_config(config) -> ml_collections.ConfigDict:
                          f"{SPARSE_METHODS}")
     check_train_config(config.train)
     return config
+
+
+def load_data(data_config) -> dict:
+    """The run's ``{split: (x, y)}`` (tabular/image data, or a prepared TFDS dataset)."""
+    return tabular.load(data_config.dataset, data_config.get("data_dir"),
+                        data_config.get("tfds_input_key"), data_config.get("tfds_label_key",
+                                                                           "label"))
 
 
 def model_dict(config, in_dim, n_classes):
@@ -174,7 +186,7 @@ def train(config, workdir: str, progress: bool = True) -> dict:
     _check_same_run(run_dir, config)
     write_json_atomic(run_dir / "config.json", config.to_dict())
 
-    splits = tabular.load(config.data.dataset, config.data.get("data_dir"))
+    splits = load_data(config.data)
     (x_tr, y_tr) = splits["train"]
     model = GatedMLP(model_dict(config, x_tr.shape[1], tabular.num_classes(splits)))
     tc = config.train
