@@ -4,8 +4,8 @@
     .venv/bin/python scripts/dgmlp_curve.py --dataset=fashion_mnist
 
 Trains (with ``train_mlp.py``, one run directory each under ``--runs``) DynamicGate at every
-``--lambdas`` value, magnitude pruning at every ``--densities`` value, and dense, dropout and
-Switch-MoE once; a run whose ``eval.json`` exists is not trained again, and an interrupted one
+``--lambdas`` value, magnitude pruning at every ``--densities`` value, and dense, dropout,
+Switch-MoE, RigL and DynamicGate + RigL once (each at its config's defaults); a run whose ``eval.json`` exists is not trained again, and an interrupted one
 resumes from its checkpoint. Then writes ``<out>.png`` (the curve), ``<out>.json`` (every point)
 and ``<out>.md`` (the table) from the runs' test-set evaluations. RelMAC is
 :mod:`dynjax.measure.macs`'s definition, GateNet/router cost included.
@@ -26,7 +26,8 @@ CONFIGS = {"mnist": "configs/dgmlp_mnist.py", "fashion_mnist": "configs/dgmlp_fa
 
 def planned_runs(lambdas, densities) -> list[tuple[str, str, list[str]]]:
     """(name, method, overrides) for every point of the figure."""
-    runs = [("dense", "dense", []), ("dropout", "dropout", []), ("moe", "moe", [])]
+    runs = [("dense", "dense", []), ("dropout", "dropout", []), ("moe", "moe", []),
+            ("rigl", "rigl", []), ("dgate_rigl", "dgate_rigl", [])]
     runs += [(f"dgate_l{lam:g}", "dgate", [f"--config.gate.lambda_g={lam}"]) for lam in lambdas]
     runs += [(f"prune_d{d:g}", "prune", [f"--config.sparse.density={d}"]) for d in densities]
     return runs
@@ -52,8 +53,9 @@ def collect(runs_dir: Path, runs) -> list[dict]:
             cfg = json.load(f)
         t = ev["test"]
         points.append(dict(run=name, method=method, lambda_g=cfg["gate"]["lambda_g"]
-                           if method == "dgate" else None,
-                           density=cfg["sparse"]["density"] if method == "prune" else None,
+                           if method in ("dgate", "dgate_rigl") else None,
+                           density=cfg["sparse"]["density"] if method == "prune" else
+                           1 - cfg["sparse"]["sparsity"] if "rigl" in method else None,
                            accuracy=t["accuracy"], relmac=t["relmac"],
                            open_rate_per_layer=t["open_rate_per_layer"],
                            validation_accuracy=ev["validation"]["accuracy"],
@@ -72,8 +74,9 @@ def _atomic_write(path: Path, write) -> None:
         raise
 
 
-LABELS = {"dense": "dense", "dropout": "dropout 0.2", "moe": "Switch-MoE (top-1)",
-          "dgate": "DynamicGate", "prune": "magnitude pruning"}
+LABELS = {"dense": "dense", "dropout": "dropout", "moe": "Switch-MoE (top-1)",
+          "dgate": "DynamicGate", "prune": "magnitude pruning", "rigl": "RigL (ERK)",
+          "dgate_rigl": "DynamicGate + RigL"}
 
 
 def table(points, dataset: str) -> str:
@@ -81,8 +84,8 @@ def table(points, dataset: str) -> str:
             "", "| method | λ_g / density | test acc | RelMAC | open rate per layer |",
             "|---|---|---|---|---|"]
     for p in points:
-        knob = (f"λ_g={p['lambda_g']:g}" if p["lambda_g"] is not None else
-                f"density={p['density']:g}" if p["density"] is not None else "")
+        knob = ", ".join(([f"λ_g={p['lambda_g']:g}"] if p["lambda_g"] is not None else []) +
+                         ([f"density={p['density']:g}"] if p["density"] is not None else []))
         rates = " / ".join(f"{r:.2f}" for r in p["open_rate_per_layer"])
         rows.append(f"| {LABELS[p['method']]} | {knob} | {p['accuracy']:.2%} | "
                     f"{p['relmac']:.3f} | {rates} |")
@@ -104,7 +107,8 @@ def plot(points, dataset: str, path: Path) -> None:
             for p in pts:
                 ax.annotate(f"{p['lambda_g']:g}", (p["relmac"], 100 * p["accuracy"]),
                             textcoords="offset points", xytext=(3, 4), fontsize=7)
-    for method, marker in (("dense", "k*"), ("dropout", "D"), ("moe", "^")):
+    for method, marker in (("dense", "k*"), ("dropout", "D"), ("moe", "^"), ("rigl", "v"),
+                           ("dgate_rigl", "P")):
         for p in (p for p in points if p["method"] == method):
             ax.plot([p["relmac"]], [100 * p["accuracy"]], marker, label=LABELS[method], ms=7)
     ax.set_xscale("log")

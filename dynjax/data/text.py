@@ -103,8 +103,9 @@ def _tfds_documents(name: str, data_dir_: str | None):
         try:
             src = tfds.data_source(name, split=split, data_dir=data_dir_, download=False)
         except Exception as e:  # noqa: BLE001 - TFDS raises many types for a missing dataset
+            reason = str(e).strip().splitlines()[0]  # TFDS appends its whole catalogue
             raise DataError(f"TFDS dataset {name!r} split {split!r} not found under "
-                            f"data.data_dir={data_dir_!r} ({str(e).strip().splitlines()[0]}); prepare it there with "
+                            f"data.data_dir={data_dir_!r} ({reason}); prepare it there with "
                             "`tfds build` (array_record format) first") from e
         text = "\n".join(_tfds_text(src[i]) for i in range(len(src)))
         docs.append((split, text))
