@@ -173,3 +173,15 @@ def test_report_failure_leaves_nothing_half_written(tmp_path, monkeypatch):
         report.write_report(dict(results_fixture(), title="changed"), out)
     assert (out / "results.json").read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["audit"]
+
+
+def test_monte_carlo_sign_flip_matches_the_exact_test():
+    x = np.random.default_rng(3).normal(0.3, 1.0, 16)
+    exact = stats.sign_flip_test(x)["p"]                      # all 2^16 flips
+    mc = stats.sign_flip_test(x, max_exact=0, n_resamples=40000)
+    assert mc["method"].startswith("Monte Carlo")
+    assert abs(mc["p"] - exact) < 4 * np.sqrt(exact * (1 - exact) / 40000) + 1e-4
+    # Tiny chunks (7 flips at a time) bound memory and still estimate the same p.
+    small = stats._monte_carlo_sign_flip(x, 40000, seed=0, chunk_values=16 * 7)
+    assert abs(small - exact) < 4 * np.sqrt(exact * (1 - exact) / 40000) + 1e-4
+    assert stats.sign_flip_test(np.zeros(30))["p"] == 1.0    # every flip ties: p = 1
