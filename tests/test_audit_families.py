@@ -100,6 +100,9 @@ def test_routing_lm_exact_replay_and_every_condition(audits, name):
     # Averaging over tokens leaves every position tied; the report says so.
     assert ck["constant_along"]["static_profile"] == {"['router']": ["token"]}
     assert "token" in ck["constant_along"]["structure_removed"]["['router']"]
+    md = open(os.path.join(dest, "report.md")).read()
+    assert f"Loss: {res['loss']}." in md
+    assert "under LayerMean, `['router']` is constant along token: top-k ties" in md
     heat = np.asarray(res["profiles"]["heatmap"])
     assert heat.shape == ((1, T) if name == "mod" else (2, T))   # MoD blocks / MoE layers
     if name == "moe":   # top routing probability per token, not the trivial mean 1/E
@@ -131,7 +134,7 @@ def test_dynamic_gate_classifier_audit(audits, runs):
     assert res["meta"]["windows"]["window_shapes"] == {"x": [784], "y": []}
     assert "['p']" in res["variance"]
     md = open(os.path.join(dest, "report.md")).read()
-    assert "not applicable" in md
+    assert "## Notes" in md and "token_shuffle: not applicable" in md and "Loss: " in md
 
 
 @pytest.fixture(scope="module")

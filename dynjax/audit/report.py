@@ -108,7 +108,8 @@ def _verdicts(row):
 def render_markdown(results: dict, plots: list[str]) -> str:
     """The paper's table layout as Markdown."""
     r = results
-    lines = [f"# {r['title']}", "", f"Unit of inference: **{r['unit']}**.", ""]
+    lines = [f"# {r['title']}", "", f"Unit of inference: **{r['unit']}**."]
+    lines += [f"Loss: {r['loss']}.", ""] if r.get("loss") else [""]
     rep = r["replay"]
     lines += [f"Exact replay: **{'passed' if rep.get('exact') else 'FAILED'}** "
               f"(max |Δlogit| = {rep.get('max_abs_dlogit')}, NLL {rep.get('nll')} vs replay "
@@ -135,10 +136,37 @@ def render_markdown(results: dict, plots: list[str]) -> str:
         for leaf, shares in r["variance"].items():
             body = ", ".join(f"{k} {_num(v, pct)}" for k, v in shares.items() if k != "total_ss")
             lines.append(f"- `{leaf}`: {body}")
+    notes = report_notes(r)
+    if notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
     if plots:
         lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
     lines.append("")
     return "\n".join(lines)
+
+
+def report_notes(results: dict) -> list[str]:
+    """What a reader must know to trust the table, gathered from results["meta"]: data
+    shortfalls, conditions that do not apply, single-checkpoint statistics, and coefficients
+    that an intervention made constant along a ranked axis (top-k then breaks ties by index)."""
+    meta = results.get("meta") or {}
+    notes = list((meta.get("data") or {}).get("notes", []))
+    notes += [f"{name}: not applicable ({why})"
+              for name, why in (meta.get("not_applicable") or {}).items()]
+    if meta.get("single_checkpoint_note"):
+        notes.append(meta["single_checkpoint_note"])
+    for ck in meta.get("checkpoints", []):
+        where = ck.get("name") or ck.get("run_dir") or "checkpoint"
+        if ck.get("note"):
+            notes.append(f"{where}: {ck['note']}")
+        for cond, leaves in (ck.get("constant_along") or {}).items():
+            label = (results.get("conditions", {}).get(cond) or {}).get("label") or \
+                LABELS.get(cond, cond)
+            for leaf, axes in leaves.items():
+                notes.append(f"{where}: under {label}, `{leaf}` is constant "
+                             f"along {', '.join(axes)}: top-k ties break by lowest index, so "
+                             "routing there is fixed by position, not smoothed")
+    return notes
 
 
 # ----------------------------------------------------------------------------------- plots
