@@ -79,16 +79,25 @@ LABELS = {"dense": "dense", "dropout": "dropout", "moe": "Switch-MoE (top-1)",
           "dgate_rigl": "DynamicGate + RigL"}
 
 
+def accuracy_ci(accuracy: float, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson interval of a test accuracy over n examples: how far apart two points must be."""
+    from statsmodels.stats.proportion import proportion_confint
+
+    return proportion_confint(round(accuracy * n), n, alpha=1 - level, method="wilson")
+
+
 def table(points, dataset: str) -> str:
-    rows = [f"Test accuracy against RelMAC on {dataset} ({points[0]['examples']} test examples).",
-            "", "| method | λ_g / density | test acc | RelMAC | open rate per layer |",
-            "|---|---|---|---|---|"]
+    rows = [f"Test accuracy against RelMAC on {dataset} ({points[0]['examples']} test examples; "
+            "95% Wilson intervals).",
+            "", "| method | λ_g / density | test acc | 95% CI | RelMAC | open rate per layer |",
+            "|---|---|---|---|---|---|"]
     for p in points:
         knob = ", ".join(([f"λ_g={p['lambda_g']:g}"] if p["lambda_g"] is not None else []) +
                          ([f"density={p['density']:g}"] if p["density"] is not None else []))
         rates = " / ".join(f"{r:.2f}" for r in p["open_rate_per_layer"])
+        lo, hi = accuracy_ci(p["accuracy"], p["examples"])
         rows.append(f"| {LABELS[p['method']]} | {knob} | {p['accuracy']:.2%} | "
-                    f"{p['relmac']:.3f} | {rates} |")
+                    f"[{lo:.1%}, {hi:.1%}] | {p['relmac']:.3f} | {rates} |")
     return "\n".join(rows) + "\n"
 
 
@@ -98,7 +107,10 @@ def plot(points, dataset: str, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    fig, ax = plt.subplots(figsize=(7.0, 3.8))
+    for p in (p for p in points if p["method"] == "dense"):  # what test-set noise allows
+        lo, hi = accuracy_ci(p["accuracy"], p["examples"])
+        ax.axhspan(100 * lo, 100 * hi, color="0.9", zorder=0, label="dense, 95% CI")
     for method, style in (("dgate", "o-"), ("prune", "s--")):
         pts = sorted((p for p in points if p["method"] == method), key=lambda p: p["relmac"])
         ax.plot([p["relmac"] for p in pts], [100 * p["accuracy"] for p in pts], style,
@@ -110,13 +122,14 @@ def plot(points, dataset: str, path: Path) -> None:
     for method, marker in (("dense", "k*"), ("dropout", "D"), ("moe", "^"), ("rigl", "v"),
                            ("dgate_rigl", "P")):
         for p in (p for p in points if p["method"] == method):
-            ax.plot([p["relmac"]], [100 * p["accuracy"]], marker, label=LABELS[method], ms=7)
+            ax.plot([p["relmac"]], [100 * p["accuracy"]], marker, label=LABELS[method], ms=7,
+                    zorder=5 if method == "dense" else 3)
     ax.set_xscale("log")
     ax.set_xlabel("RelMAC (MACs executed / dense MACs; log scale)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(f"{dataset}: accuracy vs compute (labels: λ_g)", fontsize=10)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     _atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=150, format="png"))
     plt.close(fig)
