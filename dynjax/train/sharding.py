@@ -1,8 +1,8 @@
 """Device mesh and logical-axis sharding: one rules table maps parameter axes to mesh axes.
 
 The mesh has axes ("data", "model"). Batches split over "data"; parameters follow the
-config's rules, e.g. ``("mlp", "model")`` for tensor parallelism or ``("embed", "data")``
-for FSDP. With the default rules every parameter is replicated: pure data parallelism, so
+config's rules, e.g. ``("mlp", "model")`` for tensor parallelism, ``("expert", "model")``
+for expert parallelism (MoE / MoDE) or ``("embed", "data")`` for FSDP. With the default rules every parameter is replicated: pure data parallelism, so
 the same command runs on one CPU, 8 GPUs or a TPU host.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 DEFAULT_RULES = (("batch", "data"), ("layers", None), ("embed", None), ("heads", None),
-                 ("kv", None), ("mlp", None), ("vocab", None))
+                 ("kv", None), ("mlp", None), ("vocab", None), ("expert", None))
 
 
 def make_mesh(model_parallel: int = 1) -> Mesh:
