@@ -18,7 +18,8 @@ examples calibrate, test examples evaluate). Conditions that need a token axis a
 as not applicable for coefficients without one, and so are the factorial effects.
 Writes DIR/results.json (every number, seeds, config, sha256 of each checkpoint's params),
 DIR/report.md and PNG plots, atomically; prints a verdict table. Override any config field
-with ``--config.reassignments=5``. Engine: ``dynjax/audit/run.py``.
+with ``--config.reassignments=5``. Program: ``dynjax/audit/run.py``; engine:
+``dynjax/audit/engine.py``.
 """
 from absl import app, flags, logging
 from ml_collections import config_flags

@@ -24,7 +24,8 @@ import jax.numpy as jnp
 
 sys.path.insert(0, ".")
 from configs import tiny  # noqa: E402
-from dynjax.audit import run  # noqa: E402
+from dynjax.audit.engine import Settings  # noqa: E402
+from dynjax.audit.summary import audit_targets  # noqa: E402
 from dynjax.data import text  # noqa: E402
 from dynjax.models import build  # noqa: E402
 
@@ -63,8 +64,8 @@ def main():
     calib = text.eval_windows(splits["validation"], args.seq_len, args.windows)
     ev = text.eval_windows(splits["test"], args.seq_len, args.windows)
     params = model.init(jax.random.key(0), jnp.asarray(ev[:1]))
-    settings = run.Settings(reassignments=args.reassignments, batch_size=args.batch_size,
-                            replay_atol=args.replay_atol)
+    settings = Settings(reassignments=args.reassignments, batch_size=args.batch_size,
+                        replay_atol=args.replay_atol)
     target = {"apply_fn": model.apply, "schema": model.schema, "params": params,
               "info": {"name": args.variant}, "engine_key": "bench"}
     engines = {}
@@ -83,8 +84,8 @@ def main():
     walls = {}
     for phase in ["cold"] + [f"warm{i}" for i in range(args.audit_repeats)]:
         t0 = time.perf_counter()
-        res = run.audit_targets([target], calib, ev, settings, "bench", progress=False,
-                                engines=engines)
+        res = audit_targets([target], calib, ev, settings, "bench", progress=False,
+                            engines=engines)
         walls[phase] = {"audit": time.perf_counter() - t0,
                         "engine": res["meta"]["checkpoints"][0]["seconds"]["total"]}
         if phase == "cold":

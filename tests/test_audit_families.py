@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from configs import audit_tiny, mlp_common
-from dynjax.audit import interventions, run
+from dynjax.audit import engine, interventions, run, summary
 from dynjax.data import text
 from dynjax.train import checkpoint
 from tests.conftest import tiny_config
@@ -91,7 +91,7 @@ def test_routing_lm_exact_replay_and_every_condition(audits, name):
     assert res["replay"]["exact"] is True and res["replay"]["max_abs_dlogit"] == 0.0
     assert list(res["conditions"]) == list(interventions.CONDITIONS)
     assert all(np.isfinite(r["estimate"]) for r in res["conditions"].values())
-    assert set(res["effects"]) == set(run.EFFECTS)
+    assert set(res["effects"]) == set(summary.EFFECTS)
     meta = res["meta"]
     assert meta["task"] == "next_token" and meta["not_applicable"] == {}
     ck = meta["checkpoints"][0]
@@ -153,7 +153,7 @@ def recorded(runs):
 
 def conditioned(cache, calib, schema):
     """{condition: coefficients of the whole evaluation set} as the engine builds them."""
-    key = run.reassignment_keys(0, R)[0]
+    key = engine.reassignment_keys(0, R)[0]
     return {n: interventions.apply_condition(n, cache, schema, key=key, calib=calib)
             for n in interventions.CONDITIONS}
 

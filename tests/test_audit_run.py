@@ -15,6 +15,9 @@ import pytest
 
 from configs import audit_tiny
 from dynjax.audit import interventions, run, stats
+from dynjax.audit.engine import AuditError, Engine, ReplayError, Settings, params_sha256
+from dynjax.audit.per_checkpoint import audit_checkpoint
+from dynjax.audit.summary import summarize
 from dynjax.coeffs import Axes
 from dynjax.data import text
 from dynjax.models import build
@@ -114,7 +117,7 @@ def test_results_and_report_files(fg_audit, fg_run):
     ck = meta["checkpoints"][0]
     from dynjax.train import checkpoint
     _, _, params = checkpoint.load_params(fg_run)
-    assert ck["params_sha256"] == run.params_sha256(params)
+    assert ck["params_sha256"] == params_sha256(params)
     assert meta["windows"]["calibration"] == meta["windows"]["evaluation"] == W
     md = open(os.path.join(out, "report.md")).read()
     assert "Exact replay: **passed**" in md and "single checkpoint" in md
@@ -126,17 +129,17 @@ def constant_model(windows):
     """A uniform model with a fixed gate of 0.75: its controller output never varies."""
     model = build(tiny_config("uniform", n_layers=2, uniform_value=0.75).model.to_dict())
     params = model.init(jax.random.key(0), jnp.asarray(windows[1][:1]))
-    return model, params, run.Engine(model.apply, model.schema, W, T)
+    return model, params, Engine(model.apply, model.schema, W, T)
 
 
 def test_constant_controller_gives_zero_for_every_condition(constant_model, windows):
     model, params, engine = constant_model
     calib, ev = windows
-    out = run.audit_checkpoint(engine, params, calib, ev, run.Settings(reassignments=R))
+    out = audit_checkpoint(engine, params, calib, ev, Settings(reassignments=R))
     assert out["replay"]["exact"]
     for name, d in out["delta"].items():
         assert np.all(d == 0.0), name        # bit for bit, means included (0.75 is exact)
-    res = run.summarize([out], run.Settings(reassignments=R), model.schema)
+    res = summarize([out], Settings(reassignments=R), model.schema)
     assert all(e["estimate"] == 0.0 for e in res["effects"].values())
 
 
@@ -156,8 +159,8 @@ def test_perturbed_replay_is_refused(constant_model, windows):
 
     engine.programs = Perturbed(engine.programs)
     try:
-        with pytest.raises(run.ReplayError, match="exact replay FAILED.*max .Δlogit. = "):
-            run.audit_checkpoint(engine, params, *windows, run.Settings(reassignments=R))
+        with pytest.raises(ReplayError, match="exact replay FAILED.*max .Δlogit. = "):
+            audit_checkpoint(engine, params, *windows, Settings(reassignments=R))
     finally:
         engine.programs = engine.programs.base
 
@@ -178,8 +181,8 @@ def test_model_that_depends_on_its_coefficients(fg_run, windows):
         return logits, coeffs
 
     schema = {"gate": Axes(("layer", "example", "token")), "ids": Axes(("example", "token"))}
-    settings = run.Settings(conditions=("correct", "cross_input"), reassignments=R)
-    out = run.audit_checkpoint(run.Engine(apply, schema, W, T), params, *windows, settings)
+    settings = Settings(conditions=("correct", "cross_input"), reassignments=R)
+    out = audit_checkpoint(Engine(apply, schema, W, T), params, *windows, settings)
     assert out["replay"]["exact"]
     dc = out["delta"]["cross_input"]
     assert dc.shape == (R, W) and dc.mean(axis=1).min() > 0.05, dc.mean(axis=1)
@@ -199,8 +202,8 @@ def test_checkpoint_level_statistics_and_criteria():
             shape = (3, 6) if interventions.CONDITIONS[n].randomized else (6,)
             delta[n] = level[n] * (1 + 0.05 * rng.standard_normal(shape))
         ckpts.append({"delta": delta})
-    s = run.Settings(reassignments=3, n_resamples=999)
-    res = run.summarize(ckpts, s, {"gate": Axes(("layer", "example", "token"))})
+    s = Settings(reassignments=3, n_resamples=999)
+    res = summarize(ckpts, s, {"gate": Axes(("layer", "example", "token"))})
     assert res["unit"] == stats.UNIT_CHECKPOINT
     ci = res["conditions"]["cross_input"]
     assert ci["n"] == 5 and ci["p"] == pytest.approx(2 / 32)   # 5 positive: exact 2/2^5
@@ -213,28 +216,28 @@ def test_checkpoint_level_statistics_and_criteria():
     assert e["E_input"]["estimate"] == pytest.approx((0.001 + 0.0022 - 0.002) / 2, rel=0.1)
     holm = stats.holm([e[k]["p"] for k in ("E_input", "E_token", "E_interaction")])
     assert [e[k]["p_holm"] for k in ("E_input", "E_token", "E_interaction")] == list(holm)
-    strict = run.Settings(reassignments=3, n_resamples=999,
-                          criteria=stats.Criteria(small_nll_upper=0.0005))
-    res = run.summarize(ckpts, strict, {"gate": Axes(("layer", "example", "token"))})
+    strict = Settings(reassignments=3, n_resamples=999,
+                      criteria=stats.Criteria(small_nll_upper=0.0005))
+    res = summarize(ckpts, strict, {"gate": Axes(("layer", "example", "token"))})
     assert res["conditions"]["static_profile"]["verdicts"]["practically_small"]["met"] is False
 
 
 def test_bad_input_names_the_fix(tmp_path, fg_run):
     cfg = small(audit_tiny.get_config())
-    with pytest.raises(run.AuditError, match="does not exist; train one first"):
+    with pytest.raises(AuditError, match="does not exist; train one first"):
         run.audit_from_config(cfg, [str(tmp_path / "missing")], progress=False)
     dense = tmp_path / "dense"
     dense.mkdir()
     (dense / "config.json").write_text(json.dumps(tiny_config("dense").to_dict()))
-    with pytest.raises(run.AuditError, match="records no coefficients"):
+    with pytest.raises(AuditError, match="records no coefficients"):
         run.audit_from_config(cfg, [str(dense)], progress=False)
     cfg.data.seq_len = 64
-    with pytest.raises(run.AuditError, match="seq_len=32 but the audit asks for data.seq_len=64"):
+    with pytest.raises(AuditError, match="seq_len=32 but the audit asks for data.seq_len=64"):
         run.audit_from_config(cfg, [fg_run], progress=False)
-    with pytest.raises(run.AuditError, match="no checkpoints given"):
+    with pytest.raises(AuditError, match="no checkpoints given"):
         run.audit_from_config(small(audit_tiny.get_config()), [], progress=False)
-    with pytest.raises(run.AuditError, match="unknown condition"):
-        run.Settings(conditions=("correct", "nope"))
+    with pytest.raises(AuditError, match="unknown condition"):
+        Settings(conditions=("correct", "nope"))
 
 
 def test_muddpythia_directory_path(tmp_path, windows):
@@ -272,5 +275,5 @@ def test_muddpythia_directory_path(tmp_path, windows):
     assert res["meta"]["plan"]["windows"]["evaluation"] == W
     assert (tmp_path / "out" / "report.md").exists()
     cfg.data.seq_len = 128   # beyond the tiny model's block_size of 64
-    with pytest.raises(run.AuditError, match="exceeds the model's block_size"):
+    with pytest.raises(AuditError, match="exceeds the model's block_size"):
         run.audit_from_config(cfg, muddpythia_dir=str(hf), progress=False, log=logs.append)

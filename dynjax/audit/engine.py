@@ -1,0 +1,506 @@
+"""The Frozen-Controller Audit engine: record, exact replay, the forwards of every condition.
+
+Family-agnostic: it needs only ``apply_fn(params, inputs, coeffs=None) -> (logits, coeffs)``
+(record when ``coeffs`` is None, replay otherwise), the coefficient schema and a
+:class:`Task` (the per-window loss hook), so residual gates, MUDD, MoD / MoE / MoDE routing,
+DynamicGate-MLP classifiers and any later family audit through the same code. It also holds
+what the other audit modules share (windows, :class:`Settings`, the errors), so it imports
+none of them: per_checkpoint.py runs it on one checkpoint, summary.py does the statistics,
+inputs.py loads checkpoints and windows, run.py is audit.py's program.
+
+A *window* is one unit of evaluation: a token window of a language model (loss: mean
+next-token NLL), or one labelled example of a classifier (loss: cross-entropy of its label).
+Windows are a pytree of arrays with a leading window axis; calibration windows come from
+the validation split, evaluation windows from the test split.
+
+Three kinds of compiled program do all the work (each compiled once per model and shape):
+
+- ``forward``  the model's jitted apply: rows of windows -> logits, coefficients (record,
+               the controller runs), or rows + coefficients -> logits (replay, it does not);
+               the per-window NLL is a small separate program on the logits;
+- ``reassign`` the *whole* cached evaluation set -> R_c reassigned copies for every
+               randomized condition at once, vmapped over keys, so a derangement is global
+               over all evaluation windows, never per batch;
+- ``take``     one batch of rows out of those copies: (reassignment, window) pairs flattened
+               into the batch, so the R reassignments run as ordinary batched forwards.
+
+Every NLL, Correct included, comes from the one compiled replay program, so a condition
+that leaves the coefficients unchanged gives ΔNLL = 0 bit for bit. The replay of the cached
+coefficients is checked against the record, bitwise by default, before any intervention:
+no intervention result is valid without it.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dynjax import coeffs as coeffs_lib
+from dynjax.audit import interventions, stats
+from dynjax.coeffs import is_axes
+from dynjax.models.transformer import next_token_nll
+
+# Conditions that act on the ``token`` axis. Without one (a classifier's unit gates) they
+# would only repeat another condition bit for bit (token_shuffle = correct, cross_shuffle =
+# cross_input, layer_position_mean = static_profile) and the factorial effects would be
+# zeros by construction, so they are skipped and reported as not applicable instead.
+TOKEN_CONDITIONS = {
+    "token_shuffle": "no coefficient has a token axis: it would equal Correct",
+    "cross_shuffle": "no coefficient has a token axis: it would equal Cross-input",
+    "layer_position_mean": "no coefficient has a token axis: it would equal the static "
+                           "profile (LayerMean)",
+}
+
+
+class AuditError(ValueError):
+    """Bad input to the audit; the message names the fix."""
+
+
+class ReplayError(RuntimeError):
+    """Replay of the cached coefficients did not reproduce the record."""
+
+
+# --------------------------------------------------------------------- the loss hook
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """The per-window loss hook: what a window is and how the fixed model is scored on it.
+
+    ``prepare`` casts a host pytree of windows (leading window axis) to its dtypes,
+    ``inputs(batch)`` is what the model's apply gets and ``loss(logits, batch)`` the
+    per-window loss (rows,) in nats. It runs as its own small program on the logits, never
+    inside the model's forward (that could change XLA's fusion and break bitwise replay).
+    """
+
+    name: str
+    prepare: Callable
+    inputs: Callable
+    loss: Callable
+    description: str
+
+
+def _next_token_loss(logits, tokens):
+    return next_token_nll(logits, tokens).mean(axis=-1)
+
+
+def _label_loss(logits, batch):
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.take_along_axis(logp, batch["y"][:, None], axis=-1)[:, 0]
+
+
+LM = Task("next_token", lambda w: np.asarray(w, np.int32), lambda b: b, _next_token_loss,
+          "mean next-token NLL of a token window (nats)")
+CLASSIFY = Task("classification",
+                lambda w: {"x": np.asarray(w["x"], np.float32), "y": np.asarray(w["y"], np.int32)},
+                lambda b: b["x"], _label_loss,
+                "cross-entropy of an example's label (nats); a window is one example")
+
+
+def n_windows(windows) -> int:
+    return int(jax.tree.leaves(windows)[0].shape[0])
+
+
+def _rows(windows, idx):
+    """Rows ``idx`` (a slice or an index array) of every leaf."""
+    return jax.tree.map(lambda a: a[idx], windows)
+
+
+def window_spec(windows):
+    """ShapeDtypeStructs of one window (no window axis): what a compiled program sees."""
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), windows)
+
+
+def windows_sha256(windows) -> str:
+    h = hashlib.sha256()
+    for a in jax.tree.leaves(windows):
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything that changes an audit's numbers; saved into results.json."""
+
+    conditions: tuple[str, ...] = tuple(interventions.CONDITIONS)
+    reassignments: int = 20         # R paired reassignments per randomized condition (paper: 20)
+    seed: int = 0                   # reassignment r uses jax.random.split(key(seed), R)[r]
+    batch_size: int = 64            # rows per forward: windows, or (reassignment, window) pairs
+    max_reassign_bytes: int = 1 << 30  # reassigned copies of the cache held at once
+    replay_atol: float = 0.0        # 0: replay must be bitwise equal to record
+    level: float = 0.95
+    n_resamples: int = 9999         # bootstrap resamples
+    stats_seed: int = 0
+    criteria: stats.Criteria = stats.Criteria()
+    variance: bool = True
+    per_window: bool = True         # keep every per-window ΔNLL in results.json
+
+    def __post_init__(self):
+        names = tuple(self.conditions)
+        object.__setattr__(self, "conditions", names)
+        unknown = [n for n in names if n not in interventions.CONDITIONS]
+        if unknown:
+            raise AuditError(f"unknown condition(s) {unknown}; choose from "
+                             f"{list(interventions.CONDITIONS)}")
+        if "correct" not in names:
+            raise AuditError("the conditions must include 'correct' (every ΔNLL is against it)")
+        if self.reassignments < 1 or self.batch_size < 1:
+            raise AuditError("reassignments and batch_size must be positive")
+        if self.replay_atol < 0:
+            raise AuditError("replay_atol must be >= 0 (0 demands bitwise replay)")
+
+    @classmethod
+    def from_config(cls, c) -> "Settings":
+        """From an audit ConfigDict (configs/audit_tiny.py's fields)."""
+        conds = c.conditions
+        if isinstance(conds, str):
+            conds = tuple(interventions.CONDITIONS) if conds == "all" else \
+                tuple(s.strip() for s in conds.split(",") if s.strip())
+        conds = tuple(n for n in interventions.CONDITIONS if n in conds) + \
+            tuple(n for n in conds if n not in interventions.CONDITIONS)  # registry order
+        return cls(conditions=conds, reassignments=int(c.reassignments), seed=int(c.seed),
+                   batch_size=int(c.batch_size), max_reassign_bytes=int(c.max_reassign_bytes),
+                   replay_atol=float(c.replay_atol), level=float(c.stats.level),
+                   n_resamples=int(c.stats.n_resamples), stats_seed=int(c.stats.seed),
+                   criteria=stats.Criteria(float(c.criteria.small_nll_upper),
+                                           float(c.criteria.high_retention_lower)),
+                   variance=bool(c.variance), per_window=bool(c.per_window))
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["criteria"] = dataclasses.asdict(self.criteria)
+        return d
+
+
+def applicable(settings: Settings, schema) -> tuple[Settings, dict]:
+    """``(settings to run, {skipped condition: why})``: :data:`TOKEN_CONDITIONS` are skipped
+    when no coefficient leaf has a ``token`` axis (see there)."""
+    if any("token" in ax for ax in jax.tree.leaves(schema, is_leaf=is_axes)):
+        return settings, {}
+    skipped = {n: TOKEN_CONDITIONS[n] for n in settings.conditions if n in TOKEN_CONDITIONS}
+    keep = tuple(n for n in settings.conditions if n not in skipped)
+    return dataclasses.replace(settings, conditions=keep), skipped
+
+
+def not_applicable_row(reason: str, label: str) -> dict:
+    """A report row with no numbers: the condition was not run, and the row says why."""
+    return {"estimate": None, "ci_low": None, "ci_high": None, "p": None, "label": label,
+            "not_applicable": reason, "note": f"not applicable: {reason}"}
+
+
+def reassignment_keys(seed: int, n: int):
+    """The R keys every randomized condition shares (so the 2x2 factorial is paired)."""
+    return jax.random.split(jax.random.key(seed), n)
+
+
+def params_sha256(params) -> str:
+    """sha256 over every parameter's path, dtype, shape and bytes (order-independent of dicts)."""
+    h = hashlib.sha256()
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    for path, leaf in sorted(flat, key=lambda pl: jax.tree_util.keystr(pl[0])):
+        a = np.asarray(jax.device_get(leaf))
+        h.update(f"{jax.tree_util.keystr(path)}|{a.dtype}|{a.shape}|".encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def _chunks(n: int, rows: int):
+    """``(start, keep)``: fixed-size chunks ``[start, start + rows)`` that cover ``range(n)``.
+
+    Every chunk has the compiled shape; the last is shifted back to end at ``n`` and its first
+    ``keep`` rows, already done by the chunk before, are discarded.
+    """
+    out, done = [], 0
+    while done < n:
+        start = min(done, n - rows)
+        out.append((start, done - start))
+        done = start + rows
+    return out
+
+
+# ------------------------------------------------------------------------------- engine
+
+@dataclasses.dataclass
+class Recording:
+    """Coefficients of a window set (device pytree, example axis = window) and its NLLs."""
+
+    coeffs: object
+    nll_record: np.ndarray            # (W,) float32, per-window loss (the Task's)
+    nll_replay: np.ndarray | None     # (W,) from replaying the cached coefficients
+    max_abs_dlogit: float | None
+
+
+def schema_signature(schema) -> str:
+    return str(jax.tree.structure(schema, is_leaf=is_axes)) + repr(
+        [ax.names for ax in jax.tree.leaves(schema, is_leaf=is_axes)])
+
+
+class CoeffPrograms:
+    """The model-independent programs over coefficient pytrees of one schema.
+
+    Shared by every model with that schema (see :func:`coeff_programs`), so the reassignment
+    programs, the slowest to compile, compile once per process and shape.
+    """
+
+    def __init__(self, schema):
+        self.schema = schema
+
+        def take(stack, r_idx, w_idx):
+            """Rows j = coefficient set ``r_idx[j]`` of window ``w_idx[j]``, from (R_c, ...)."""
+            def one(axes, a):
+                i = axes.index("example") + 1
+                x = jnp.moveaxis(a, i, 1)[r_idx, w_idx]
+                return jnp.moveaxis(x, 0, i - 1)
+            return jax.tree.map(one, schema, stack, is_leaf=is_axes)
+
+        def take_cached(cache, w_idx):
+            stack = jax.tree.map(lambda a: a[None], cache)
+            return take(stack, jnp.zeros_like(w_idx), w_idx)
+
+        def write(cache, chunk, start, keep):
+            """Write a chunk's rows ``keep:`` into the cache at windows ``start + keep:``."""
+            def one(axes, c, x):
+                i = axes.index("example")
+                old = jax.lax.dynamic_slice_in_dim(c, start, x.shape[i], axis=i)
+                shape = [1] * x.ndim
+                shape[i] = x.shape[i]
+                mask = (jnp.arange(x.shape[i]) >= keep).reshape(shape)
+                return jax.lax.dynamic_update_slice_in_dim(c, jnp.where(mask, x, old), start, i)
+            return jax.tree.map(one, schema, cache, chunk, is_leaf=is_axes)
+
+        self._take_cached_py = take_cached
+        self.take = jax.jit(take)
+        self.take_cached = jax.jit(take_cached)
+        self.write = jax.jit(write, donate_argnums=0)
+        self._reassign: dict[tuple, Callable] = {}
+        self._transform: dict[str, Callable] = {}
+
+    def reassign(self, names: tuple[str, ...]) -> Callable:
+        """``(cache, keys) -> tuple of (R_c, ...) stacks``, one per randomized condition.
+
+        One vmapped, jitted program over keys for the whole group: the conditions see the same
+        key per reassignment (paired, as the 2x2 factorial needs) and XLA shares the donor maps
+        and token permutations they have in common. Each applies to the *whole* cache, so a
+        derangement is global over every evaluation window.
+        """
+        if names not in self._reassign:
+            conds = [interventions.CONDITIONS[n] for n in names]
+            self._reassign[names] = jax.jit(jax.vmap(
+                lambda cache, key: tuple(c.fn(cache, self.schema, key) for c in conds),
+                in_axes=(None, 0)))
+        return self._reassign[names]
+
+    def transform(self, name: str) -> Callable:
+        """``(cache, calib, w_idx) -> rows``: a deterministic condition on one batch of rows
+        (its means come from ``calib``, so the rows alone determine its output)."""
+        if name not in self._transform:
+            cond = interventions.CONDITIONS[name]
+            self._transform[name] = jax.jit(
+                lambda cache, calib, w_idx: cond.fn(self._take_cached_py(cache, w_idx),
+                                                    self.schema, calib))
+        return self._transform[name]
+
+
+_PROGRAMS: dict[str, CoeffPrograms] = {}
+
+
+def coeff_programs(schema) -> CoeffPrograms:
+    key = schema_signature(schema)
+    if key not in _PROGRAMS:
+        _PROGRAMS[key] = CoeffPrograms(schema)
+    return _PROGRAMS[key]
+
+
+def _max_abs_diff(a, b, keep):
+    """max |a - b| over rows ``keep:`` (the rest belong to the previous chunk); NaN if either
+    side has a NaN there (a NaN is never an exact replay)."""
+    rows = (jnp.arange(a.shape[0]) >= keep).reshape((-1,) + (1,) * (a.ndim - 1))
+    return jnp.max(jnp.where(~rows | (a == b), 0.0, jnp.abs(a - b)))
+
+
+_max_abs_diff_jit = jax.jit(_max_abs_diff)
+
+
+def _keys_per_chunk(R: int, group_bytes: int, budget: int) -> int:
+    """Reassignments materialised at once: as many as ``budget`` bytes allow, in even chunks
+    (fewer distinct shapes to compile)."""
+    per = max(1, min(R, int(budget // max(group_bytes, 1))))
+    return -(-R // -(-R // per))
+
+
+def _gather(parts):
+    """Concatenate per-chunk device results, dropping each chunk's ``keep`` repeated rows."""
+    return np.concatenate([np.asarray(a)[k:] for a, k in jax.device_get(parts)])
+
+
+class Engine:
+    """The audit of one model (apply_fn, schema) at ``rows`` rows per forward pass.
+
+    ``window``: one window's shape, an int (a language model's seq_len, int32 tokens) or a
+    pytree of ShapeDtypeStructs (:func:`window_spec`); ``task``: the loss hook (:data:`LM`,
+    :data:`CLASSIFY`). ``forward`` (the jitted ``apply_fn``, record and replay) is this
+    model's only compiled forward; everything else runs in :class:`CoeffPrograms`.
+    ``forwards`` counts the forward calls made (by program).
+    """
+
+    def __init__(self, apply_fn: Callable, schema, rows: int, window, task: Task = LM):
+        leaves = jax.tree.leaves(schema, is_leaf=is_axes)
+        if not leaves:
+            raise AuditError("the model records no coefficients (empty schema), so there is "
+                             "nothing to audit; audit a model with a controller (e.g. the "
+                             "uniform, layer_static or feature_gate variants, or MUDDPythia)")
+        missing = [ax.names for ax in leaves if "example" not in ax]
+        if missing:
+            raise AuditError(f"coefficient leaves with axes {missing} lack an 'example' axis; "
+                             "the audit batches and reassigns windows along it")
+        self.apply_fn, self.schema = apply_fn, schema
+        if isinstance(window, (int, np.integer)):
+            window = jax.ShapeDtypeStruct((int(window),), jnp.int32)
+        self.rows, self.window, self.task = int(rows), window, task
+        self.programs = coeff_programs(schema)
+        self.forwards = collections.Counter()
+
+        # The model's own apply, jitted as is, serves both modes. Anything else compiled into
+        # the same program (even the loss) can change how XLA fuses the forward and so break
+        # bitwise record/replay; the loss is a separate program on the logits.
+        self.forward = jax.jit(apply_fn)
+        self._nll = jax.jit(task.loss)
+
+    def record_fn(self, params, batch):
+        """``(per-window loss, logits, coeffs)`` with the controller running."""
+        batch = jax.tree.map(jnp.asarray, batch)
+        logits, coeffs = self.forward(params, self.task.inputs(batch))
+        return self._nll(logits, batch), logits, coeffs
+
+    def replay_fn(self, params, batch, coeffs):
+        """``(per-window loss, logits)`` with ``coeffs`` used verbatim."""
+        batch = jax.tree.map(jnp.asarray, batch)
+        logits, _ = self.forward(params, self.task.inputs(batch), coeffs)
+        return self._nll(logits, batch), logits
+
+    def _chunks(self, n: int):
+        if n < self.rows:
+            raise AuditError(f"{n} windows is fewer than the batch of {self.rows} rows; "
+                             "lower batch_size or use more windows")
+        return _chunks(n, self.rows)
+
+    def coeff_shapes(self, params):
+        """ShapeDtypeStructs of one batch's recorded coefficients (nothing runs)."""
+        batch = jax.tree.map(lambda s: jax.ShapeDtypeStruct((self.rows,) + s.shape, s.dtype),
+                             self.window)
+        return jax.eval_shape(self.record_fn, params, batch)[2]
+
+    def cache_bytes(self, params, n_windows: int) -> int:
+        per_row = sum(math.prod(s.shape) * s.dtype.itemsize
+                      for s in jax.tree.leaves(self.coeff_shapes(params))) // self.rows
+        return int(per_row * n_windows)
+
+    # -- record and exact replay
+    def record(self, params, windows, check: bool = True, bar=None) -> Recording:
+        """Record every window's coefficients (batched, jitted) into one device cache; with
+        ``check``, replay each batch from the cache and compare logits with the record."""
+        windows = self.task.prepare(windows)
+        W = n_windows(windows)
+        chunks = self._chunks(W)
+        shapes = self.coeff_shapes(params)
+        try:
+            coeffs_lib.check(shapes, self.schema)
+        except ValueError as e:
+            raise AuditError(f"the model's recorded coefficients do not match its schema: "
+                             f"{e}") from None
+
+        def full(axes, s):
+            shape = list(s.shape)
+            shape[axes.index("example")] = W
+            return jnp.zeros(shape, s.dtype)
+        cache = jax.tree.map(full, self.schema, shapes, is_leaf=is_axes)
+
+        P = self.programs
+        nll_rec, nll_rep, diffs = [], [], []
+        for start, keep in chunks:
+            w_idx = jnp.arange(start, start + self.rows, dtype=jnp.int32)
+            batch = _rows(windows, slice(start, start + self.rows))
+            nll, logits, chunk = self.record_fn(params, batch)
+            self.forwards["record"] += 1
+            cache = P.write(cache, chunk, start, keep)
+            nll_rec.append((nll, keep))
+            if check:  # replay what the cache now holds, controller disabled
+                nll2, logits2 = self.replay_fn(params, batch, P.take_cached(cache, w_idx))
+                self.forwards["replay"] += 1
+                nll_rep.append((nll2, keep))
+                diffs.append(_max_abs_diff_jit(logits, logits2, keep))
+            if bar is not None:
+                bar.update(1 + check)
+        if not check:
+            return Recording(cache, _gather(nll_rec), None, None)
+        d = np.asarray(jax.device_get(diffs), np.float64)
+        max_d = float(np.nan if np.isnan(d).any() else d.max())
+        return Recording(cache, _gather(nll_rec), _gather(nll_rep), max_d)
+
+    # -- conditions
+    def deterministic_nll(self, name: str, params, windows, rec: Recording, calib, bar=None):
+        """(W,) loss under a deterministic condition (means over ``calib``), batch by batch."""
+        windows = self.task.prepare(windows)
+        fn, parts = self.programs.transform(name), []
+        for start, keep in self._chunks(n_windows(windows)):
+            w_idx = jnp.arange(start, start + self.rows, dtype=jnp.int32)
+            nll, _ = self.replay_fn(params, _rows(windows, slice(start, start + self.rows)),
+                                    fn(rec.coeffs, calib, w_idx))
+            self.forwards["replay"] += 1
+            parts.append((nll, keep))
+            if bar is not None:
+                bar.update(1)
+        return _gather(parts)
+
+    def randomized_nll(self, names: tuple[str, ...], params, windows, rec: Recording, keys,
+                       max_reassign_bytes: int, bar=None) -> dict:
+        """{name: (R, W) loss} for a group of randomized conditions sharing the R keys.
+
+        Per chunk of keys, one vmapped program reassigns the whole cache for every condition;
+        then (reassignment, window) pairs are flattened into fixed-size batches and replayed.
+        """
+        windows = self.task.prepare(windows)
+        W, R = n_windows(windows), int(keys.shape[0])
+        cache_bytes = sum(a.nbytes for a in jax.tree.leaves(rec.coeffs))
+        per = _keys_per_chunk(R, cache_bytes * len(names), max_reassign_bytes)
+        out = {n: np.empty((R, W), np.float32) for n in names}
+        reassign = self.programs.reassign(names)
+        for k0 in range(0, R, per):
+            kc = keys[k0:k0 + per]
+            n_keys = int(kc.shape[0])
+            stacks = reassign(rec.coeffs, kc)
+            parts = {n: [] for n in names}
+            for start, keep in self._chunks(n_keys * W):
+                p = np.arange(start, start + self.rows)
+                r_idx, w_idx = jnp.asarray(p // W, jnp.int32), jnp.asarray(p % W, jnp.int32)
+                batch = jax.tree.map(jnp.asarray, _rows(windows, p % W))
+                for name, stack in zip(names, stacks):
+                    rows = self.programs.take(stack, r_idx, w_idx)
+                    nll, _ = self.replay_fn(params, batch, rows)
+                    self.forwards["replay"] += 1
+                    parts[name].append((nll, keep))
+                    if bar is not None:
+                        bar.update(1)
+            for name in names:
+                out[name][k0:k0 + n_keys] = _gather(parts[name]).reshape(n_keys, W)
+            del stacks
+        return out
+
+    def forward_count(self, n_eval: int, n_calib: int, settings: "Settings",
+                      cache_bytes: int) -> int:
+        """Forward calls one checkpoint's audit makes (the progress bar's total)."""
+        n = lambda m: len(_chunks(m, self.rows))
+        total = 2 * n(n_eval) + n(n_calib)
+        names = [c for c in settings.conditions if c != "correct"]
+        group = [c for c in names if interventions.CONDITIONS[c].randomized]
+        total += n(n_eval) * (len(names) - len(group))
+        if group:
+            R = settings.reassignments
+            per = _keys_per_chunk(R, cache_bytes * len(group), settings.max_reassign_bytes)
+            total += len(group) * sum(n(min(per, R - k0) * n_eval) for k0 in range(0, R, per))
+        return total
