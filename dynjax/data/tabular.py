@@ -139,7 +139,7 @@ def _archive(root, name):
     if not path.exists():
         raise DataError(f"dataset {name!r} needs {path}; run `python -m dynjax.data.tabular "
                         f"fetch` (or set $DYNJAX_DATA / data.data_dir to where it was fetched)")
-    fix = f"delete it and run `python -m dynjax.data.tabular fetch`"
+    fix = "delete it and run `python -m dynjax.data.tabular fetch`"
     if path.suffix == ".deb":
         member = _deb_member(path, "data.tar")
         if member is None:
