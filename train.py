@@ -10,13 +10,14 @@ from dynjax.train.loop import train
 
 config_flags.DEFINE_config_file("config", None, "configs/NAME.py[:ARG]", lock_config=True)
 flags.DEFINE_string("workdir", None, "run directory: checkpoints, metrics.jsonl, eval.json")
+flags.DEFINE_bool("progress", True, "show a progress bar")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-    result = train(flags.FLAGS.config, flags.FLAGS.workdir)
+    result = train(flags.FLAGS.config, flags.FLAGS.workdir, progress=flags.FLAGS.progress)
     for split in ("validation", "test"):
         r = result[split]
         mass = f", gate mass {r['gate_mass']:.4f}" if "gate_mass" in r else ""
