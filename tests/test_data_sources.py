@@ -90,10 +90,23 @@ class DynjaxTinyImagenetLike(DynjaxTinyImages):
         return -1 if split == "test" else int(image[0, 0, 0]) % 4
 
 
+class DynjaxCustomKeys(DynjaxTinyImages):
+    """A dataset whose input and label features have other names than image / label."""
+
+    def _info(self):
+        return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+            "pixels": tfds.features.Image(shape=(8, 8, 3)),
+            "category": tfds.features.ClassLabel(num_classes=4)}))
+
+    def _generate_examples(self, split):
+        for i, ex in super()._generate_examples(split):
+            yield i, {"pixels": ex["image"], "category": ex["label"]}
+
+
 @pytest.fixture(scope="module")
 def tfds_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("tfds")
-    for builder in (DynjaxTinyImages, DynjaxTinyImagenetLike):
+    for builder in (DynjaxTinyImages, DynjaxTinyImagenetLike, DynjaxCustomKeys):
         builder(data_dir=str(root), file_format="array_record").download_and_prepare()
     return str(root)
 
@@ -196,3 +209,30 @@ def test_tfds_text_source_for_language_models(tmp_path, monkeypatch):
         assert data.dtype == np.uint8
         docs = bytes(data).decode("utf-8").split("\n")
         assert sorted(docs) == sorted(f"{split} document {i} ü " * 10 for i in range(5))
+
+
+def test_train_and_audit_a_dynamic_gate_on_a_tfds_dataset(tfds_dir, tmp_path, monkeypatch):
+    """train_mlp.py's and audit.py's programs on a TFDS dataset with custom feature names."""
+    import json
+
+    from configs import audit_tiny
+    from dynjax.audit import run
+    from dynjax.train.classify import train
+
+    monkeypatch.setenv("DYNJAX_DATA", str(tmp_path / "cache"))
+    c = dgmlp_tfds.get_config("dgate,dynjax_custom_keys")
+    c.data.update(data_dir=tfds_dir, tfds_input_key="pixels", tfds_label_key="category")
+    c.model.hidden = (16, 16)
+    c.gate.update(warmup_steps=0, anneal_steps=2, ramp_steps=2)
+    c.train.update(steps=4, batch_size=8, warmup_steps=1, eval_every=1000, ckpt_every=4)
+    c.eval.batch_size = 16
+    result = train(c, str(tmp_path / "run"), progress=False)
+    assert result["test"]["examples"] == 12 and 0 <= result["test"]["accuracy"] <= 1
+    a = audit_tiny.get_config()
+    a.reassignments, a.batch_size, a.stats.n_resamples = 2, 4, 99
+    a.data.calib_windows = a.data.eval_windows = 4
+    run.audit_from_config(a, [str(tmp_path / "run")], out=str(tmp_path / "audit"),
+                          progress=False, log=lambda _: None)
+    res = json.loads((tmp_path / "audit" / "results.json").read_text())
+    assert res["replay"]["exact"] is True
+    assert res["meta"]["windows"]["window_shapes"] == {"x": [8 * 8 * 3], "y": []}

@@ -38,12 +38,17 @@ def family_variant(config) -> tuple[str, str]:
 
 
 @functools.lru_cache(maxsize=2)
-def _tabular(dataset: str, data_dir):
+def _tabular(dataset: str, data_dir, tfds_input_key=None, tfds_label_key="label"):
     from dynjax.data import tabular
     try:
-        return tabular.load(dataset, data_dir)
+        return tabular.load(dataset, data_dir, tfds_input_key, tfds_label_key)
     except tabular.DataError as e:
         raise AuditError(str(e)) from None
+
+
+def _tfds_keys(run_config) -> tuple:
+    """The run's TFDS input/label keys (used only for ``tfds:`` datasets)."""
+    return run_config.data.get("tfds_input_key"), run_config.data.get("tfds_label_key", "label")
 
 
 def classifier_model(config):
@@ -52,7 +57,7 @@ def classifier_model(config):
     from dynjax.models.gated_mlp import GatedMLP
     from dynjax.train import classify
 
-    splits = _tabular(config.data.dataset, config.data.get("data_dir"))
+    splits = _tabular(config.data.dataset, config.data.get("data_dir"), *_tfds_keys(config))
     return GatedMLP(classify.model_dict(config, splits["train"][0].shape[1],
                                          tabular.num_classes(splits)))
 
@@ -199,7 +204,7 @@ def classifier_windows(data_cfg, run_config, n_calib: int, n_eval: int, seed: in
     may be sorted by class (mnist5k's is)."""
     dataset = _opt(data_cfg, "dataset", run_config.data.dataset)
     data_dir = _opt(data_cfg, "data_dir", run_config.data.get("data_dir"))
-    splits = _tabular(dataset, data_dir)
+    splits = _tabular(dataset, data_dir, *_tfds_keys(run_config))
     notes, out = [], []
     for name, split, n in (("calibration (validation split)", "validation", n_calib),
                            ("evaluation (test split)", "test", n_eval)):

@@ -128,7 +128,7 @@ def make_train_step(config, model, tx):
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         new = {"step": state["step"] + 1, "params": optax.apply_updates(state["params"], updates),
                "opt_state": opt_state}
-        metrics.update(grad_norm=optax.global_norm(grads), tau=sched["tau"],
+        metrics.update(grad_norm=optax.tree.norm(grads), tau=sched["tau"],
                        theta=sched["theta"], lambda_g=sched["lambda_g"])
         return new, metrics
 
