@@ -58,9 +58,30 @@ def test_unselected_tokens_bitwise_unchanged():
     assert coeffs["moe"].shape == (B, K, E) and {"load_balance", "router_z"} <= set(aux)
 
 
-def test_decoding_with_kv_cache_is_refused_clearly():
-    with pytest.raises(NotImplementedError, match="mode_staged"):
-        mod.init_cache(CFG, B, T)
+@pytest.mark.parametrize("route", ["router", "predictor"])
+def test_kv_cache_decoding_matches_the_decode_mode_forward(route):
+    # No capacity limit: the sequence form then drops no token, as one-token decoding never does.
+    cfg = mod.decode_config(dataclasses.replace(CFG, moe_capacity_factor=0.0), route)
+    model = build(cfg)
+    params = model.init(jax.random.key(1), TOKENS)
+    logits = jax.jit(lambda t: model.apply(params, t)[0])(TOKENS)
+    cached, entered = jax.jit(lambda t: mod.cached_forward(cfg, params, t))(TOKENS)
+    np.testing.assert_allclose(cached, logits, atol=1e-4, rtol=1e-4)
+    np.testing.assert_array_equal(entered, mod.routing_stats(model, params, TOKENS)["entered"])
+    assert entered.any() and int(entered.sum(-1).max()) <= K   # the MoE path really ran
+    # The experts matter: zeroing their output weights changes the cached logits.
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    zeroed = jax.tree_util.tree_unflatten(jax.tree.structure(params), [
+        jnp.zeros_like(a) if jax.tree_util.keystr(k).endswith("['wo']") else a
+        for k, a in flat])
+    assert not np.allclose(mod.cached_forward(cfg, zeroed, TOKENS)[0], cached)
+    out = mod.generate(cfg, params, TOKENS[:, :3], 4)
+    assert out.shape == (B, 7) and np.array_equal(out[:, :3], TOKENS[:, :3])
+
+
+def test_expert_choice_decoding_is_refused_clearly():
+    with pytest.raises(NotImplementedError, match="expert_choice ranks the whole sequence"):
+        mod.init_cache(dataclasses.replace(CFG, moe_routing="expert_choice"), B, T)
 
 
 @pytest.mark.parametrize("variant", ["mode_staged", "mode_integrated"])

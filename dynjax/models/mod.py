@@ -27,7 +27,9 @@ cache whose MoD-block buffers hold only the tokens that entered that block (k sl
 Staged MoDE (variant ``mode_staged``, Raposo et al. 2024): MoD routing around an MoE
 block. The router selects k tokens as above; only they enter a block whose FFN is the MoE
 layer of ``dynjax.models.moe`` (attention among the k, then expert routing of the k with
-expert capacity ceil(cf * top_k * k / E)). Non-MoD blocks stay dense. No KV-cache decoding.
+expert capacity ceil(cf * top_k * k / E)). Non-MoD blocks stay dense. KV-cache decoding
+(token-choice routing) runs each entering token through its top-k experts
+(``moe.MoeFfnPerToken``).
 
 Coefficients: ``{"router": (layer, example, token)}``, the raw scores r of the MoD blocks
 (plus ``"predictor"`` logits when ``mod_route="predictor"``). Replay recomputes the
@@ -349,16 +351,19 @@ class _CachedAttention(nn.Module):
 
 
 class _CachedBlock(nn.Module):
-    """transformer.Block's parameters and arithmetic for one new token (B, 1, d)."""
+    """transformer.Block's (or staged MoDE's StagedBlock's) parameters and arithmetic for one
+    new token (B, 1, d)."""
 
     cfg: ModelConfig
+    staged: bool = False
 
     @nn.compact
     def __call__(self, h, pos, cache, write):
         a, cache = _CachedAttention(self.cfg, name="attn")(norm("attn_norm", self.cfg)(h),
                                                            pos, cache, write)
-        m = Mlp(self.cfg, name="mlp")(norm("mlp_norm", self.cfg)(h + a))
-        return a + m, cache
+        ffn = (moe.MoeFfnPerToken(self.cfg, name="moe") if self.staged
+               else Mlp(self.cfg, name="mlp"))
+        return a + ffn(norm("mlp_norm", self.cfg)(h + a)), cache
 
 
 def layer_params(cfg: ModelConfig, params):
@@ -373,16 +378,17 @@ def layer_params(cfg: ModelConfig, params):
 
 
 def _check_decodable(cfg: ModelConfig):
-    if cfg.variant == "mode_staged":
-        raise NotImplementedError("KV-cache decoding is implemented for the mod and dense "
-                                  "variants only; mode_staged's MoE block has no cached form")
+    if cfg.variant == "mode_staged" and cfg.moe_routing != "token_choice":
+        raise NotImplementedError("KV-cache decoding of mode_staged needs token_choice MoE "
+                                  "routing: expert_choice ranks the whole sequence, which a "
+                                  "causal decoder has not seen yet")
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int):
     """Per block: keys/values/positions for max_len tokens (dense) or k = floor(c*max_len)
     tokens (MoD), and the count of tokens held."""
     _check_decodable(cfg)
-    k = capacity(cfg, max_len) if cfg.variant == "mod" else max_len
+    k = capacity(cfg, max_len) if cfg.variant in ("mod", "mode_staged") else max_len
     shape = lambda s: (batch, s, cfg.n_heads, cfg.head_dim)
     n_groups, pattern = layout(cfg)
     size = lambda routed: k if routed else max_len
@@ -407,7 +413,8 @@ def decode_step(cfg: ModelConfig, params, cache, token, pos):
     B = token.shape[0]
     new_cache, entered = [], []
     for (p, routed), c in zip(layer_params(cfg, params), cache):
-        block = lambda hc, write, p=p, c=c: _CachedBlock(cfg).apply(
+        staged = routed and cfg.variant == "mode_staged"
+        block = lambda hc, write, p=p, c=c, staged=staged: _CachedBlock(cfg, staged).apply(
             {"params": p["block"]}, hc, pos, c, write)
         if not routed:
             update, c = block(h, jnp.ones((B,), bool))

@@ -137,6 +137,33 @@ class MoeFfn(nn.Module):
         return y, probs, aux, stats
 
 
+class MoeFfnPerToken(nn.Module):
+    """MoeFfn's parameters and arithmetic for tokens decoded one at a time (B, 1, d): each
+    token goes to its top-k experts (a no-op route adds nothing) with its routing
+    probabilities as weights. One token never overflows an expert's buffer, so this equals
+    the sequence form wherever that dropped nothing (token-choice routing only: expert
+    choice ranks the whole sequence and has no causal form)."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.cfg
+        B, _, d = x.shape
+        E, dt = cfg.moe_num_experts, cfg.compute_dtype
+        logits = nn.Dense(n_routes(cfg), use_bias=False, dtype=jnp.float32, name="router",
+                          kernel_init=dense_init(("embed", None)))(x[:, 0].astype(jnp.float32))
+        gates, experts = jax.lax.top_k(jax.nn.softmax(logits, axis=-1),
+                                       cfg.moe_num_experts_per_tok)           # (B, k)
+        gates = jnp.where(experts < E, gates, 0.0)                           # no-op route
+        experts = jnp.minimum(experts, E - 1)
+        wi = self.param("wi", dense_init(("expert", "embed", "mlp")), (E, d, cfg.d_ff))
+        wo = self.param("wo", dense_init(("expert", "mlp", "embed")), (E, cfg.d_ff, d))
+        hidden = nn.gelu(jnp.einsum("bd,bkdf->bkf", x[:, 0], wi[experts].astype(dt)))
+        y = jnp.einsum("bkf,bkfd->bkd", hidden, wo[experts].astype(dt))
+        return jnp.einsum("bk,bkd->bd", gates.astype(dt), y)[:, None]
+
+
 def attention_then_moe(cfg: ModelConfig, h, positions, probs=None):
     """The core's attention, then the MoE FFN: ``(a, m, probs, aux, stats)``.
 
