@@ -3,8 +3,9 @@
 # On the device machine (JAX with CUDA preinstalled; ml_collections carried as a wheel in
 # .whl/), from the repo root, with $OUT the folder whose files come back:
 #   bash scripts/gpu_checks.sh
-# 1. the coefficient contract on the GPU: causality and bitwise replay tests (tests/test_gates.py)
-#    and the audit engine's exact-replay gate at d=128 (benchmarks/audit_throughput.py);
+# 1. the coefficient contract on the GPU: causality and bitwise replay tests (tests/test_gates.py;
+#    pytest_families: MoD, MoE, MoDE, MUDD, DynamicGate, MUDDPythia parity - not yet run on a
+#    GPU) and the audit engine's exact-replay gate at d=128 (benchmarks/audit_throughput.py);
 # 2. FeatureGate step overhead at the paper's 76M size (bf16, batch 64 x 512);
 # 3. Mixture-of-Depths time vs FLOP ratios at d=1024, T=2048 (bf16);
 # 4. DynamicGate-MLP latency (dense / masked / structured) at batch 1 and 256 (H=4096), and
@@ -27,7 +28,7 @@ PY=${PY:-python3}
   nvidia-smi -L
   $PY -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
 } 2>&1 | tee "$OUT/env.txt"
-STEPS=" ${*:-pytest_contract audit_replay train_76m mod_speed gate_speed gate_speed_large fg_remat_off fg_t256} "
+STEPS=" ${*:-pytest_contract pytest_families audit_replay train_76m mod_speed gate_speed gate_speed_large fg_remat_off fg_t256} "
 step() {  # step SECONDS NAME CMD...: run with a limit, log to $OUT/log.txt
   local limit=$1 name=$2; shift 2
   [[ $STEPS == *" $name "* ]] || return 0
@@ -37,6 +38,9 @@ step() {  # step SECONDS NAME CMD...: run with a limit, log to $OUT/log.txt
   echo "=== $name: exit $? in $((SECONDS - t0)) s" | tee -a "$OUT/log.txt"
 }
 step 150 pytest_contract $PY -m pytest -q -p no:cacheprovider tests/test_gates.py -k "replay or causality or dense_equals"
+step 240 pytest_families $PY -m pytest -q -p no:cacheprovider tests/test_mod.py tests/test_moe.py \
+  tests/test_mode.py tests/test_mudd.py tests/test_gated_mlp.py tests/test_muddpythia.py \
+  -k "replay or bitwise or kv_cache or parity or reference"
 step 90 audit_replay $PY benchmarks/audit_throughput.py --repeats 5 --audit-repeats 1 \
   --out "$OUT/audit_throughput_gpu.json"
 step 150 train_76m $PY benchmarks/train_throughput.py --config featuregate_76m --batch-size 64 \
