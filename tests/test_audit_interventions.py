@@ -179,3 +179,18 @@ def test_registry():
     assert iv.apply_condition("correct", C, SCHEMA) is C
     with pytest.raises(ValueError, match="needs a key"):
         iv.apply_condition("cross_input", C, SCHEMA)
+
+
+def test_token_shuffle_moves_sibling_readings_of_a_token_together():
+    """MoD's router score and predictor logit describe the same token: one permutation."""
+    rng = np.random.default_rng(3)
+    c = {"router": jnp.asarray(rng.uniform(size=(L, B, T)), jnp.float32),
+         "predictor": jnp.asarray(rng.uniform(size=(L, B, T)), jnp.float32)}
+    schema = {"router": GATE, "predictor": GATE}
+    out = iv.token_shuffle(c, schema, KEY)
+    perm = lambda a, a0: np.array([[np.argsort(a0[l, e])[np.argsort(np.argsort(a[l, e]))]
+                                    for e in range(B)] for l in range(L)])
+    p_router = perm(np.asarray(out["router"]), np.asarray(c["router"]))
+    p_pred = perm(np.asarray(out["predictor"]), np.asarray(c["predictor"]))
+    np.testing.assert_array_equal(p_router, p_pred)
+    assert not np.array_equal(np.asarray(out["router"]), np.asarray(c["router"]))

@@ -166,19 +166,33 @@ def _shuffle_leaf(a, axes: Axes, key):
     return jnp.moveaxis(out.reshape(x.shape), list(range(len(front))), front)
 
 
+def _shuffle_groups(coeffs) -> list[int]:
+    """One group id per leaf: leaves that differ only in their trailing dict keys (MoD's
+    ``router`` and ``predictor``: two readings of the same tokens) share a group, and so a
+    token permutation; entries of a per-layer list (MUDD) are separate groups."""
+    groups, ids = {}, []
+    for path, _ in jax.tree_util.tree_flatten_with_path(coeffs)[0]:
+        path = list(path)
+        while path and isinstance(path[-1], jax.tree_util.DictKey):
+            path.pop()
+        ids.append(groups.setdefault(jax.tree_util.keystr(tuple(path)), len(groups)))
+    return ids
+
+
 def token_shuffle(coeffs: Coeffs, schema: Schema, key) -> Coeffs:
-    """CS: token positions permuted independently per (leaf, layer, stream, example).
+    """CS: token positions permuted independently per (leaf group, layer, stream, example).
 
     Examples do *not* share a permutation: independent draws average the penalty over more
     orderings per reassignment. Values and support within each (layer, stream, example)
-    are kept; only token alignment breaks. Each leaf of a per-layer list gets its own key.
+    are kept; only token alignment breaks. Each layer of a per-layer list gets its own key;
+    sibling leaves of one dict share theirs, so same-shaped siblings move together.
     """
     _, k_token = condition_keys(key)
     leaves, treedef = jax.tree.flatten(coeffs)
     axes_list = jax.tree.leaves(schema, is_leaf=is_axes)
     check(coeffs, schema)
-    out = [_shuffle_leaf(a, ax, jax.random.fold_in(k_token, i))
-           for i, (a, ax) in enumerate(zip(leaves, axes_list))]
+    out = [_shuffle_leaf(a, ax, jax.random.fold_in(k_token, g))
+           for g, a, ax in zip(_shuffle_groups(coeffs), leaves, axes_list)]
     return jax.tree.unflatten(treedef, out)
 
 
