@@ -148,6 +148,8 @@ def test_tfds_errors_name_the_fix(tfds_dir, tmp_path, monkeypatch):
         tabular.load("tfds:cifar10", None)
     with pytest.raises(DataError, match="tfds_input_key"):
         tabular.load("tfds:dynjax_tiny_images", tfds_dir, tfds_input_key="pixels")
+    with pytest.raises(DataError, match="tfds_label_key.*'category'"):
+        tabular.load("tfds:dynjax_tiny_images", tfds_dir, tfds_label_key="category")
     c = dgmlp_tfds.get_config("dgate,cifar10")
     with pytest.raises(ValueError, match="needs data.data_dir"):
         classify.resolve_config(c)

@@ -98,8 +98,9 @@ def _sources(name: str, data_dir_: str | None):
     except DataError:
         raise
     except Exception as e:  # noqa: BLE001 - TFDS raises many types for a missing dataset
+        reason = str(e).strip().splitlines()[0]  # TFDS appends its whole catalogue
         raise DataError(f"TFDS dataset {name!r} could not be read from data.data_dir="
-                        f"{data_dir_!r} ({type(e).__name__}: {str(e).strip().splitlines()[0]}); {fix}") from e
+                        f"{data_dir_!r} ({type(e).__name__}: {reason}); {fix}") from e
     if "train" not in sources:
         raise DataError(f"TFDS dataset {name!r} has no 'train' split (splits: {sorted(available)})")
     return builder, sources
@@ -126,9 +127,10 @@ def load(name: str, data_dir_: str | None, input_key: str | None = None,
     features = builder.info.features
     input_key = input_key or ("image" if "image" in features else
                               "audio" if "audio" in features else None)
-    if input_key is None or input_key not in features:
+    if input_key is None or input_key not in features or label_key not in features:
         raise DataError(f"TFDS dataset {name!r} has features {sorted(features)}; name the input "
-                        "with data.tfds_input_key")
+                        f"and the label with data.tfds_input_key / data.tfds_label_key (now "
+                        f"{input_key!r} / {label_key!r})")
     sample_rate = getattr(features[input_key], "sample_rate", None)
     if "test" in sources and not _label_is_known(sources["test"], label_key):
         del sources["test"]
