@@ -15,7 +15,8 @@ interleaved round by round so that load from other processes falls on both alike
   A MoD block runs only when the token enters it; the benchmark times a step where the
   token enters every MoD block and one where it enters none (forced through the
   predictor's bias), and reports c * enter + (1 - c) * skip, the expected step time when
-  each MoD block takes a fraction c of tokens.
+  each MoD block takes a fraction c of tokens; ``decode_step_masked_s`` times the variant
+  without ``lax.cond`` (every block runs, its result masked).
 
 FLOP ratios: forward from XLA's cost analysis of the unrolled program (all ops) and from
 the analytic matmul count; train step from the compiled unrolled step; decode analytic.
@@ -101,16 +102,16 @@ def measure(variant, args):
     # step, far below its k slots in this many steps).
     B, T = args.decode_batch, args.seq_len
     dcfg = mod.decode_config(cfg, "predictor")
-    step = jax.jit(lambda p, c, tok, pos: mod.decode_step(dcfg, p, c, tok, pos)[:2],
-                   donate_argnums=1)
+    steps = {branch: jax.jit(lambda p, c, tok, pos, branch=branch: mod.decode_step(
+        dcfg, p, c, tok, pos, branch)[:2], donate_argnums=1) for branch in mod.DECODE_BRANCHES}
     out["cache_bytes"] = mod.cache_bytes(mod.init_cache(dcfg, B, T))
     tok, pos = jnp.zeros((B,), jnp.int32), jnp.full((B,), T - 1)
 
-    def time_decode(p):
+    def time_decode(p, branch="cond"):
         carry = {"cache": mod.init_cache(dcfg, B, T)}
 
         def one():
-            logits, carry["cache"] = step(p, carry["cache"], tok, pos)
+            logits, carry["cache"] = steps[branch](p, carry["cache"], tok, pos)
             return logits
         return one
 
@@ -126,6 +127,9 @@ def measure(variant, args):
                 lp["predictor"]["out"]["bias"] = jnp.full_like(lp["predictor"]["out"]["bias"],
                                                                bias)
         timers[f"decode_step_{name}_s"] = time_decode(forced)
+    # The same step without lax.cond: every MoD block always runs, its result masked. Where
+    # a conditional costs a host round trip (a guess for GPUs, to measure), this may win.
+    timers["decode_step_masked_s"] = time_decode(params, "masked")
     out["decode_flops_analytic"] = decode_flops(cfg, T, cfg.mod_capacity)
     return out, timers
 
@@ -169,6 +173,7 @@ def main():
         "forward_analytic_flops": ratio(m["forward_flops"]["analytic_flops"],
                                         d["forward_flops"]["analytic_flops"]),
         "decode_step_time": ratio(m["decode_step_s"], d["decode_step_s"]),
+        "decode_step_time_masked": ratio(m["decode_step_masked_s"], d["decode_step_s"]),
         "decode_analytic_flops": ratio(m["decode_flops_analytic"], d["decode_flops_analytic"]),
         "cache_bytes": ratio(m["cache_bytes"], d["cache_bytes"]),
     }

@@ -148,6 +148,12 @@ def test_decode_mode_is_causal_and_kv_cache_matches_it(model, route):
     stats = mod.routing_stats(dm, params, tokens)
     np.testing.assert_array_equal(entered, stats["entered"])
     assert int(entered.sum(-1).max()) <= K
+    # Always running the block and masking its result is the same computation as skipping it.
+    masked, entered_m = jax.jit(lambda t: mod.cached_forward(cfg, params, t, "masked"))(tokens)
+    np.testing.assert_allclose(masked, cached, atol=1e-6)
+    np.testing.assert_array_equal(entered_m, entered)
+    with pytest.raises(ValueError, match="branch='maybe'"):
+        mod.cached_forward(cfg, params, tokens, "maybe")
 
 
 def test_cache_is_capacity_bounded_and_report_is_sane(model):

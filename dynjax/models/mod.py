@@ -403,11 +403,18 @@ def cache_bytes(cache) -> int:
     return sum(cache_layer[n].nbytes for cache_layer in cache for n in ("k", "v"))
 
 
-def decode_step(cfg: ModelConfig, params, cache, token, pos):
+DECODE_BRANCHES = ("cond", "masked")
+
+
+def decode_step(cfg: ModelConfig, params, cache, token, pos, branch: str = "cond"):
     """One causal step: token (B,) at positions pos (B,) -> logits (B, V), new cache, and
-    (n_mod, B) bool of which MoD blocks the token entered. A MoD block runs (``lax.cond``)
-    only when some example's token enters it; its cache grows only for those examples."""
+    (n_mod, B) bool of which MoD blocks the token entered. With ``branch="cond"`` a MoD block
+    runs (``lax.cond``) only when some example's token enters it; ``"masked"`` always runs it
+    and keeps its result only where a token entered (for backends where a conditional costs
+    more than the block). Either way the cache grows only for the entering examples."""
     _check_decodable(cfg)
+    if branch not in DECODE_BRANCHES:
+        raise ValueError(f"branch={branch!r}; use one of {DECODE_BRANCHES}")
     h = Embed(cfg).apply({"params": params["embed"]}, token[:, None])
     pos = pos[:, None].astype(jnp.int32)
     B = token.shape[0]
@@ -429,20 +436,23 @@ def decode_step(cfg: ModelConfig, params, cache, token, pos):
             w = router_weight(cfg, r)[:, None, None].astype(h.dtype)
             run = lambda hc: (lambda u, c2: (jnp.where(enter[:, None, None], hc + w * u, hc),
                                              c2))(*block(hc, enter))
-            h, c = jax.lax.cond(jnp.any(enter), run, lambda hc: (hc, c), h)
+            if branch == "cond":
+                h, c = jax.lax.cond(jnp.any(enter), run, lambda hc: (hc, c), h)
+            else:
+                h, c = run(h)
             entered.append(enter)
         new_cache.append(c)
     logits = Head(cfg).apply({"params": params["head"]}, h)[:, 0]
     return logits, new_cache, jnp.stack(entered) if entered else jnp.zeros((0, B), bool)
 
 
-def cached_forward(cfg: ModelConfig, params, tokens):
+def cached_forward(cfg: ModelConfig, params, tokens, branch: str = "cond"):
     """Logits of every position computed token by token through ``decode_step`` (teacher
     forcing). Equals the full-sequence forward with ``mod_route`` = "router"/"predictor"."""
     B, T = tokens.shape
     def step(cache, t):
         logits, cache, entered = decode_step(cfg, params, cache, tokens[:, t],
-                                             jnp.full((B,), t))
+                                             jnp.full((B,), t), branch)
         return cache, (logits, entered)
     _, (logits, entered) = jax.lax.scan(step, init_cache(cfg, B, T), jnp.arange(T))
     return jnp.swapaxes(logits, 0, 1), jnp.moveaxis(entered, 0, -1)
