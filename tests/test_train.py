@@ -110,3 +110,8 @@ def test_train_cli_overrides(tmp_path):
     bad = subprocess.run(cmd[:2] + ["--config=configs/tiny.py:sparse", f"--workdir={tmp_path}/x"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "unknown variant 'sparse'" in bad.stderr
+    no_data = subprocess.run(cmd + ["--config.data.source=files", "--config.data.path=/absent",
+                                    f"--workdir={tmp_path}/y"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert no_data.returncode != 0 and "Traceback" not in no_data.stderr
+    assert "train.py: error: data.path='/absent' does not exist" in no_data.stderr
