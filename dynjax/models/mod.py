@@ -55,8 +55,8 @@ import jax.numpy as jnp
 from dynjax.coeffs import Axes
 from dynjax.models import moe
 from dynjax.models.transformer import (Block, Embed, Head, Mlp, ModelConfig, causal_attention,
-                                       dense_init, embed_tokens, head_projection, norm,
-                                       out_projection, rotary, scan_layers)
+                                       dense_init, embed_tokens, norm, out_projection,
+                                       project_qkv, scan_layers)
 
 VARIANTS = ("dense", "mod", "mode_staged")
 ROUTER_AXES = Axes(("layer", "example", "token"))
@@ -338,9 +338,7 @@ class _CachedAttention(nn.Module):
     @nn.compact
     def __call__(self, x, pos, cache, write):
         cfg = self.cfg
-        q = rotary(head_projection(cfg, "query")(x), pos, cfg.rope_base)
-        k = rotary(head_projection(cfg, "key")(x), pos, cfg.rope_base)
-        v = head_projection(cfg, "value")(x)
+        q, k, v = project_qkv(cfg, x, x, x, pos, pos)
         B, S = cache["pos"].shape
         slot = jnp.where(write, cache["n"], S)  # out of range: dropped, nothing written
         put = lambda buf, new: buf.at[jnp.arange(B), slot].set(new[:, 0], mode="drop")

@@ -44,8 +44,7 @@ import jax.numpy as jnp
 from dynjax.coeffs import Axes
 from dynjax.models.muddpythia import mix
 from dynjax.models.transformer import (Head, Mlp, ModelConfig, causal_attention, dense_init,
-                                       embed_tokens, head_projection, norm, out_projection,
-                                       rotary)
+                                       embed_tokens, norm, out_projection, project_qkv)
 
 VARIANTS = ("mudd", "mudd_static")
 MIX_AXES = Axes(("stream", "example", "token", "source"))
@@ -69,9 +68,8 @@ class StreamAttention(nn.Module):
     @nn.compact
     def __call__(self, xq, xk, xv, positions):
         cfg = self.cfg
-        q = rotary(head_projection(cfg, "query")(xq), positions, cfg.rope_base)
-        k = rotary(head_projection(cfg, "key")(xk), positions, cfg.rope_base)
-        out, _, _ = causal_attention(q, k, head_projection(cfg, "value")(xv), positions, positions)
+        q, k, v = project_qkv(cfg, xq, xk, xv, positions, positions)
+        out, _, _ = causal_attention(q, k, v, positions, positions)
         return out_projection(cfg)(out)
 
 

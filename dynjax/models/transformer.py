@@ -141,6 +141,14 @@ def out_projection(cfg: ModelConfig):
                            kernel_init=dense_init(("heads", "kv", "embed")), name="out")
 
 
+def project_qkv(cfg: ModelConfig, xq, xk, xv, q_positions, k_positions):
+    """Every attention's rotary queries and keys and its values, (B, T, H, Dh) each. Call it
+    inside a compact method: the "query", "key" and "value" layers belong to the caller."""
+    q = rotary(head_projection(cfg, "query")(xq), q_positions, cfg.rope_base)
+    k = rotary(head_projection(cfg, "key")(xk), k_positions, cfg.rope_base)
+    return q, k, head_projection(cfg, "value")(xv)
+
+
 class Attention(nn.Module):
     cfg: ModelConfig
 
@@ -148,10 +156,8 @@ class Attention(nn.Module):
     def __call__(self, x, positions, kv=None):
         """x: (B, T, D). ``kv`` = (keys_x, key_positions) attends to other tokens (decoding)."""
         cfg = self.cfg
-        q = rotary(head_projection(cfg, "query")(x), positions, cfg.rope_base)
         kx, kpos = (x, positions) if kv is None else kv
-        k = rotary(head_projection(cfg, "key")(kx), kpos, cfg.rope_base)
-        v = head_projection(cfg, "value")(kx)
+        q, k, v = project_qkv(cfg, x, kx, kx, positions, kpos)
         out, logits, lse = causal_attention(q, k, v, positions, kpos)
         return out_projection(cfg)(out), (logits, lse)
 
