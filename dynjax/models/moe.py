@@ -96,6 +96,19 @@ def expert_choice(probs, capacity):
     return dispatch, dispatch * gates[:, None]
 
 
+def router_layer(cfg: ModelConfig):
+    """Every MoE FFN's "router": float32 logits over the routes (experts, plus a no-op)."""
+    return nn.Dense(n_routes(cfg), use_bias=False, dtype=jnp.float32, name="router",
+                    kernel_init=dense_init(("embed", None)))
+
+
+def expert_kernels(module: nn.Module, cfg: ModelConfig, d: int):
+    """Every MoE FFN's expert weights ``wi`` (E, d, d_ff) and ``wo`` (E, d_ff, d)."""
+    E = cfg.moe_num_experts
+    return (module.param("wi", dense_init(("expert", "embed", "mlp")), (E, d, cfg.d_ff)),
+            module.param("wo", dense_init(("expert", "mlp", "embed")), (E, cfg.d_ff, d)))
+
+
 class MoeFfn(nn.Module):
     """x (B, T, d) -> (y, probs, aux, stats). ``probs`` given: replay, the router does not run."""
 
@@ -108,8 +121,7 @@ class MoeFfn(nn.Module):
         E, k = cfg.moe_num_experts, cfg.moe_num_experts_per_tok
         aux = {}
         if probs is None:
-            logits = nn.Dense(n_routes(cfg), use_bias=False, dtype=jnp.float32, name="router",
-                              kernel_init=dense_init(("embed", None)))(x.astype(jnp.float32))
+            logits = router_layer(cfg)(x.astype(jnp.float32))
             probs = jax.nn.softmax(logits, axis=-1)
             aux["router_z"] = cfg.moe_router_z_loss_weight * jnp.mean(
                 jax.nn.logsumexp(logits, axis=-1) ** 2)
@@ -126,8 +138,7 @@ class MoeFfn(nn.Module):
             dropped = jnp.mean(dispatch.sum((2, 3)) == 0)
         noop = dispatch[:, :, E:].sum((2, 3)).mean() if n_routes(cfg) > E else jnp.zeros(())
         dispatch, combine = dispatch[:, :, :E], combine[:, :, :E]  # the no-op expert: nothing
-        wi = self.param("wi", dense_init(("expert", "embed", "mlp")), (E, d, cfg.d_ff))
-        wo = self.param("wo", dense_init(("expert", "mlp", "embed")), (E, cfg.d_ff, d))
+        wi, wo = expert_kernels(self, cfg, d)
         dt = cfg.compute_dtype
         xe = jnp.einsum("btec,btd->becd", dispatch.astype(dt), x)                # buffers
         ye = jnp.einsum("becf,efd->becd", nn.gelu(jnp.einsum("becd,edf->becf", xe,
@@ -149,16 +160,13 @@ class MoeFfnPerToken(nn.Module):
     @nn.compact
     def __call__(self, x):
         cfg = self.cfg
-        B, _, d = x.shape
         E, dt = cfg.moe_num_experts, cfg.compute_dtype
-        logits = nn.Dense(n_routes(cfg), use_bias=False, dtype=jnp.float32, name="router",
-                          kernel_init=dense_init(("embed", None)))(x[:, 0].astype(jnp.float32))
+        logits = router_layer(cfg)(x[:, 0].astype(jnp.float32))
         gates, experts = jax.lax.top_k(jax.nn.softmax(logits, axis=-1),
                                        cfg.moe_num_experts_per_tok)           # (B, k)
         gates = jnp.where(experts < E, gates, 0.0)                           # no-op route
         experts = jnp.minimum(experts, E - 1)
-        wi = self.param("wi", dense_init(("expert", "embed", "mlp")), (E, d, cfg.d_ff))
-        wo = self.param("wo", dense_init(("expert", "mlp", "embed")), (E, cfg.d_ff, d))
+        wi, wo = expert_kernels(self, cfg, x.shape[-1])
         hidden = nn.gelu(jnp.einsum("bd,bkdf->bkf", x[:, 0], wi[experts].astype(dt)))
         y = jnp.einsum("bkf,bkfd->bkd", hidden, wo[experts].astype(dt))
         return jnp.einsum("bk,bkd->bd", gates.astype(dt), y)[:, None]
