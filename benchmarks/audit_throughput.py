@@ -28,6 +28,7 @@ from dynjax.audit.engine import Settings  # noqa: E402
 from dynjax.audit.summary import audit_targets  # noqa: E402
 from dynjax.data import text  # noqa: E402
 from dynjax.models import build  # noqa: E402
+from dynjax.train.metrics import write_json_atomic  # noqa: E402
 
 
 def median_times(fns: dict, repeats: int) -> dict:
@@ -119,11 +120,9 @@ def main():
             "cold_audit_vs_plain": walls["cold"]["audit"] / bound_plain,
         },
     }
-    s = json.dumps(out, indent=1)
-    print(s)
+    print(json.dumps(out, indent=1))
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(s + "\n")
+        write_json_atomic(args.out, out)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import numpy as np
 
 from dynjax.measure import macs
 from dynjax.models.gated_mlp import GatedMLP, MLPConfig, structured_forward
+from dynjax.train.metrics import write_json_atomic
 
 
 def median_latency(fn, *args, repeats: int) -> float:
@@ -94,8 +95,7 @@ def main():
             print(json.dumps(r))
         results["runs"].extend(rows)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
+        write_json_atomic(args.out, results)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from dynjax.measure import execution as ex  # noqa: E402
 from dynjax.models import build, mod  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402
 from dynjax.train.loop import init_state, make_optimizer, make_train_step  # noqa: E402
+from dynjax.train.metrics import write_json_atomic  # noqa: E402
 
 
 def paired_medians(timers, repeats):
@@ -177,11 +178,9 @@ def main():
         "decode_analytic_flops": ratio(m["decode_flops_analytic"], d["decode_flops_analytic"]),
         "cache_bytes": ratio(m["cache_bytes"], d["cache_bytes"]),
     }
-    text = json.dumps(res, indent=2)
-    print(text)
+    print(json.dumps(res, indent=2))
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+        write_json_atomic(args.out, res)
 
 
 if __name__ == "__main__":

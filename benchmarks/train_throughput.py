@@ -21,6 +21,7 @@ import jax
 sys.path.insert(0, ".")
 from dynjax.models import build  # noqa: E402
 from dynjax.train.loop import init_state, make_optimizer, make_train_step  # noqa: E402
+from dynjax.train.metrics import write_json_atomic  # noqa: E402
 
 VARIANTS = ("dense", "uniform", "layer_static", "feature_gate", "fixed_depth2")
 
@@ -89,11 +90,9 @@ def main():
             v: r["median_step_s"] / vs["dense"]["median_step_s"] for v, r in vs.items()}
         if "feature_gate" in vs:
             res["feature_gate_overhead_vs_dense"] = res["step_time_ratio_vs_dense"]["feature_gate"] - 1
-    text = json.dumps(res, indent=1)
-    print(text)
+    print(json.dumps(res, indent=1))
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+        write_json_atomic(args.out, res)
 
 
 if __name__ == "__main__":
