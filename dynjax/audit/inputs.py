@@ -20,6 +20,7 @@ from dynjax.audit import interventions
 from dynjax.audit.engine import AuditError, Settings, _keys_per_chunk, params_sha256
 from dynjax.coeffs import is_axes
 
+
 def _opt(cfg, name, default=None):
     """``cfg.name`` if the field exists and is set, else ``default``."""
     v = cfg.get(name, None) if cfg is not None else None
@@ -46,18 +47,14 @@ def _tabular(dataset: str, data_dir, tfds_input_key=None, tfds_label_key="label"
         raise AuditError(str(e)) from None
 
 
-def _tfds_keys(run_config) -> tuple:
-    """The run's TFDS input/label keys (used only for ``tfds:`` datasets)."""
-    return run_config.data.get("tfds_input_key"), run_config.data.get("tfds_label_key", "label")
-
-
 def classifier_model(config):
     """The GatedMLP of a train_mlp.py run (input and class counts come from its dataset)."""
     from dynjax.data import tabular
     from dynjax.models.gated_mlp import GatedMLP
     from dynjax.train import classify
 
-    splits = _tabular(config.data.dataset, config.data.get("data_dir"), *_tfds_keys(config))
+    splits = _tabular(config.data.dataset, config.data.get("data_dir"),
+                      *classify.tfds_keys(config.data))
     return GatedMLP(classify.model_dict(config, splits["train"][0].shape[1],
                                          tabular.num_classes(splits)))
 
@@ -119,6 +116,7 @@ def load_run_targets(run_dirs: Sequence[str]) -> tuple[list[dict], list]:
                 "there is nothing to audit. Audit a variant with coefficients (uniform, "
                 "layer_static, feature_gate; mod, moe, mode_*; dgate, structured) or MUDDPythia")
         configs.append(config)
+
     def same(what, key):
         values = {json.dumps(key(c), sort_keys=True) for c in configs}
         if len(values) > 1:
@@ -202,9 +200,11 @@ def classifier_windows(data_cfg, run_config, n_calib: int, n_eval: int, seed: in
     """Calibration examples from the validation split, evaluation examples from test (one
     window = one labelled example). A fixed-seed random subset of each split, since a split
     may be sorted by class (mnist5k's is)."""
+    from dynjax.train import classify
+
     dataset = _opt(data_cfg, "dataset", run_config.data.dataset)
     data_dir = _opt(data_cfg, "data_dir", run_config.data.get("data_dir"))
-    splits = _tabular(dataset, data_dir, *_tfds_keys(run_config))
+    splits = _tabular(dataset, data_dir, *classify.tfds_keys(run_config.data))
     notes, out = [], []
     for name, split, n in (("calibration (validation split)", "validation", n_calib),
                            ("evaluation (test split)", "test", n_eval)):

@@ -67,11 +67,15 @@ def resolve_config(config) -> ml_collections.ConfigDict:
     return config
 
 
+def tfds_keys(data_config) -> tuple:
+    """The run's TFDS input and label feature names (used only for ``tfds:`` datasets)."""
+    return data_config.get("tfds_input_key"), data_config.get("tfds_label_key", "label")
+
+
 def load_data(data_config) -> dict:
     """The run's ``{split: (x, y)}`` (tabular/image data, or a prepared TFDS dataset)."""
     return tabular.load(data_config.dataset, data_config.get("data_dir"),
-                        data_config.get("tfds_input_key"), data_config.get("tfds_label_key",
-                                                                           "label"))
+                        *tfds_keys(data_config))
 
 
 def model_dict(config, in_dim, n_classes):

@@ -2,8 +2,9 @@
 
 The mesh has axes ("data", "model"). Batches split over "data"; parameters follow the
 config's rules, e.g. ``("mlp", "model")`` for tensor parallelism, ``("expert", "model")``
-for expert parallelism (MoE / MoDE) or ``("embed", "data")`` for FSDP. With the default rules every parameter is replicated: pure data parallelism, so
-the same command runs on one CPU, 8 GPUs or a TPU host.
+for expert parallelism (MoE / MoDE) or ``("embed", "data")`` for FSDP. With the default
+rules every parameter is replicated: pure data parallelism, so the same command runs on one
+CPU, 8 GPUs or a TPU host.
 """
 from __future__ import annotations
 
