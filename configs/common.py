@@ -30,7 +30,11 @@ def base(variant: str) -> ml_collections.ConfigDict:
         steps=1000, batch_size=32, lr=3e-3, warmup_steps=100, min_lr_ratio=0.1,
         weight_decay=0.1, clip_norm=1.0, b1=0.9, b2=0.95,
         log_every=50, eval_every=500, ckpt_every=500, keep_checkpoints=2))
-    c.eval = ml_collections.ConfigDict(dict(windows=512, batch_size=64))
+    # route: the headline routing rule of a routed model ("" = the predictor if trained,
+    # else the router; see dynjax.train.evaluation); decode_check_windows: test windows
+    # that MoD's KV-cache decoder re-scores to check it agrees with the causal forward.
+    c.eval = ml_collections.ConfigDict(dict(windows=512, batch_size=64, route="",
+                                            decode_check_windows=32))
     c.sharding = ml_collections.ConfigDict(dict(model_parallel=1, rules=DEFAULT_RULES))
     c.mass_match_run = ""  # uniform only: fix its gate to this feature_gate run's gate mass
     return c

@@ -9,7 +9,7 @@ import argparse
 import json
 
 from dynjax.data import text
-from dynjax.models import mod
+from dynjax.measure import routing
 from dynjax.train import checkpoint
 from dynjax.train.metrics import write_json_atomic
 
@@ -27,7 +27,7 @@ def main():
     splits = text.load_splits(dc.source, dc.get("path"), dc.get("tfds_name"), dc.get("data_dir"))
     windows = text.eval_windows(splits["test"], dc.seq_len, args.windows)
     report = {"run": args.run_dir, "windows": len(windows),
-              **mod.routing_report(model, params, windows)}
+              **routing.routing_report(model, params, windows)}
     print(json.dumps(report, indent=1))
     if args.out:
         write_json_atomic(args.out, report)

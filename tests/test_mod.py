@@ -4,11 +4,13 @@ import dataclasses
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import chex
 import numpy as np
 import pytest
 
+from dynjax.measure import routing
 from dynjax.models import build, mod
-from dynjax.models.transformer import Block, ModelConfig
+from dynjax.models.transformer import Block, ModelConfig, next_token_nll
 
 B, T, D = 2, 16, 32
 CFG = ModelConfig(family="mod", variant="mod", d_model=D, n_heads=2, n_layers=2, d_ff=64,
@@ -134,38 +136,111 @@ def test_zero_capacity_tokens_is_a_clear_error():
         m.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
 
 
+def assert_causal_at_every_split(logits_fn, tokens, atol=1e-6):
+    """Changing tokens from position s on leaves the logits before s unchanged, for every s."""
+    logits = np.asarray(logits_fn(tokens))
+    for s in range(1, tokens.shape[1]):
+        changed = tokens.at[:, s:].set((tokens[:, s:] + 1 + s) % 256)
+        np.testing.assert_allclose(np.asarray(logits_fn(changed))[:, :s], logits[:, :s],
+                                   atol=atol, err_msg=f"split at {s}")
+
+
 @pytest.mark.parametrize("route", ["router", "predictor"])
-def test_decode_mode_is_causal_and_kv_cache_matches_it(model, route):
+def test_causal_routing_is_causal_at_every_split_and_kv_cache_matches_it(model, route):
     m, params, tokens = model
     cfg = mod.decode_config(CFG, route)
     dm = build(cfg)
     full = jax.jit(lambda t: dm.apply(params, t)[0])
+    assert_causal_at_every_split(full, tokens)
+    stats = routing.routing_stats(dm, params, tokens)
+    entered = np.asarray(stats["entered"])
+    assert 0 < entered.mean() < 1                      # a real mix, no slot budget binding
+    assert not np.asarray(stats["overflow"]).any()
+    # Top-k is not causal: the same check fails for the training route.
+    with pytest.raises(AssertionError):
+        assert_causal_at_every_split(jax.jit(lambda t: m.apply(params, t)[0]), tokens)
     logits = full(tokens)
-    changed = tokens.at[:, 10:].set((tokens[:, 10:] + 1) % 256)
-    np.testing.assert_allclose(full(changed)[:, :10], logits[:, :10], atol=1e-6)
-    cached, entered = jax.jit(lambda t: mod.cached_forward(cfg, params, t))(tokens)
+    cached, entered_c = jax.jit(lambda t: mod.cached_forward(cfg, params, t))(tokens)
     np.testing.assert_allclose(cached, logits, atol=1e-4, rtol=1e-4)
-    stats = mod.routing_stats(dm, params, tokens)
-    np.testing.assert_array_equal(entered, stats["entered"])
-    assert int(entered.sum(-1).max()) <= K
+    np.testing.assert_array_equal(entered_c, entered)
+    # A longer cache (a longer generation) changes nothing for the prefix.
+    longer, _ = jax.jit(lambda t: mod.cached_forward(cfg, params, t, max_len=4 * T))(tokens)
+    np.testing.assert_allclose(longer, cached, atol=1e-6)
     # Always running the block and masking its result is the same computation as skipping it.
     masked, entered_m = jax.jit(lambda t: mod.cached_forward(cfg, params, t, "masked"))(tokens)
     np.testing.assert_allclose(masked, cached, atol=1e-6)
-    np.testing.assert_array_equal(entered_m, entered)
+    np.testing.assert_array_equal(entered_m, entered_c)
     with pytest.raises(ValueError, match="branch='maybe'"):
         mod.cached_forward(cfg, params, tokens, "maybe")
 
 
-def test_cache_is_capacity_bounded_and_report_is_sane(model):
+def test_slot_budget_admits_the_first_askers_and_the_rest_skip(model):
+    """mod_decode_slots=N: the first N tokens that ask enter, later askers skip the block
+    (the documented fallback); decoding and the sequence form agree, whatever the length."""
+    _, params, tokens = model
+    N = 3
+    cfg = dataclasses.replace(mod.decode_config(CFG, "router"), mod_decode_slots=N)
+    stats = routing.routing_stats(build(cfg), params, tokens)
+    free = routing.routing_stats(build(mod.decode_config(CFG, "router")), params, tokens)
+    asked = np.asarray(free["entered"])[0]             # unlimited: every asker enters
+    entered, overflow = np.asarray(stats["entered"])[0], np.asarray(stats["overflow"])[0]
+    for b in range(B):
+        askers = np.flatnonzero(asked[b])
+        assert len(askers) > N                         # the budget binds in this example
+        np.testing.assert_array_equal(np.flatnonzero(entered[b]), askers[:N])
+        np.testing.assert_array_equal(np.flatnonzero(overflow[b]), askers[N:])
+    logits = jax.jit(lambda t: build(cfg).apply(params, t)[0])(tokens)
+    for max_len in (T, 3 * T):
+        cached, ent = jax.jit(lambda t: mod.cached_forward(cfg, params, t, max_len=max_len))(tokens)
+        np.testing.assert_allclose(cached, logits, atol=1e-4, rtol=1e-4)
+        np.testing.assert_array_equal(ent, stats["entered"])
+    sparse = mod.cache_bytes(mod.init_cache(cfg, B, 64))
+    dense = mod.cache_bytes(mod.init_cache(dataclasses.replace(cfg, variant="dense"), B, 64))
+    assert sparse == dense * (64 + N) / (2 * 64)       # one dense and one MoD block of two
+    with pytest.raises(ValueError, match="mod_decode_slots=-1"):
+        build(dataclasses.replace(CFG, mod_decode_slots=-1))
+
+
+def test_generate_is_greedy_decoding_over_cached_forward(model):
+    _, params, tokens = model
+    cfg = mod.decode_config(CFG, "predictor")
+    prompt, steps = tokens[:, :3], 4
+    out = jax.jit(lambda p: mod.generate(cfg, params, p, steps))(prompt)
+    assert out.shape == (B, 3 + steps) and np.array_equal(out[:, :3], prompt)
+    seq = prompt
+    for _ in range(steps):  # re-decode the whole prefix each time: the slow, obvious way
+        logits, _ = mod.cached_forward(cfg, params, seq)
+        seq = jnp.concatenate([seq, jnp.argmax(logits[:, -1], -1)[:, None].astype(seq.dtype)], 1)
+    np.testing.assert_array_equal(out, seq)
+
+
+def test_routing_report_counts_precision_and_recall(model):
     m, params, tokens = model
-    sparse = mod.cache_bytes(mod.init_cache(CFG, B, 64))
-    dense = mod.cache_bytes(mod.init_cache(dataclasses.replace(CFG, variant="dense"), B, 64))
-    assert sparse == dense * (1 + 0.25) / 2  # one dense and one MoD block of two
-    rep = mod.routing_report(m, params, tokens)
-    for key in ("router_accuracy", "predictor_accuracy", "decode_router_disagreement"):
-        assert 0.0 <= rep[key] <= 1.0
-    out = mod.generate(mod.decode_config(CFG), params, tokens[:, :3], 5)
-    assert out.shape == (B, 8) and np.array_equal(out[:, :3], tokens[:, :3])
+    got = routing.classification([1, 1, 0, 0, 1, 0, 0, 0], [1, 0, 1, 0, 0, 0, 0, 0])
+    assert got == {"precision": 1 / 3, "recall": 0.5, "f1": 0.4, "accuracy": 5 / 8,
+                   "predicted_rate": 3 / 8}
+    rep = routing.routing_report(m, params, tokens)
+    assert rep["base_rate"] == K / T and rep["never_route_accuracy"] == 1 - K / T
+    for rule in ("router", "predictor"):
+        r = rep[rule]["on_topk_forward"]
+        assert 0 <= r["precision"] <= 1 and 0 <= r["recall"] <= 1 and len(rep[rule]["per_block"]) == 1
+        assert rep[rule]["overflow_fraction"] == 0.0
+
+
+def test_language_model_loss_alone_trains_the_router_not_the_predictor(model):
+    """With both BCE weights 0, the router still learns through its sigmoid weight on the
+    update, and the stop-gradient predictor gets no gradient at all."""
+    _, params, tokens = model
+    cfg = dataclasses.replace(CFG, mod_bce_weight=0.0, mod_predictor_weight=0.0)
+    m = build(cfg)
+
+    def loss(p):
+        logits, _, aux = m.apply(p, tokens, with_aux=True)
+        return next_token_nll(logits, tokens).mean() + sum(aux.values())
+
+    sub = jax.jit(jax.grad(loss))(params)["layers"]["layer_0"]["sub_1"]
+    assert np.abs(np.asarray(sub["router"]["proj"]["kernel"])).max() > 1e-6
+    chex.assert_trees_all_equal(sub["predictor"], jax.tree.map(jnp.zeros_like, sub["predictor"]))
 
 
 def test_aux_losses_train_router_and_predictor_only_through_their_targets(model):

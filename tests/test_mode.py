@@ -8,7 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from dynjax.measure import routing
 from dynjax.models import build, mod
+from tests.test_mod import assert_causal_at_every_split
 from dynjax.models.transformer import ModelConfig
 
 B, T, D, E = 2, 16, 32, 4
@@ -58,25 +60,44 @@ def test_unselected_tokens_bitwise_unchanged():
     assert coeffs["moe"].shape == (B, K, E) and {"load_balance", "router_z"} <= set(aux)
 
 
-@pytest.mark.parametrize("route", ["router", "predictor"])
-def test_kv_cache_decoding_matches_the_decode_mode_forward(route):
-    # No capacity limit: the sequence form then drops no token, as one-token decoding never does.
-    cfg = mod.decode_config(dataclasses.replace(CFG, moe_capacity_factor=0.0), route)
+@pytest.mark.parametrize("route,top_k,cf", [("router", 1, 1.0), ("router", 2, 0.5)])
+def test_causal_staged_mode_with_binding_expert_capacity(route, top_k, cf):
+    """A slot budget of 8 and expert buffers of ceil(cf * top_k * 8 / 4): the causal forward
+    is causal at every split, tokens that did not enter take no expert slot, routes really
+    drop (second choices queue in token order), and the KV-cache decoder equals it."""
+    cfg = dataclasses.replace(mod.decode_config(CFG, route), mod_decode_slots=8,
+                              moe_num_experts_per_tok=top_k, moe_capacity_factor=cf)
     model = build(cfg)
     params = model.init(jax.random.key(1), TOKENS)
-    logits = jax.jit(lambda t: model.apply(params, t)[0])(TOKENS)
-    cached, entered = jax.jit(lambda t: mod.cached_forward(cfg, params, t))(TOKENS)
-    np.testing.assert_allclose(cached, logits, atol=1e-4, rtol=1e-4)
-    np.testing.assert_array_equal(entered, mod.routing_stats(model, params, TOKENS)["entered"])
-    assert entered.any() and int(entered.sum(-1).max()) <= K   # the MoE path really ran
+    full = jax.jit(lambda t: model.apply(params, t)[0])
+    assert_causal_at_every_split(full, TOKENS)
+    stats = routing.routing_stats(model, params, TOKENS)
+    assert float(np.mean(stats["moe_dropped"])) > 0          # the capacity binds
+    entered = np.asarray(stats["entered"])
+    assert 0 < entered.mean() < 1
+    # Expert load counts only the tokens that entered: at most capacity per expert.
+    slots = mod.decode_slots(cfg, T)                         # the MoE sees 8 slots
+    load = np.asarray(stats["moe_load"]) * slots             # routes per expert, mean over B
+    assert load.max() <= mod.causal_expert_capacity(cfg, slots) + 1e-6
+    assert load.sum() == pytest.approx(entered.sum() / B * top_k * (1 - float(
+        np.mean(stats["moe_dropped"]))), rel=1e-5)          # only entering tokens hold slots
+    cached, entered_c = jax.jit(lambda t: mod.cached_forward(cfg, params, t))(TOKENS)
+    np.testing.assert_allclose(cached, full(TOKENS), atol=1e-4, rtol=1e-4)
+    np.testing.assert_array_equal(entered_c, entered)
     # The experts matter: zeroing their output weights changes the cached logits.
     flat = jax.tree_util.tree_flatten_with_path(params)[0]
     zeroed = jax.tree_util.tree_unflatten(jax.tree.structure(params), [
         jnp.zeros_like(a) if jax.tree_util.keystr(k).endswith("['wo']") else a
         for k, a in flat])
-    assert not np.allclose(mod.cached_forward(cfg, zeroed, TOKENS)[0], cached)
-    out = mod.generate(cfg, params, TOKENS[:, :3], 4)
-    assert out.shape == (B, 7) and np.array_equal(out[:, :3], TOKENS[:, :3])
+    assert not np.allclose(jax.jit(lambda p: mod.cached_forward(cfg, p, TOKENS)[0])(zeroed),
+                           cached)
+
+
+def test_causal_staged_mode_needs_position_priority():
+    cfg = dataclasses.replace(CFG, mod_route="router", moe_num_experts_per_tok=2)
+    with pytest.raises(ValueError, match="moe_priority='position'"):
+        build(cfg)
+    build(mod.decode_config(cfg))  # decode_config sets it
 
 
 def test_expert_choice_decoding_is_refused_clearly():

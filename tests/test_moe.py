@@ -55,6 +55,37 @@ def test_first_choices_fill_buffers_before_second_choices():
     np.testing.assert_array_equal(kept[0], [[1, 1], [1, 0], [1, 0]])
 
 
+def test_position_priority_queues_in_token_order_and_skips_invalid_tokens():
+    probs = jnp.asarray([[[0.6, 0.4], [0.3, 0.7], [0.55, 0.45]]])
+    dispatch, _, kept = moe.token_choice(probs, k=2, capacity=2, by_position=True)
+    # Token order: tokens 0 and 1 take both experts' two slots; token 2 finds both full.
+    np.testing.assert_array_equal(kept[0], [[1, 1], [1, 1], [0, 0]])
+    # A token that may not take slots (did not enter the MoD block) leaves them free.
+    dispatch, _, kept = moe.token_choice(probs, k=2, capacity=2, by_position=True,
+                                         valid=jnp.asarray([[True, False, True]]))
+    np.testing.assert_array_equal(kept[0], [[1, 1], [0, 0], [1, 1]])
+    assert float(dispatch[0, 1].sum()) == 0
+
+
+def test_switch_load_balance_and_z_loss_equal_hand_computed_values():
+    """Switch: E * sum_e f_e P_e with f_e the fraction of top-k assignments to e, P_e the
+    mean router probability; ST-MoE z-loss: mean logsumexp(logits)^2."""
+    cfg = dataclasses.replace(CFG, moe_num_experts=2, moe_load_balance_loss_weight=1.0,
+                              moe_router_z_loss_weight=1.0, moe_capacity_factor=0.0)
+    x = jnp.asarray([[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]])        # (1, 3, d=2)
+    module = moe.MoeFfn(dataclasses.replace(cfg, d_model=2, d_ff=4))
+    params = nn.meta.unbox(module.init(jax.random.key(0), x))
+    w = np.array([[2.0, 0.0], [0.0, 1.0]], np.float32)               # logits = x @ w
+    params["params"]["router"]["kernel"] = jnp.asarray(w)
+    _, _, aux, _ = module.apply(params, x)
+    logits = np.array([[2.0, 0.0], [0.0, 1.0], [2.0, 1.0]])
+    p = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    f = np.array([2, 1]) / 3                                          # argmax: 0, 1, 0
+    np.testing.assert_allclose(aux["load_balance"], 2 * np.sum(f * p.mean(0)), rtol=1e-6)
+    lse = np.log(np.exp(logits).sum(-1))
+    np.testing.assert_allclose(aux["router_z"], np.mean(lse ** 2), rtol=1e-6)
+
+
 def test_expert_choice_balances_load_exactly():
     cfg = dataclasses.replace(CFG, moe_routing="expert_choice", moe_capacity_factor=1.0)
     run, _ = ffn(cfg)

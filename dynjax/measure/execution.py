@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dynjax.measure import routing
 from dynjax.models import build, mod
 from dynjax.models.transformer import ModelConfig
 
@@ -32,7 +33,7 @@ def executed_blocks(model, params, tokens) -> np.ndarray:
         n_dense = cfg.n_layers - len(mod.mod_layer_ids(cfg))
         if cfg.variant == "dense":
             return np.full((B, T), cfg.n_layers)
-        entered = np.asarray(mod.routing_stats(model, params, tokens)["entered"])
+        entered = np.asarray(routing.routing_stats(model, params, tokens)["entered"])
         return n_dense + entered.sum(axis=0)
     depth = cfg.fixed_depth if cfg.variant == "fixed_depth" else cfg.n_layers
     return np.full((B, T), depth)  # gate families execute every block they build

@@ -20,16 +20,26 @@ it. Both remedies of the paper are trained alongside (auxiliary losses, sown as
 ``aux_loss``): the router logit itself learns top-k membership by binary cross-entropy
 (decode: enter when sigmoid(r) > 0.5), and a small MLP on stop-gradient inputs learns the
 same (decode: enter when its logit > 0). ``mod_route`` = "router" | "predictor" runs that
-causal rule over a full sequence; a block still holds at most k = floor(c*T) tokens (the
-first k that ask to enter). ``decode_step`` runs the same rule one token at a time with a KV
-cache whose MoD-block buffers hold only the tokens that entered that block (k slots).
+causal rule over a full sequence: every token that asks enters, so whether token t enters
+depends on h[l, t] alone, never on later tokens or on the window's length. Optionally
+``mod_decode_slots`` = N bounds a block to the first N tokens that ask per sequence (later
+askers skip the block: a documented fallback, counted as ``overflow``); the bound is a
+number of tokens, not a fraction of the length, so a prefix's logits never depend on how
+long the window or the generation is. The sequence form runs the block on all T slots
+with the non-entering ones masked out (the same arithmetic as decoding, not its cost);
+``decode_step`` runs the rule one token at a time with a KV cache whose MoD-block buffers
+hold only the tokens that entered that block. Evaluation reports top-k bits/byte
+(non-causal: the training objective) beside both causal rules (``eval_routes``).
 
 Staged MoDE (variant ``mode_staged``, Raposo et al. 2024): MoD routing around an MoE
 block. The router selects k tokens as above; only they enter a block whose FFN is the MoE
 layer of ``dynjax.models.moe`` (attention among the k, then expert routing of the k with
 expert capacity ceil(cf * top_k * k / E)). Non-MoD blocks stay dense. KV-cache decoding
 (token-choice routing) runs each entering token through its top-k experts
-(``moe.MoeFfnPerToken``).
+(``moe.MoeFfnPerToken``). Under causal routing the MoE inside the block is causal too:
+slots of tokens that did not enter take no expert buffer, buffers fill in token order
+(``moe_priority="position"``), and expert capacity is ceil(cf * top_k * N / E) for a slot
+budget N (unbounded without one), never a fraction of the window length.
 
 Coefficients: ``{"router": (layer, example, token)}``, the raw scores r of the MoD blocks
 (plus ``"predictor"`` logits when ``mod_route="predictor"``). Replay recomputes the
@@ -46,6 +56,7 @@ every window; the audit reports which conditions do this (``constant_along``).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import flax.linen as nn
@@ -103,8 +114,44 @@ def validate(cfg: ModelConfig):
     if cfg.mod_route not in ("topk", "router", "predictor"):
         raise ValueError(f"model.mod_route={cfg.mod_route!r}; use 'topk', 'router' or "
                          "'predictor'")
+    if cfg.mod_decode_slots < 0:
+        raise ValueError(f"model.mod_decode_slots={cfg.mod_decode_slots} must be >= 0 "
+                         "(0: no limit)")
     if cfg.variant == "mode_staged":
         moe.validate(cfg)
+        if cfg.mod_route != "topk" and not moe.is_causal(cfg):
+            raise ValueError(
+                f"causal routing (mod_route={cfg.mod_route!r}) of mode_staged needs a causal "
+                f"MoE: moe_routing='token_choice' with moe_priority='position' (got "
+                f"{cfg.moe_routing!r}, {cfg.moe_priority!r}); mod.decode_config sets the "
+                "priority, and expert_choice has no causal form")
+
+
+def eval_routes(cfg: ModelConfig) -> dict:
+    """Routing rules an evaluation reports: name -> (config, causal?). Top-k sees the whole
+    window, so it is the training objective, never the headline."""
+    if cfg.variant == "dense":
+        return {"dense": (cfg, True)}
+    routes = {"topk": (dataclasses.replace(cfg, mod_route="topk"), False)}
+    if cfg.variant == "mode_staged" and cfg.moe_routing != "token_choice":
+        return routes  # expert choice has no causal form
+    for route in ("router", "predictor"):
+        routes[route] = (decode_config(cfg, route), True)
+    return routes
+
+
+def decode_slots(cfg: ModelConfig, seq_len: int) -> int:
+    """Slots of a MoD block under causal routing: every token, or the budget N."""
+    return seq_len if cfg.mod_decode_slots <= 0 else min(cfg.mod_decode_slots, seq_len)
+
+
+def causal_expert_capacity(cfg: ModelConfig, n_slots: int) -> int:
+    """Staged MoDE's expert buffers under causal routing, sized by the slot budget so they
+    never depend on the length; without a budget one route per token per expert never
+    fills ``n_slots``."""
+    if cfg.mod_decode_slots <= 0:
+        return n_slots
+    return moe.expert_capacity(cfg, cfg.mod_decode_slots)
 
 
 def capacity(cfg: ModelConfig, seq_len: int) -> int:
@@ -196,13 +243,17 @@ def _bce(logits, targets):
 
 class StagedBlock(nn.Module):
     """Staged MoDE's block on the k routed tokens: attention, then the MoE FFN. Returns the
-    update a + m (as ``Block`` does) and (probs, aux, stats); ``probs`` given: replay."""
+    update a + m (as ``Block`` does) and (probs, aux, stats); ``probs`` given: replay.
+    Under causal routing, empty slots (position EMPTY) take no expert buffer."""
 
     cfg: ModelConfig
 
     @nn.compact
     def __call__(self, x, positions, probs=None):
-        a, m, probs, aux, stats = moe.attention_then_moe(self.cfg, x, positions, probs)
+        cfg = self.cfg
+        causal = {} if cfg.mod_route == "topk" else dict(
+            valid=positions < EMPTY, capacity=causal_expert_capacity(cfg, x.shape[1]))
+        a, m, probs, aux, stats = moe.attention_then_moe(cfg, x, positions, probs, **causal)
         return a + m, (probs, aux, stats)
 
 
@@ -230,20 +281,21 @@ class ModLayer(nn.Module):
         # Both modes pass through the same barrier, so replay is bitwise equal to record.
         h, coeffs = jax.lax.optimization_barrier((h, coeffs))
         scores = coeffs["router"]
-        k = capacity(cfg, T)
-        top_idx, top_valid = top_k_slots(scores, k)
+        top_idx, top_valid = top_k_slots(scores, capacity(cfg, T))
+        asked = (coeffs["predictor"] if cfg.mod_route == "predictor" else scores) > 0
         if cfg.mod_route == "topk":
             idx, valid = top_idx, top_valid
-        else:
-            ask = coeffs["predictor"] if cfg.mod_route == "predictor" else scores
-            idx, valid = first_k_slots(ask > 0, k)
+        else:  # causal: the tokens that ask, up to the slot budget
+            idx, valid = first_k_slots(asked, decode_slots(cfg, T))
         run = (lambda x, p: block(x, p, coeffs.get("moe"))) if staged else block
         h, extra = routed_update(run, h, positions, scores, idx, valid,
                                  lambda r: router_weight(cfg, r))
         target = jax.lax.stop_gradient(membership(top_idx, top_valid, T))
         aux = {"router_bce": cfg.mod_bce_weight * _bce(scores, target),
                "predictor_bce": cfg.mod_predictor_weight * _bce(pred, target)}
-        stats = {"topk": target, "entered": membership(idx, valid, T),
+        entered = membership(idx, valid, T)
+        overflow = (asked & ~entered) if cfg.mod_route != "topk" else jnp.zeros_like(entered)
+        stats = {"topk": target, "entered": entered, "overflow": overflow,
                  "router_says": scores > 0, "predictor_says": pred > 0}
         if staged:  # the k slots' MoE routing is a coefficient too; its losses and load
             probs, moe_aux, moe_stats = extra
@@ -293,39 +345,12 @@ class ModDecoder(nn.Module):
         return logits, recorded
 
 
-# ------------------------------------------------------------------------- reporting
+# ------------------------------------------------------------------------ causal rules
 
 def decode_config(cfg: ModelConfig, route: str = "router") -> ModelConfig:
-    """The same model routed causally ("router" threshold or "predictor")."""
-    import dataclasses
-    return dataclasses.replace(cfg, mod_route=route)
-
-
-def routing_stats(model, params, tokens):
-    """Per MoD block (L, B, T) bool arrays: top-k membership, tokens that entered, and the
-    decode rules' answers (router logit > 0, predictor logit > 0), from one forward."""
-    _, sown = model.module.apply({"params": params}, tokens, None, mutable=["mod_stats"])
-    return sown["mod_stats"]["stats"][0]
-
-
-def routing_report(model, params, tokens) -> dict:
-    """Accuracy of both decode rules against top-k membership on the training forward, and
-    how often the decode-mode forwards' routing disagrees with training-time top-k."""
-    from dynjax.models import build
-    f32 = lambda x: float(jnp.mean(x.astype(jnp.float32)))
-    train = routing_stats(model, params, tokens)
-    rep = {"capacity": model.cfg.mod_capacity, "mod_layers": list(mod_layer_ids(model.cfg)),
-           "router_accuracy": f32(train["router_says"] == train["topk"]),
-           "predictor_accuracy": f32(train["predictor_says"] == train["topk"]),
-           "router_accuracy_per_layer": [f32(a == b) for a, b in
-                                         zip(train["router_says"], train["topk"])],
-           "predictor_accuracy_per_layer": [f32(a == b) for a, b in
-                                            zip(train["predictor_says"], train["topk"])]}
-    for route in ("router", "predictor"):
-        dec = routing_stats(build(decode_config(model.cfg, route)), params, tokens)
-        rep[f"decode_{route}_disagreement"] = f32(dec["entered"] != train["topk"])
-        rep[f"decode_{route}_entered_fraction"] = f32(dec["entered"])
-    return rep
+    """The same model routed causally ("router" threshold or "predictor"); staged MoDE's
+    expert buffers then fill in token order."""
+    return dataclasses.replace(cfg, mod_route=route, moe_priority="position")
 
 
 # ------------------------------------------------------------ decoding with a KV cache
@@ -357,11 +382,14 @@ class _CachedBlock(nn.Module):
 
     @nn.compact
     def __call__(self, h, pos, cache, write):
-        a, cache = _CachedAttention(self.cfg, name="attn")(norm("attn_norm", self.cfg)(h),
-                                                           pos, cache, write)
-        ffn = (moe.MoeFfnPerToken(self.cfg, name="moe") if self.staged
-               else Mlp(self.cfg, name="mlp"))
-        return a + ffn(norm("mlp_norm", self.cfg)(h + a)), cache
+        cfg = self.cfg
+        a, kv = _CachedAttention(cfg, name="attn")(norm("attn_norm", cfg)(h), pos, cache, write)
+        x = norm("mlp_norm", cfg)(h + a)
+        if not self.staged:
+            return a + Mlp(cfg, name="mlp")(x), kv
+        capacity = causal_expert_capacity(cfg, cache["pos"].shape[1])
+        m, experts = moe.MoeFfnPerToken(cfg, name="moe")(x, cache["experts"], capacity, write)
+        return a + m, dict(kv, experts=experts)
 
 
 def layer_params(cfg: ModelConfig, params):
@@ -383,18 +411,21 @@ def _check_decodable(cfg: ModelConfig):
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int):
-    """Per block: keys/values/positions for max_len tokens (dense) or k = floor(c*max_len)
-    tokens (MoD), and the count of tokens held."""
+    """Per block: keys/values/positions for max_len tokens (dense) or the MoD slot budget
+    (``decode_slots``: max_len without one), the count of tokens held, and for staged MoDE
+    the routes each expert has kept."""
     _check_decodable(cfg)
-    k = capacity(cfg, max_len) if cfg.variant in ("mod", "mode_staged") else max_len
-    shape = lambda s: (batch, s, cfg.n_heads, cfg.head_dim)
     n_groups, pattern = layout(cfg)
-    size = lambda routed: k if routed else max_len
-    return [{"k": jnp.zeros(shape(size(routed)), cfg.compute_dtype),
-             "v": jnp.zeros(shape(size(routed)), cfg.compute_dtype),
-             "pos": jnp.full((batch, size(routed)), EMPTY, jnp.int32),
+    def layer(routed):
+        size = decode_slots(cfg, max_len) if routed else max_len
+        c = {"k": jnp.zeros((batch, size, cfg.n_heads, cfg.head_dim), cfg.compute_dtype),
+             "pos": jnp.full((batch, size), EMPTY, jnp.int32),
              "n": jnp.zeros((batch,), jnp.int32)}
-            for _ in range(n_groups) for routed in pattern]
+        c["v"] = jnp.zeros_like(c["k"])
+        if routed and cfg.variant == "mode_staged":
+            c["experts"] = jnp.zeros((batch, cfg.moe_num_experts), jnp.int32)
+        return c
+    return [layer(routed) for _ in range(n_groups) for routed in pattern]
 
 
 def cache_bytes(cache) -> int:
@@ -444,15 +475,17 @@ def decode_step(cfg: ModelConfig, params, cache, token, pos, branch: str = "cond
     return logits, new_cache, jnp.stack(entered) if entered else jnp.zeros((0, B), bool)
 
 
-def cached_forward(cfg: ModelConfig, params, tokens, branch: str = "cond"):
+def cached_forward(cfg: ModelConfig, params, tokens, branch: str = "cond", max_len=None):
     """Logits of every position computed token by token through ``decode_step`` (teacher
-    forcing). Equals the full-sequence forward with ``mod_route`` = "router"/"predictor"."""
+    forcing) with a cache for ``max_len`` tokens (default T). Equals the full-sequence
+    forward with ``mod_route`` = "router"/"predictor", whatever ``max_len``."""
     B, T = tokens.shape
     def step(cache, t):
         logits, cache, entered = decode_step(cfg, params, cache, tokens[:, t],
                                              jnp.full((B,), t), branch)
         return cache, (logits, entered)
-    _, (logits, entered) = jax.lax.scan(step, init_cache(cfg, B, T), jnp.arange(T))
+    cache = init_cache(cfg, B, max_len or T)
+    _, (logits, entered) = jax.lax.scan(step, cache, jnp.arange(T))
     return jnp.swapaxes(logits, 0, 1), jnp.moveaxis(entered, 0, -1)
 
 

@@ -9,7 +9,11 @@ Routing (``moe_routing``), both with static shapes (one-hot dispatch / combine t
 - ``token_choice``: each token picks its top-k experts, weight p_e (not renormalised).
   Expert buffers hold C = ceil(capacity_factor * k * T / E) tokens (capped at T;
   capacity_factor <= 0 means C = T, nothing is ever dropped). Buffer slots are filled in
-  priority order: every token's first choice, in token order, before any second choice.
+  priority order, ``moe_priority``: "choice" (GShard) puts every token's first choice, in
+  token order, before any second choice, so with top-k >= 2 and a binding capacity a
+  token's second choice queues behind LATER tokens' first choices (not causal);
+  "position" fills them in token order (all of token t's choices before token t+1's), so
+  whether a route is kept depends only on earlier tokens (causal).
   A (token, expert) pair that finds the buffer full is DROPPED: that expert contributes
   nothing for the token; if all its choices drop, the token's FFN update is exactly 0
   (it keeps the residual). Reported as ``dropped`` in ``moe_stats``.
@@ -60,6 +64,18 @@ def validate(cfg: ModelConfig):
                          "'expert_choice'")
     if cfg.moe_routing == "expert_choice" and cfg.moe_capacity_factor <= 0:
         raise ValueError("expert_choice routing needs model.moe_capacity_factor > 0")
+    if cfg.moe_priority not in ("choice", "position"):
+        raise ValueError(f"model.moe_priority={cfg.moe_priority!r}; use 'choice' (GShard) or "
+                         "'position' (causal)")
+
+
+def is_causal(cfg: ModelConfig) -> bool:
+    """Does the sequence form's routing of token t depend only on tokens <= t? Expert choice
+    ranks the whole sequence; choice-major buffers do too once a second choice can drop."""
+    if cfg.moe_routing == "expert_choice":
+        return False
+    return (cfg.moe_priority == "position" or cfg.moe_num_experts_per_tok == 1
+            or cfg.moe_capacity_factor <= 0)
 
 
 def expert_capacity(cfg: ModelConfig, seq_len: int) -> int:
@@ -76,13 +92,19 @@ def schema(cfg: ModelConfig):
     return {"router": ROUTER_AXES}
 
 
-def token_choice(probs, k, capacity):
-    """Top-k experts per token -> (dispatch, combine), both (B, T, E, C), and kept (B,T,k)."""
+def token_choice(probs, k, capacity, valid=None, by_position=False):
+    """Top-k experts per token -> (dispatch, combine), both (B, T, E, C), and kept (B,T,k).
+    Tokens with ``valid`` False take no buffer slot; ``by_position``: token-order priority."""
     B, T, E = probs.shape
     gates, experts = jax.lax.top_k(probs, k)                       # (B, T, k)
     choice = jax.nn.one_hot(experts, E, dtype=jnp.int32)          # (B, T, k, E)
-    by_rank = jnp.swapaxes(choice, 1, 2).reshape(B, k * T, E)     # first choices first
-    pos = (jnp.cumsum(by_rank, axis=1) - 1).reshape(B, k, T, E).swapaxes(1, 2)
+    if valid is not None:
+        choice = choice * valid[:, :, None, None]
+    if by_position:   # a token's k choices are distinct experts: no order among them
+        pos = (jnp.cumsum(choice.reshape(B, T * k, E), axis=1) - 1).reshape(B, T, k, E)
+    else:             # GShard: every first choice before any second choice
+        by_rank = jnp.swapaxes(choice, 1, 2).reshape(B, k * T, E)
+        pos = (jnp.cumsum(by_rank, axis=1) - 1).reshape(B, k, T, E).swapaxes(1, 2)
     kept = choice * (pos < capacity)                               # (B, T, k, E)
     slot = jax.nn.one_hot(pos, capacity) * kept[..., None]         # (B, T, k, E, C)
     return slot.sum(2), (slot * gates[..., None, None]).sum(2), kept.sum(-1)
@@ -115,7 +137,9 @@ class MoeFfn(nn.Module):
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, x, probs=None):
+    def __call__(self, x, probs=None, valid=None, capacity=None):
+        """``valid`` (B, T): tokens that may take buffer slots (all when None); ``capacity``:
+        the expert buffer size (default ``expert_capacity(cfg, T)``)."""
         cfg = self.cfg
         B, T, d = x.shape
         E, k = cfg.moe_num_experts, cfg.moe_num_experts_per_tok
@@ -126,13 +150,15 @@ class MoeFfn(nn.Module):
             aux["router_z"] = cfg.moe_router_z_loss_weight * jnp.mean(
                 jax.nn.logsumexp(logits, axis=-1) ** 2)
         x, probs = jax.lax.optimization_barrier((x, probs))  # replay == record, bitwise
-        C = expert_capacity(cfg, T)
+        C = expert_capacity(cfg, T) if capacity is None else capacity
         if cfg.moe_routing == "token_choice":
-            dispatch, combine, kept = token_choice(probs, k, C)
+            dispatch, combine, kept = token_choice(probs, k, C, valid,
+                                                   cfg.moe_priority == "position")
             top1 = jax.nn.one_hot(jax.lax.top_k(probs, k)[1], n_routes(cfg)).sum(2) / k
             aux["load_balance"] = cfg.moe_load_balance_loss_weight * n_routes(cfg) * jnp.sum(
                 top1.mean((0, 1)) * probs.mean((0, 1)))
-            dropped = 1.0 - kept.mean()
+            n_valid = k * (B * T if valid is None else jnp.maximum(valid.sum(), 1))
+            dropped = 1.0 - kept.sum() / n_valid
         else:
             dispatch, combine = expert_choice(probs, C)
             dropped = jnp.mean(dispatch.sum((2, 3)) == 0)
@@ -151,36 +177,44 @@ class MoeFfn(nn.Module):
 class MoeFfnPerToken(nn.Module):
     """MoeFfn's parameters and arithmetic for tokens decoded one at a time (B, 1, d): each
     token goes to its top-k experts (a no-op route adds nothing) with its routing
-    probabilities as weights. One token never overflows an expert's buffer, so this equals
-    the sequence form wherever that dropped nothing (token-choice routing only: expert
-    choice ranks the whole sequence and has no causal form)."""
+    probabilities as weights. ``counts`` (B, E) are the routes each expert has kept so far
+    in the sequence: a route to a full expert (``capacity``) is dropped, exactly as the
+    sequence form with ``moe_priority="position"`` drops it (token-choice routing only:
+    expert choice ranks the whole sequence and has no causal form). Only rows with
+    ``write`` True count. Returns (y, counts)."""
 
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, x):
+    def __call__(self, x, counts, capacity, write):
         cfg = self.cfg
         E, dt = cfg.moe_num_experts, cfg.compute_dtype
         logits = router_layer(cfg)(x[:, 0].astype(jnp.float32))
         gates, experts = jax.lax.top_k(jax.nn.softmax(logits, axis=-1),
                                        cfg.moe_num_experts_per_tok)           # (B, k)
-        gates = jnp.where(experts < E, gates, 0.0)                           # no-op route
+        real = experts < E                                                   # no-op route
         experts = jnp.minimum(experts, E - 1)
+        kept = real & (jnp.take_along_axis(counts, experts, 1) < capacity)
+        gates = jnp.where(kept, gates, 0.0)
+        counts = counts + jnp.sum(jax.nn.one_hot(experts, E, dtype=counts.dtype)
+                                  * (kept & write[:, None])[..., None], axis=1)
         wi, wo = expert_kernels(self, cfg, x.shape[-1])
         hidden = nn.gelu(jnp.einsum("bd,bkdf->bkf", x[:, 0], wi[experts].astype(dt)))
         y = jnp.einsum("bkf,bkfd->bkd", hidden, wo[experts].astype(dt))
-        return jnp.einsum("bk,bkd->bd", gates.astype(dt), y)[:, None]
+        return jnp.einsum("bk,bkd->bd", gates.astype(dt), y)[:, None], counts
 
 
-def attention_then_moe(cfg: ModelConfig, h, positions, probs=None):
-    """The core's attention, then the MoE FFN: ``(a, m, probs, aux, stats)``.
+def attention_then_moe(cfg: ModelConfig, h, positions, probs=None, **moe_args):
+    """The core's attention, then the MoE FFN: ``(a, m, probs, aux, stats)``; ``moe_args``
+    go to ``MoeFfn`` (valid, capacity).
 
     Call it inside a compact method: its submodules ("attn", "attn_norm", "mlp_norm", "moe")
     belong to the caller, so the MoE layer and staged MoDE's block (``dynjax.models.mod``)
     share one definition and one parameter layout.
     """
     a, _ = Attention(cfg, name="attn")(norm("attn_norm", cfg)(h), positions)
-    m, probs, aux, stats = MoeFfn(cfg, name="moe")(norm("mlp_norm", cfg)(h + a), probs)
+    m, probs, aux, stats = MoeFfn(cfg, name="moe")(norm("mlp_norm", cfg)(h + a), probs,
+                                                   **moe_args)
     return a, m, probs, aux, stats
 
 

@@ -50,11 +50,15 @@ class ModelConfig:
     mod_bce_weight: float = 0.01   # aux BCE: router logit predicts top-k membership
     mod_predictor_weight: float = 0.01  # aux BCE: stop-gradient MLP predicts top-k membership
     mod_predictor_hidden: int = 32
+    mod_decode_slots: int = 0      # causal routing: at most this many tokens enter a MoD block
+                                   # per sequence (later askers skip); 0: no limit
     # Mixture-of-Experts FFN (dynjax.models.moe); MaxText's names with a moe_ prefix
     moe_num_experts: int = 4
     moe_num_experts_per_tok: int = 1    # token choice: top-k experts per token
     moe_routing: str = "token_choice"   # or "expert_choice" (each expert takes its top tokens)
     moe_capacity_factor: float = 1.25   # expert buffer ceil(cf * k * T / E); <= 0: never drop
+    moe_priority: str = "choice"        # buffer order: "choice" (GShard: all first choices
+                                        # first) or "position" (token order: causal)
     moe_load_balance_loss_weight: float = 0.01
     moe_router_z_loss_weight: float = 0.001
     # MUDD family (dynjax.models.mudd): dynamic dense cross-layer mixing; others ignore it

@@ -1,14 +1,13 @@
 """Training: optimizer, train state, the jitted step, evaluation and the resumable loop.
 
 Read top to bottom: ``make_optimizer`` -> ``init_state`` -> ``make_train_step`` ->
-``evaluate`` -> ``train``. The train state is a plain dict {step, params, opt_state} so it
+``train`` (evaluation under every routing rule: ``dynjax.train.evaluation``). The train state is a plain dict {step, params, opt_state} so it
 goes straight into orbax and NamedSharding. The batch for step s depends only on (seed, s),
 so a run stopped and resumed from a checkpoint is bitwise identical to an uninterrupted one.
 """
 from __future__ import annotations
 
 import json
-import math
 import pathlib
 import time
 
@@ -23,9 +22,9 @@ from dynjax.data import text as text_data
 from dynjax.models import build
 from dynjax.models.transformer import next_token_nll
 from dynjax.train import checkpoint, sharding
+from dynjax.train.evaluation import LN2, Evaluator
 from dynjax.train.metrics import JsonlWriter, write_json_atomic
 
-LN2 = math.log(2.0)
 
 
 def make_optimizer(tc) -> optax.GradientTransformation:
@@ -67,36 +66,6 @@ def make_train_step(model, tx):
         return new_state, metrics
 
     return train_step
-
-
-def make_eval_step(model):
-    @jax.jit
-    def eval_step(params, tokens):
-        logits, coeffs = model.apply(params, tokens)
-        nll = next_token_nll(logits, tokens).mean(axis=-1)          # per window
-        mass = coeffs["gate"].mean(axis=2).T if "gate" in coeffs else jnp.zeros((tokens.shape[0], 0))
-        return nll, mass                                            # (B,), (B, layers)
-    return eval_step
-
-
-def evaluate(eval_step, params, windows: np.ndarray, batch_size: int):
-    """Mean NLL (nats), bits per byte and gate mass over windows; the last batch is padded
-    to the compiled shape and the padding is discarded."""
-    nlls, masses = [], []
-    for lo in range(0, len(windows), batch_size):
-        chunk = windows[lo:lo + batch_size]
-        pad = batch_size - len(chunk)
-        batch = np.concatenate([chunk, np.zeros((pad, chunk.shape[1]), chunk.dtype)]) if pad else chunk
-        nll, mass = jax.device_get(eval_step(params, batch))
-        nlls.append(nll[:len(chunk)])
-        masses.append(mass[:len(chunk)])
-    nll = float(np.mean(np.concatenate(nlls), dtype=np.float64))
-    out = {"nll": nll, "bpb": nll / LN2, "windows": int(len(windows))}
-    mass = np.concatenate(masses)
-    if mass.shape[1]:
-        out["gate_mass_per_layer"] = mass.mean(axis=0).tolist()
-        out["gate_mass"] = float(mass.mean())
-    return out
 
 
 def resolve_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -182,7 +151,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
 
     step_fn = jax.jit(make_train_step(model, tx), in_shardings=(state_shardings, data_shard),
                       out_shardings=(state_shardings, rep), donate_argnums=0)
-    eval_step = make_eval_step(model)
+    evaluator = Evaluator(model.cfg, config.eval.get("route"))
     val_windows = text_data.eval_windows(splits["validation"], dc.seq_len, config.eval.windows)
     writer = JsonlWriter(run_dir / "metrics.jsonl", resume_step=start)
     # Multi-device CPU simulation can deadlock when steps are pipelined: block each step.
@@ -212,8 +181,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
             bar.set_postfix(bpb=f"{record['bpb']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
             t_last, step_last = now, done
         if done % tc.eval_every == 0 and done != tc.steps:
-            val = evaluate(eval_step, state["params"], val_windows, config.eval.batch_size)
+            val = evaluator(state["params"], val_windows, config.eval.batch_size)
             writer.write({"step": done, "split": "validation", **val})
+            bar.write(f"step {done} validation {evaluator.describe(val)}")
         checkpoint.save(mngr, done, state, force=done == tc.steps)
     mngr.wait_until_finished()
     bar.close()
@@ -221,7 +191,13 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
     result = {"step": int(state["step"]), "params": n_params}
     for split in ("validation", "test"):
         windows = text_data.eval_windows(splits[split], dc.seq_len, config.eval.windows)
-        result[split] = evaluate(eval_step, state["params"], windows, config.eval.batch_size)
+        result[split] = evaluator(state["params"], windows, config.eval.batch_size)
         writer.write({"step": result["step"], "split": split, **result[split]})
+        if progress:
+            print(f"{split} {evaluator.describe(result[split])}")
+    n_dec = config.eval.get("decode_check_windows", 0)
+    if n_dec:
+        result["test"]["decode_agreement"] = evaluator.decode_agreement(
+            state["params"], windows[:n_dec], config.eval.batch_size)
     write_json_atomic(run_dir / "eval.json", result)
     return result
