@@ -6,11 +6,15 @@ Two FLOP counts, always reported side by side and never mixed up:
   op (matmuls, softmax, norms, activations), but a ``lax.scan`` / while body only ONCE, not
   once per iteration. So count an unrolled program: build the model with
   ``scan_layers=False`` (``flop_report`` does this and says so).
-- ``analytic_forward_flops``: 2 x multiply-accumulates of the matmuls only (projections,
-  MLP, attention scores and values, router, LM head), for the shapes the program really
-  runs: a MoD block's attention and MLP run on k = floor(c*T) gathered tokens. Attention is
-  counted over the full T x T (or k x k) score matrix, as the program computes it, not the
-  causal half.
+- ``analytic_forward_flops``: 2 x multiply-accumulates of the matmuls (projections, MLP,
+  attention scores and values, LM head) and of every controller: MoD routers and
+  predictors, MoE routers, dispatch/combine and expert buffers (full capacity, used or
+  not), MUDD's DA MLPs and mixes, FeatureGate's controller — for the shapes the program
+  really runs: a MoD block runs on k = floor(c*T) gathered tokens under top-k, on all T
+  (masked) under causal routing. Attention is counted over the full score matrix, as the
+  program computes it, not the causal half. Elementwise work (softmax, norms,
+  activations, FeatureGate's attention features) is not counted: at d_model >= 128 it is
+  a few percent of the total (``tests/test_mod_measure.py`` holds every family to 5%).
 """
 from __future__ import annotations
 
@@ -21,12 +25,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from dynjax.measure import routing
-from dynjax.models import build, mod
+from dynjax.models import build, mod, moe
 from dynjax.models.transformer import ModelConfig
 
 
 def executed_blocks(model, params, tokens) -> np.ndarray:
-    """(B, T) int: how many blocks each token executed in one forward."""
+    """(B, T) int: how many blocks each token executed in one forward. MoD: dense blocks
+    plus the MoD blocks it entered; MoE / integrated MoDE: blocks whose FFN ran for it (a
+    token routed to the no-op expert, or dropped by every expert, skips the FFN)."""
     cfg = model.cfg
     B, T = tokens.shape
     if cfg.family == "mod":
@@ -35,6 +41,8 @@ def executed_blocks(model, params, tokens) -> np.ndarray:
             return np.full((B, T), cfg.n_layers)
         entered = np.asarray(routing.routing_stats(model, params, tokens)["entered"])
         return n_dense + entered.sum(axis=0)
+    if cfg.family == "moe":  # attention always runs; a block counts when its FFN ran
+        return np.asarray(moe.moe_stats(model, params, tokens)["ffn_ran"]).sum(axis=0)
     depth = cfg.fixed_depth if cfg.variant == "fixed_depth" else cfg.n_layers
     return np.full((B, T), depth)  # gate families execute every block they build
 
@@ -61,26 +69,85 @@ def compiled_flops(fn, *args) -> float:
     return compiled_cost(fn, *args)["flops"]
 
 
-def _block_flops(cfg: ModelConfig, n: int) -> int:
-    """One block on n tokens: q, k, v, out projections, MLP, scores and values over n keys."""
+def _attention_flops(cfg: ModelConfig, n: int) -> int:
+    """q, k, v, out projections on n tokens, and scores and values over n keys."""
     d = cfg.d_model
-    return 2 * n * (4 * d * d + 2 * d * cfg.d_ff) + 2 * 2 * n * n * d
+    return 2 * n * 4 * d * d + 2 * 2 * n * n * d
+
+
+def _mlp_flops(cfg: ModelConfig, n: int) -> int:
+    return 2 * n * 2 * cfg.d_model * cfg.d_ff
+
+
+def _moe_ffn_flops(cfg: ModelConfig, n: int, capacity: int) -> dict:
+    """MoE FFN on n tokens as the program computes it: the router, the one-hot dispatch and
+    combine einsums (every token against every buffer slot), and each real expert's MLP on
+    its full buffer of ``capacity`` slots, used or not (a no-op route has no buffer)."""
+    d, E = cfg.d_model, cfg.moe_num_experts
+    return {"router": 2 * n * d * moe.n_routes(cfg),
+            "dispatch_combine": 2 * 2 * n * E * capacity * d,
+            "experts": E * _mlp_flops(cfg, capacity)}
+
+
+def _mod_flops(cfg: ModelConfig, T: int) -> dict:
+    """Dense blocks on T tokens; each MoD block on its slots (k = floor(cT) under top-k, all
+    T under causal routing, where non-entering slots are masked, not skipped), its router
+    and predictor on all T; staged MoDE's MoE on the slots."""
+    d, h = cfg.d_model, cfg.mod_predictor_hidden
+    mod_ids = mod.mod_layer_ids(cfg)
+    parts = {"dense_blocks": (cfg.n_layers - len(mod_ids))
+             * (_attention_flops(cfg, T) + _mlp_flops(cfg, T))}
+    if not mod_ids:
+        return parts
+    n = mod.capacity(cfg, T) if cfg.mod_route == "topk" else mod.decode_slots(cfg, T)
+    per_block = {"mod_attention": _attention_flops(cfg, n), "router": 2 * T * d,
+                 "predictor": 2 * T * (d * h + h)}
+    if cfg.variant == "mode_staged":
+        c = (moe.expert_capacity(cfg, n) if cfg.mod_route == "topk"
+             else mod.causal_expert_capacity(cfg, n))
+        per_block.update({f"moe_{k}": v for k, v in _moe_ffn_flops(cfg, n, c).items()})
+    else:
+        per_block["mod_mlp"] = _mlp_flops(cfg, n)
+    parts.update({k: len(mod_ids) * v for k, v in per_block.items()})
+    return parts
+
+
+def _moe_flops(cfg: ModelConfig, T: int) -> dict:
+    ffn = _moe_ffn_flops(cfg, T, moe.expert_capacity(cfg, T))
+    return {"attention": cfg.n_layers * _attention_flops(cfg, T),
+            **{f"moe_{k}": cfg.n_layers * v for k, v in ffn.items()}}
+
+
+def _gates_flops(cfg: ModelConfig, T: int) -> dict:
+    n_blocks = cfg.fixed_depth if cfg.variant == "fixed_depth" else cfg.n_layers
+    parts = {"blocks": n_blocks * (_attention_flops(cfg, T) + _mlp_flops(cfg, T))}
+    if cfg.variant == "feature_gate":  # controller MLP on 4 features per token
+        parts["controller"] = n_blocks * 2 * T * (4 * cfg.controller_hidden
+                                                  + cfg.controller_hidden)
+    return parts
+
+
+def _mudd_flops(cfg: ModelConfig, T: int) -> dict:
+    """Blocks, and after block i the mix of i + 2 sources into C_i streams (a multiply-add
+    per element) and, for ``mudd``, the DA MLP producing those C_i * (i + 2) weights."""
+    from dynjax.models import mudd
+    d, h = cfg.d_model, cfg.mudd_da_hidden
+    cs = [(mudd.n_streams(cfg, i), i + 2) for i in range(cfg.n_layers)]
+    parts = {"blocks": cfg.n_layers * (_attention_flops(cfg, T) + _mlp_flops(cfg, T)),
+             "mix": sum(2 * T * C * S * d for C, S in cs)}
+    if cfg.variant == "mudd":
+        parts["da_mlp"] = sum(2 * T * (d * h + h * C * S) for C, S in cs)
+    return parts
+
+
+FAMILY_FLOPS = {"gates": _gates_flops, "mod": _mod_flops, "moe": _moe_flops,
+                "mudd": _mudd_flops}
 
 
 def analytic_forward_flops(cfg: ModelConfig, batch: int, seq_len: int) -> dict:
     """Matmul FLOPs (2 x MACs) of one forward over (batch, seq_len), by part."""
-    T, d = seq_len, cfg.d_model
-    mod_ids = mod.mod_layer_ids(cfg) if cfg.family == "mod" else ()
-    n_blocks = cfg.fixed_depth if cfg.variant == "fixed_depth" else cfg.n_layers
-    dense_blocks = (n_blocks - len(mod_ids)) * _block_flops(cfg, T)
-    mod_blocks = router = 0
-    if mod_ids:
-        k = mod.capacity(cfg, T)
-        mod_blocks = len(mod_ids) * _block_flops(cfg, k)
-        router = len(mod_ids) * 2 * T * d
-    head = 2 * T * d * cfg.vocab_size
-    parts = {"dense_blocks": dense_blocks, "mod_blocks": mod_blocks, "router": router,
-             "head": head}
+    parts = FAMILY_FLOPS[cfg.family](cfg, seq_len)
+    parts["head"] = 2 * seq_len * cfg.d_model * cfg.vocab_size
     parts = {k: batch * v for k, v in parts.items()}
     parts["total"] = sum(parts.values())
     return parts

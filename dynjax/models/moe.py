@@ -170,7 +170,8 @@ class MoeFfn(nn.Module):
         ye = jnp.einsum("becf,efd->becd", nn.gelu(jnp.einsum("becd,edf->becf", xe,
                                                               wi.astype(dt))), wo.astype(dt))
         y = jnp.einsum("btec,becd->btd", combine.astype(dt), ye)
-        stats = {"dropped": dropped, "noop": noop, "load": dispatch.sum((1, 3)).mean(0) / T}
+        stats = {"dropped": dropped, "noop": noop, "load": dispatch.sum((1, 3)).mean(0) / T,
+                 "ffn_ran": dispatch.sum((2, 3)) > 0}  # (B, T): some real expert took it
         return y, probs, aux, stats
 
 
