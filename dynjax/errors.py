@@ -62,9 +62,15 @@ def flags_parser(prog: str):
     def parse(argv):
         from absl import flags
         try:
-            return flags.FLAGS(argv)
-        except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
-            why = str(e).strip("'\"").replace("\\n", "; ").replace("\\'", "'")
-            exit_with_error(prog, f"bad command line: {why} (the config file under configs/ "
-                                  "lists every field and its type)")
+            rest = flags.FLAGS(argv)
+            if "config" in flags.FLAGS and flags.FLAGS.config is not None:
+                flags.FLAGS.config.keys()      # a config file that failed to load raises here
+            return rest
+        except (flags.Error, AttributeError, KeyError, OSError, TypeError, ValueError) as e:
+            why = str(e).strip()
+            if len(why) > 1 and why[0] == why[-1] and why[0] in "'\"":   # a KeyError's repr
+                why = why[1:-1].replace("\\n", "; ").replace("\\'", "'")
+            if "Traceback (most recent call last)" in why:   # a config file's get_config raised
+                why = why.splitlines()[-1]
+            exit_with_error(prog, f"bad command line: {why}")
     return parse
