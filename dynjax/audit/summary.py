@@ -52,11 +52,14 @@ def _summarize(values, single: bool, s: Settings) -> dict:
         out = _constant_summary(x.flat[0], n, unit, s.level)
         test = stats.sign_flip_test(x.reshape(-1, n).mean(axis=0), seed=s.stats_seed)
         out.update(p=test["p"], p_method=test["method"])
+        if "p_floor" in test:
+            out["p_floor"] = test["p_floor"]
         return out
     if single:
         return stats.summarize_windows(x, level=s.level, seed=s.stats_seed,
                                        n_resamples=s.n_resamples)
-    return stats.summarize_checkpoints(x, level=s.level, seed=s.stats_seed)
+    return stats.summarize_checkpoints(x, level=s.level, seed=s.stats_seed,
+                                       n_resamples=s.n_resamples)
 
 
 def _retention(static, ref, single: bool, s: Settings) -> dict:
@@ -132,8 +135,11 @@ def summarize(checkpoints: Sequence[dict], settings: Settings, schema) -> dict:
             effects[name]["p_holm"] = float(p)
             effects[name]["p_holm_method"] = "Holm over the three factorial effects " \
                 "(statsmodels multipletests, method='holm')"
-    return {"unit": stats.UNIT_WINDOWS if single else stats.UNIT_CHECKPOINT,
-            "conditions": conditions, "effects": effects}
+    out = {"unit": stats.UNIT_WINDOWS if single else stats.UNIT_CHECKPOINT,
+           "conditions": conditions, "effects": effects}
+    if not single and (warning := stats.small_n_warning(len(checkpoints))):
+        out["small_n_warning"] = warning
+    return out
 
 
 def _mean_dicts(dicts):
@@ -177,6 +183,9 @@ def assemble_results(title: str, checkpoints: Sequence[dict], infos: Sequence[di
         "conditions": res["conditions"],
         "effects": res["effects"],
     }
+    results["replay"]["atol"] = settings.replay_atol
+    if "small_n_warning" in res:
+        results["small_n_warning"] = res["small_n_warning"]
     if settings.variance:
         results["variance"] = _mean_dicts([c["variance"] for c in checkpoints])
     profs = [c.get("profiles") for c in checkpoints]
