@@ -279,3 +279,24 @@ def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings
                        **meta.get("windows", {})}
     return assemble_results(title, ckpts, [t["info"] for t in targets], settings,
                             targets[0]["schema"], meta, not_applicable=skipped, task=task)
+
+
+def summarize_stored(results: dict) -> dict | None:
+    """The ``conditions`` / ``effects`` sections recomputed from a results.json's stored
+    per-checkpoint values (per-window ΔNLL where kept, else, with several checkpoints, each
+    checkpoint's mean ΔNLL, which is all the checkpoint-level statistics read) and its
+    settings; None for a single checkpoint whose per-window values were not kept."""
+    meta = results["meta"]
+    cfg = dict(meta["settings"])
+    cfg["criteria"] = stats.Criteria(**cfg["criteria"])
+    settings = Settings(**cfg)
+    ckpts = meta["checkpoints"]
+    if all("per_window" in c for c in ckpts):
+        delta = [c["per_window"]["delta_nll"] for c in ckpts]
+    elif len(ckpts) > 1:
+        delta = [{n: [v] for n, v in c["delta_nll"].items()} for c in ckpts]
+    else:
+        return None
+    units = [{"delta": {n: np.asarray(v, np.float64) for n, v in d.items()
+                        if n in settings.conditions}} for d in delta]
+    return summarize(units, settings, {})
