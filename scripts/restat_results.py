@@ -12,9 +12,11 @@ checks that every results.json agrees with the current code.
 """
 import datetime
 import json
+import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
@@ -43,9 +45,14 @@ def restat(results: dict) -> dict:
 
 
 def main(dirs):
-    for d in dirs:
-        path = pathlib.Path(d) / "results.json"
-        report.write_report(restat(json.loads(path.read_text())), d)
+    for d in map(pathlib.Path, dirs):
+        results = restat(json.loads((d / "results.json").read_text()))
+        # write_report replaces a whole directory; d also holds other files (eval.json), so
+        # the report is written beside it and each of its files moved in (os.replace).
+        with tempfile.TemporaryDirectory(dir=d.parent) as tmp:
+            out = report.write_report(results, pathlib.Path(tmp) / "report")
+            for f in out.iterdir():
+                os.replace(f, d / f.name)
         print(f"rewrote {d}")
 
 

@@ -123,8 +123,8 @@ def render_markdown(results: dict, plots: list[str]) -> str:
     lines = [f"# {r['title']}", "", f"Unit of inference: **{r['unit']}**."]
     lines += [f"Loss: {r['loss']}.", ""] if r.get("loss") else [""]
     rep = r["replay"]
-    lines += [f"Replay: {replay_status(rep, bold=True)} (NLL {rep.get('nll')} vs replay "
-              f"{rep.get('nll_replay')}).", ""]
+    lines += [f"Replay: {replay_status(rep, bold=True)}; NLL {rep.get('nll')} vs replay "
+              f"{rep.get('nll_replay')}.", ""]
     if r.get("small_n_warning"):
         lines += [f"**Warning:** {r['small_n_warning']}.", ""]
     pct = "{:.2%}"
