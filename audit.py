@@ -24,6 +24,7 @@ with ``--config.reassignments=5``. Program: ``dynjax/audit/run.py``; engine:
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from dynjax import errors
 from dynjax.audit import run
 
 config_flags.DEFINE_config_file("config", "configs/audit_tiny.py", "configs/NAME.py",
@@ -38,14 +39,13 @@ flags.mark_flag_as_required("out")
 def main(argv):
     logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
     run_dirs = list(flags.FLAGS.checkpoints) + list(argv[1:])
-    try:
-        results = run.audit_from_config(flags.FLAGS.config, run_dirs, flags.FLAGS.muddpythia,
-                                        flags.FLAGS.out)
-    except (run.AuditError, run.ReplayError) as e:
-        raise SystemExit(f"audit.py: error: {e}") from None
+    results = errors.run_program(
+        "audit.py", lambda: run.audit_from_config(flags.FLAGS.config, run_dirs,
+                                                  flags.FLAGS.muddpythia, flags.FLAGS.out),
+        errors=(run.AuditError, run.ReplayError))
     print(run.verdict_table(results))
     print(f"wrote {flags.FLAGS.out}/results.json, report.md and plots")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=errors.flags_parser("audit.py"))

@@ -6,7 +6,7 @@ from the latest checkpoint in DIR. Prints the final validation and test bits per
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from dynjax.data.text import DataError
+from dynjax import errors
 from dynjax.train.loop import train
 
 config_flags.DEFINE_config_file("config", None, "configs/NAME.py[:ARG]", lock_config=True)
@@ -18,10 +18,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
-    try:
-        result = train(flags.FLAGS.config, flags.FLAGS.workdir, progress=flags.FLAGS.progress)
-    except DataError as e:  # missing or corrupt data: the message names the fix
-        raise SystemExit(f"train.py: error: {e}") from None
+    # a bad config, missing data, no restorable checkpoint: one line and exit status 2
+    result = errors.run_program("train.py", lambda: train(
+        flags.FLAGS.config, flags.FLAGS.workdir, progress=flags.FLAGS.progress))
     for split in ("validation", "test"):
         r = result[split]
         mass = f", gate mass {r['gate_mass']:.4f}" if "gate_mass" in r else ""
@@ -29,4 +28,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=errors.flags_parser("train.py"))

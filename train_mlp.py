@@ -10,7 +10,7 @@ from the latest checkpoint in the workdir. Prints test accuracy, RelMAC and open
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from dynjax.data.text import DataError
+from dynjax import errors
 from dynjax.train.classify import train
 
 config_flags.DEFINE_config_file("config", None, "configs/NAME.py[:METHOD]", lock_config=True)
@@ -22,10 +22,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
-    try:
-        result = train(flags.FLAGS.config, flags.FLAGS.workdir, progress=flags.FLAGS.progress)
-    except DataError as e:  # missing or corrupt data: the message names the fix
-        raise SystemExit(f"train_mlp.py: error: {e}") from None
+    # a bad config, missing data, no restorable checkpoint: one line and exit status 2
+    result = errors.run_program("train_mlp.py", lambda: train(
+        flags.FLAGS.config, flags.FLAGS.workdir, progress=flags.FLAGS.progress))
     for split in ("validation", "test"):
         r = result[split]
         rates = ", ".join(f"{o:.3f}" for o in r["open_rate_per_layer"])
@@ -34,4 +33,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=errors.flags_parser("train_mlp.py"))

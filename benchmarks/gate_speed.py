@@ -15,7 +15,8 @@ RelMAC is measured with :mod:`dynjax.measure.macs` on the same inputs (random-in
 with gates biased to about half open; latency does not depend on trained values).
 ``latency_vs_mac`` = (1 - t / t_dense) / (1 - RelMAC): the share of the MAC saving that
 shows on the clock (the issue's aim: >= 0.7 at batch 256). Timings: median of ``--repeats``
-calls after warm-up, float32.
+calls after warm-up, float32. ``max_abs_diff_vs_masked`` is float error unless top-k picked
+another block somewhere, which ``topk_margin`` (see there) tells.
 """
 from __future__ import annotations
 
@@ -42,6 +43,27 @@ def median_latency(fn, *args, repeats: int) -> float:
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - t0)
     return float(np.median(times))
+
+
+def topk_margin(cfg, probs) -> float:
+    """The smallest relative gap, over examples and layers, between the k-th and (k+1)-th
+    block probability that top-k ranks (per example, or their batch mean). The fast path
+    computes layer l >= 1's gate logits with another reduction than the masked forward (per
+    example: a batched einsum over gathered weights); where this gap is below that float
+    error, the two pick different blocks and their outputs differ by a whole block's
+    contribution, not by rounding."""
+    from dynjax.models.gated_mlp import blocks_kept
+
+    gaps = []
+    for p, n in zip(probs, cfg.hidden):
+        q = np.asarray(p, np.float64)
+        q = q.mean(axis=0, keepdims=True) if cfg.capacity_mode == "batch" else q
+        k = blocks_kept(cfg, n)
+        if k >= q.shape[-1]:
+            continue
+        s = -np.sort(-q, axis=-1)
+        gaps.append(float(np.min((s[:, k - 1] - s[:, k]) / s[:, k - 1])))
+    return min(gaps) if gaps else float("inf")
 
 
 def relmac(model, params, x):
@@ -84,9 +106,11 @@ def main():
             model = GatedMLP(cfg)
             p_s = model.init(key, x)
             fast = jax.jit(lambda p, x, cfg=cfg: structured_forward(cfg, p, x))
-            err = float(jnp.max(jnp.abs(fast(p_s, x) - model.apply(p_s, x)[0])))
+            masked_logits, coeffs = model.apply(p_s, x)
+            err = float(jnp.max(jnp.abs(fast(p_s, x) - masked_logits)))
             rows.append({"batch": batch, "mode": f"structured_{mode}",
                          "relmac": relmac(model, p_s, x), "max_abs_diff_vs_masked": err,
+                         "topk_margin": topk_margin(cfg, coeffs["p"]),
                          "latency_s": median_latency(fast, p_s, x, repeats=args.repeats)})
         for r in rows:
             saving = 1 - r["relmac"]

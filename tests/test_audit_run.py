@@ -120,7 +120,7 @@ def test_results_and_report_files(fg_audit, fg_run):
     assert ck["params_sha256"] == params_sha256(params)
     assert meta["windows"]["calibration"] == meta["windows"]["evaluation"] == W
     md = open(os.path.join(out, "report.md")).read()
-    assert "Exact replay: **passed**" in md and "single checkpoint" in md
+    assert "Replay: **exact** (bitwise: max |Δlogit| = 0.0)" in md and "single checkpoint" in md
     assert "| LayerMean |" in md and "E_interaction" in md
 
 

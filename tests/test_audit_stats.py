@@ -185,3 +185,97 @@ def test_monte_carlo_sign_flip_matches_the_exact_test():
     small = stats._monte_carlo_sign_flip(x, 40000, seed=0, chunk_values=16 * 7)
     assert abs(small - exact) < 4 * np.sqrt(exact * (1 - exact) / 40000) + 1e-4
     assert stats.sign_flip_test(np.zeros(30))["p"] == 1.0    # every flip ties: p = 1
+
+
+# --------------------------------------- retention's two definitions, small n, resamples, replay
+
+def _table_checkpoints(static, reference, windows=4):
+    """One checkpoint per (static, reference) pair: every condition's per-window ΔNLL is
+    constant, so a checkpoint's mean is exactly the table's value."""
+    from dynjax.audit import interventions
+
+    out = []
+    for i, (s, r) in enumerate(zip(static, reference)):
+        delta = {}
+        for name, cond in interventions.CONDITIONS.items():
+            v = {"correct": 0.0, "static_profile": s, "structure_removed": r}.get(name, s + i)
+            delta[name] = np.full((2, windows) if cond.randomized else (windows,), float(v))
+        out.append({"delta": delta})
+    return out
+
+
+SCHEMA = {"gate": Axes(("layer", "example", "token"))}
+
+
+def test_retention_ratio_of_means_and_mean_of_ratios_known_answer():
+    """S = (1, 2, 3), R = (2, 4, 12): ratio of means 1 - 6/18 = 2/3 (primary, what the
+    criterion reads); mean of per-checkpoint ratios 1 - (1/2 + 1/2 + 1/4)/3 = 7/12."""
+    from dynjax.audit.engine import Settings
+    from dynjax.audit.summary import summarize
+
+    r = stats.retention_ci([1.0, 2.0, 3.0], [2.0, 4.0, 12.0], n_resamples=999)
+    assert r["estimate"] == pytest.approx(2 / 3, rel=1e-15)
+    assert r["mean_of_ratios"] == pytest.approx(7 / 12, rel=1e-15)
+    assert "ratio of means" in r["definition"] and "high-retention criterion" in r["definition"]
+    res = summarize(_table_checkpoints([1.0, 2.0, 3.0], [2.0, 4.0, 12.0]),
+                    Settings(reassignments=2, n_resamples=999), SCHEMA)
+    ret = res["conditions"]["static_profile"]["retention"]
+    assert (ret["estimate"], ret["mean_of_ratios"]) == pytest.approx((2 / 3, 7 / 12), rel=1e-15)
+    verdict = res["conditions"]["static_profile"]["verdicts"]["high_retention"]
+    assert verdict["met"] is (ret["ci_low"] > 0.95)               # the ratio of means' CI
+    md = report.render_markdown({"title": "t", "unit": res["unit"], "conditions":
+                                 res["conditions"], "replay": {"exact": True}}, [])
+    assert "66.67% [" in md and "mean of ratios 58.33%" in md
+    assert stats.RETENTION_DEFINITION in md
+
+
+def test_few_checkpoints_warn_and_report_the_p_floor(capsys):
+    from dynjax.audit.engine import Settings
+    from dynjax.audit.summary import summarize
+
+    s = Settings(reassignments=2, n_resamples=999)
+    res = summarize(_table_checkpoints([1.0, 2.0, 3.0], [2.0, 4.0, 12.0]), s, SCHEMA)
+    w = res["small_n_warning"]
+    assert "only 3 checkpoints" in w and "at least 5" in w and "2/2^3 = 0.25" in w
+    assert res["conditions"]["cross_input"]["p_floor"] == 0.25
+    assert res["conditions"]["cross_input"]["p"] == 0.25         # all positive: at the floor
+    assert res["effects"]["E_input"]["p_floor"] == 0.25
+    md = report.render_markdown({"title": "t", "unit": res["unit"], "replay": {"exact": True},
+                                 "conditions": res["conditions"], "small_n_warning": w}, [])
+    assert f"**Warning:** {w}." in md
+    five = summarize(_table_checkpoints([1.0, 2, 3, 4, 5], [9.0, 9, 9, 9, 9]), s, SCHEMA)
+    assert "small_n_warning" not in five
+    assert five["conditions"]["cross_input"]["p_floor"] == 2 / 32
+    assert stats.sign_flip_floor(1) == 1.0 and stats.sign_flip_floor(10) == 2 / 1024
+
+
+def test_configured_bootstrap_resamples_are_used(monkeypatch):
+    """Every checkpoint-level interval (conditions, effects, retention) resamples
+    Settings.n_resamples times, the count results.json records."""
+    from dynjax.audit.engine import Settings
+    from dynjax.audit.summary import summarize
+
+    seen, real = [], stats.scipy.stats.bootstrap
+
+    def spy(*args, **kw):
+        seen.append(kw["n_resamples"])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(stats.scipy.stats, "bootstrap", spy)
+    summarize(_table_checkpoints([1.0, 2.0, 3.0], [2.0, 4.0, 12.0]),
+              Settings(reassignments=2, n_resamples=321), SCHEMA)
+    assert len(seen) >= 8 and set(seen) == {321}, seen
+
+
+def test_replay_accepted_under_a_tolerance_says_so():
+    from dynjax.audit.run import verdict_table
+
+    rep = {"exact": False, "max_abs_dlogit": 3.1e-6, "atol": 1e-5, "nll": 1.0,
+           "nll_replay": 1.0}
+    results = {"title": "t", "unit": "checkpoint", "replay": rep, "conditions": {}}
+    for text in (report.render_markdown(results, []), verdict_table(results)):
+        assert "FAILED" not in text
+        assert "not exact, accepted within the configured tolerance" in text
+        assert "replay_atol = 1e-05 (max |Δlogit| = 3.1e-06)" in text
+    exact = dict(rep, exact=True, max_abs_dlogit=0.0)
+    assert "Replay: **exact** (bitwise" in report.render_markdown(dict(results, replay=exact), [])

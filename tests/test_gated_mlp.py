@@ -240,3 +240,22 @@ def test_classify_end_to_end_resumes(tmp_path):
     resumed = classify.train(ml_collections.ConfigDict(config.to_dict()), str(tmp_path / "a"),
                              progress=False)
     assert resumed["test"] == first["test"]
+
+
+def test_gate_speed_topk_margin():
+    """benchmarks/gate_speed.py's topk_margin: how close a top-k block choice came to a tie
+    (why the GPU's per-example fast path at batch 256 differed from masked by 0.055)."""
+    import importlib.util
+    import pathlib
+
+    spec = importlib.util.spec_from_file_location(
+        "gate_speed", pathlib.Path(__file__).parents[1] / "benchmarks" / "gate_speed.py")
+    gs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gs)
+    cfg = small("structured", capacity_mode="example", keep_fraction=0.5).cfg  # 2 of 4 blocks
+    p = np.array([[0.9, 0.5, 0.4, 0.1], [0.8, 0.6, 0.6, 0.2]])    # example 1: a tie at k=2
+    hidden = len(cfg.hidden)
+    assert gs.topk_margin(cfg, [p[:1]] * hidden) == pytest.approx(0.2)   # (0.5 - 0.4) / 0.5
+    assert gs.topk_margin(cfg, [p] * hidden) == 0.0
+    batch = small("structured", capacity_mode="batch", keep_fraction=0.5).cfg
+    assert gs.topk_margin(batch, [p] * hidden) == pytest.approx((0.55 - 0.5) / 0.55)

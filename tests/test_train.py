@@ -1,13 +1,20 @@
 """train.py's loop: loss falls on real text, resume is bitwise, metrics, errors, mass match."""
 import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
 
+import chex
 import jax
 import numpy as np
 import pytest
 
+from dynjax.errors import CheckpointError, ConfigError
 from dynjax.train import checkpoint, loop
 from dynjax.train.metrics import read_jsonl
-from tests.conftest import tiny_config
+from tests.conftest import ROOT, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -87,16 +94,12 @@ def test_bad_configs_give_clear_errors(straight_run, tmp_path):
     with pytest.raises(ValueError, match="train.steps"):
         loop.train(c, str(tmp_path / "c"), progress=False)
     c = tiny_config("feature_gate", d_model=64)     # resuming with another architecture
-    with pytest.raises(ValueError, match="different 'model' config"):
+    with pytest.raises(ConfigError, match=r"different config \(model.d_model: run has 32, config has 64\)"):
         loop.train(c, str(straight_run[0]), progress=False)
 
 
 def test_train_cli_overrides(tmp_path):
     """The command line: --config.field overrides and the printed bits per byte."""
-    import subprocess
-    import sys
-
-    from tests.conftest import ROOT
     cmd = [sys.executable, "train.py", "--config=configs/tiny.py:layer_static",
            f"--workdir={tmp_path}", "--config.train.steps=2", "--config.model.d_model=32",
            "--config.model.n_heads=2", "--config.model.d_ff=64", "--config.model.n_layers=2",
@@ -107,11 +110,115 @@ def test_train_cli_overrides(tmp_path):
     assert "test:" in out.stdout and "bits/byte" in out.stdout
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model"]["variant"] == "layer_static" and config["model"]["d_model"] == 32
-    bad = subprocess.run(cmd[:2] + ["--config=configs/tiny.py:sparse", f"--workdir={tmp_path}/x"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert bad.returncode != 0 and "unknown variant 'sparse'" in bad.stderr
-    no_data = subprocess.run(cmd + ["--config.data.source=files", "--config.data.path=/absent",
-                                    f"--workdir={tmp_path}/y"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert no_data.returncode != 0 and "Traceback" not in no_data.stderr
-    assert "train.py: error: data.path='/absent' does not exist" in no_data.stderr
+    no_data = _cli(cmd[1:] + ["--config.data.source=files", "--config.data.path=/absent",
+                              f"--workdir={tmp_path}/y"])
+    _assert_one_line_error(no_data, "train.py", "data.path='/absent' does not exist")
+    assert not (tmp_path / "y").exists()            # data checked before the run directory
+
+
+# ------------------------------------------------------------- damaged checkpoints, CLI errors
+
+def truncate_arrays(step_dir):
+    """Cut every array file of an orbax checkpoint step to 10 bytes (a copy cut short)."""
+    files = [f for f in pathlib.Path(step_dir).rglob("*") if f.is_file() and f.parent.name == "d"]
+    assert files
+    for f in files:
+        os.truncate(f, 10)
+
+
+def test_resume_falls_back_past_a_damaged_checkpoint(straight_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(straight_run[0], run)
+    truncate_arrays(run / "checkpoints" / "6")
+    result = loop.train(tiny_config("feature_gate"), str(run), progress=False)
+    err = capsys.readouterr().err
+    assert f"warning: checkpoint step 6 of {run} cannot be restored (" in err
+    assert "resumed from step 3, the newest that restores" in err
+    assert (run / "unrestorable_checkpoints" / "6").is_dir()      # kept, not deleted
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["3", "6"]
+    # steps 4-6 retrained from step 3 give the uninterrupted run's parameters bit for bit
+    chex.assert_trees_all_equal(_params(run), _params(straight_run[0]))
+    assert result["test"] == straight_run[1]["test"]
+
+
+def test_no_restorable_checkpoint_is_a_clear_error(straight_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(straight_run[0], run)
+    for step in ("3", "6"):
+        (run / "checkpoints" / step / "default" / "_METADATA").unlink()
+    with pytest.raises(CheckpointError, match=r"no checkpoint of .* can be restored \(step 6: "
+                       r".*; step 3: .*\); delete .*checkpoints and .*metrics.jsonl"):
+        loop.train(tiny_config("feature_gate"), str(run), progress=False)
+    assert not (run / "unrestorable_checkpoints").exists()        # nothing moved
+
+
+def _cli(args, timeout=120):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+
+
+def _assert_one_line_error(out, prog, message):
+    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
+    lines = [line for line in out.stderr.splitlines() if line.startswith(f"{prog}: error: ")]
+    assert len(lines) == 1 and message in lines[0], out.stderr[-2000:]
+
+
+TINY = ["--config.model.d_model=32", "--config.model.n_heads=2", "--config.model.d_ff=64",
+        "--config.model.n_layers=2", "--config.data.seq_len=32", "--config.train.batch_size=4"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config=configs/tiny.py:sparse"], "unknown variant 'sparse'"),
+    (["--config=configs/tiny.py:feature_gate", "--config.train.steps=-1"],
+     "train.steps=-1 must be positive"),
+    (["--config=configs/tiny.py:feature_gate", "--config.train.stepz=3"],
+     "bad command line: 'stepz'; Did you mean \"steps\""),
+    (["--config=configs/tiny.py:feature_gate", "--config.train.steps=many"],
+     "invalid literal for int()"),
+    (["--config=configs/tiny.py:feature_gate", "--config.sharding.model_parallel=3"],
+     "sharding.model_parallel=3 does not divide the 1 available devices"),
+    (["--config=configs/mod_tiny.py:mod", "--config.data.seq_len=4"],
+     "MoD capacity k = floor(0.125 * 4) = 0"),
+], ids=["variant", "steps", "unknown-field", "type", "devices", "seq-len"])
+def test_train_config_errors_are_one_line(tmp_path, args, message):
+    workdir = tmp_path / "run"
+    out = _cli(["train.py", f"--workdir={workdir}", *args[:1], *TINY[:-2], *args[1:]])
+    _assert_one_line_error(out, "train.py", message)
+    assert not workdir.exists()                     # refused before the run directory
+
+
+def test_train_refuses_another_configs_run_directory(straight_run):
+    """scripts/main.sh re-run on a run directory trained with a different config."""
+    run = straight_run[0]
+    before = (run / "config.json").read_text()
+    out = _cli(["train.py", "--config=configs/tiny.py:feature_gate", f"--workdir={run}"])
+    _assert_one_line_error(out, "train.py", f"{run} holds a run trained with a different config "
+                           "(model.d_ff: run has 64, config has 512; model.d_model: run has 32, "
+                           "config has 128; model.n_heads: run has 2, config has 4; 3 more); use "
+                           "a new --workdir (scripts/main.sh: RUN=NEW_DIR)")
+    assert (run / "config.json").read_text() == before
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config.gate.lambda_g=-1"], "gate.lambda_g and the gate schedule lengths must be >= 0"),
+    (["--config.train.batch_size=0"], "train.batch_size=0 must be positive"),
+    (["--config.data.dataset=cifar"], "unknown data.dataset='cifar'"),
+], ids=["lambda", "batch", "dataset"])
+def test_train_mlp_config_errors_are_one_line(tmp_path, args, message):
+    workdir = tmp_path / "run"
+    out = _cli(["train_mlp.py", "--config=configs/dgmlp_mnist.py:dgate", f"--workdir={workdir}",
+                *args])
+    _assert_one_line_error(out, "train_mlp.py", message)
+    assert not workdir.exists()
+
+
+def test_audit_names_a_damaged_checkpoint(straight_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(straight_run[0], run)
+    (run / "checkpoints" / "6" / "default" / "_METADATA").unlink()   # metadata lost
+    out = _cli(["audit.py", "--config=configs/audit_tiny.py", f"--out={tmp_path}/audit",
+                f"--checkpoints={run}"])
+    _assert_one_line_error(out, "audit.py", f"checkpoint step 6 of run {run} cannot be "
+                           "restored (")
+    assert f"re-run its train.py / train_mlp.py command with --workdir={run}" in out.stderr

@@ -68,16 +68,13 @@ def load_classifier(run_dir, config, model):
     """
     from dynjax.train import checkpoint, classify
 
-    mngr = checkpoint.manager(run_dir, every=1, keep=1_000_000)
-    step = mngr.latest_step()
-    if step is None:
-        raise AuditError(f"no checkpoint under {run_dir}/checkpoints; train it first")
     tx = classify.make_tx(config)
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    abstract = jax.tree.map(
-        lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
-        jax.eval_shape(lambda: classify.init_state(model, tx, jax.random.key(0))))
-    params = checkpoint.restore(mngr, abstract)["params"]
+    abstract = jax.eval_shape(lambda: classify.init_state(model, tx, jax.random.key(0)))
+    try:
+        state, step = checkpoint.restore_for_audit(run_dir, abstract)
+    except FileNotFoundError as e:
+        raise AuditError(str(e)) from None
+    params = state["params"]
     sched = jax.device_get(classify.gate_schedule(config, step))
     sched = {"tau": float(sched["tau"]), "theta": float(sched["theta"]),
              "gates_open": bool(sched["gates_open"])}
@@ -136,11 +133,10 @@ def load_run_targets(run_dirs: Sequence[str]) -> tuple[list[dict], list]:
             key = [config.model.to_dict(), sched]
         else:
             try:
-                _, model, params = checkpoint.load_params(d)
+                _, model, params, step = checkpoint.load_params(d, with_step=True)
             except FileNotFoundError as e:
                 raise AuditError(str(e)) from None
             apply_fn, key = model.apply, config.model.to_dict()
-            step = checkpoint.manager(d, every=1, keep=1_000_000).latest_step()
         family, variant = family_variant(config)
         info = {"name": pathlib.Path(d).resolve().name, "run_dir": str(pathlib.Path(d).resolve()),
                 "step": int(step), "seed": int(config.seed), "family": family,

@@ -97,6 +97,18 @@ def _p(v):
     return "—" if v is None or not np.isfinite(v) else f"{v:.4g}"
 
 
+def replay_status(replay: dict, bold: bool = False) -> str:
+    """What the replay check found, for report.md and the console: exact, or accepted under
+    the configured non-zero tolerance (which the audit only does when asked to)."""
+    b = "**" if bold else ""
+    dl = replay.get("max_abs_dlogit")
+    if replay.get("exact"):
+        return f"{b}exact{b} (bitwise: max |Δlogit| = {dl})"
+    return (f"{b}not exact, accepted within the configured tolerance{b} replay_atol = "
+            f"{replay.get('atol')} (max |Δlogit| = {dl:.3g}): every ΔNLL carries replay error "
+            "of up to that size; set replay_atol = 0 to demand bitwise replay")
+
+
 def _verdicts(row):
     parts = []
     for name, v in (row.get("verdicts") or {}).items():
@@ -111,15 +123,18 @@ def render_markdown(results: dict, plots: list[str]) -> str:
     lines = [f"# {r['title']}", "", f"Unit of inference: **{r['unit']}**."]
     lines += [f"Loss: {r['loss']}.", ""] if r.get("loss") else [""]
     rep = r["replay"]
-    lines += [f"Exact replay: **{'passed' if rep.get('exact') else 'FAILED'}** "
-              f"(max |Δlogit| = {rep.get('max_abs_dlogit')}, NLL {rep.get('nll')} vs replay "
-              f"{rep.get('nll_replay')}).", ""]
+    lines += [f"Replay: {replay_status(rep, bold=True)}; NLL {rep.get('nll')} vs replay "
+              f"{rep.get('nll_replay')}.", ""]
+    if r.get("small_n_warning"):
+        lines += [f"**Warning:** {r['small_n_warning']}.", ""]
     pct = "{:.2%}"
     lines += ["| condition | ΔNLL | 95% CI | p | Holm p | retention (95% CI) | criteria |",
               "|---|---|---|---|---|---|---|"]
     for name, row in r["conditions"].items():
         ret = row.get("retention")
-        ret_txt = "" if not ret else f"{_num(ret['estimate'], pct)} {_ci(ret, pct)}"
+        ret_txt = "" if not ret else f"{_num(ret['estimate'], pct)} {_ci(ret, pct)}" + (
+            f"; mean of ratios {_num(ret['mean_of_ratios'], pct)}"
+            if "mean_of_ratios" in ret else "")
         lines.append(f"| {row.get('label') or LABELS.get(name, name)} | {_num(row['estimate'])} "
                      f"| {_ci(row)} | {_p(row.get('p'))} | {_p(row.get('p_holm'))} "
                      f"| {ret_txt} | {_verdicts(row)} |")
@@ -155,6 +170,10 @@ def report_notes(results: dict) -> list[str]:
               for name, why in (meta.get("not_applicable") or {}).items()]
     if meta.get("single_checkpoint_note"):
         notes.append(meta["single_checkpoint_note"])
+    rets = [row["retention"] for row in (results.get("conditions") or {}).values()
+            if (row.get("retention") or {}).get("definition")]
+    if rets:
+        notes.append(rets[0]["definition"])
     for ck in meta.get("checkpoints", []):
         where = ck.get("name") or ck.get("run_dir") or "checkpoint"
         if ck.get("note"):

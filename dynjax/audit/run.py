@@ -18,6 +18,7 @@ from dynjax.audit.inputs import (_opt, _resolve_seq_len, classifier_windows, fam
                                  format_plan, is_classifier_run, load_muddpythia_target,
                                  load_run_targets, muddpythia_plan, muddpythia_windows,
                                  run_windows)
+from dynjax.audit.report import replay_status
 from dynjax.audit.summary import audit_targets
 
 __all__ = ["AuditError", "ReplayError", "audit_from_config", "verdict_table"]
@@ -80,6 +81,10 @@ def audit_from_config(config, run_dirs: Sequence[str] = (), muddpythia_dir: str 
     for name in results["meta"]["not_applicable"]:
         log(f"note: {name} not applicable: {results['meta']['not_applicable'][name]}")
     results["meta"]["wall_seconds"] = time.perf_counter() - t0
+    if not results["replay"]["exact"]:
+        log(f"warning: replay {replay_status(results['replay'])}")
+    if results.get("small_n_warning"):
+        log(f"warning: {results['small_n_warning']}")
     if len(targets) == 1:
         results["meta"]["single_checkpoint_note"] = (
             "one checkpoint: intervals describe stability over evaluation windows and "
@@ -96,9 +101,7 @@ def verdict_table(results: dict) -> str:
     fmt = lambda v, f="{:+.6f}": "—" if v is None or not np.isfinite(v) else f.format(v)
     lines = [results["title"],
              f"unit: {results['unit']}; loss: {results.get('loss', LM.description)}",
-             f"exact replay: {'passed' if results['replay']['exact'] else 'within tolerance'}"
-             f" (max |Δlogit| {results['replay']['max_abs_dlogit']:.3g}, "
-             f"NLL {results['replay']['nll']:.6f})",
+             f"replay: {replay_status(results['replay'])}, NLL {results['replay']['nll']:.6f}",
              f"{'condition':<20} {'ΔNLL':>10} {'95% CI':>25} {'p':>8}  retention / verdict"]
     for name, r in results["conditions"].items():
         ci = f"[{fmt(r['ci_low'])}, {fmt(r['ci_high'])}]"

@@ -19,6 +19,15 @@ from statsmodels.stats.multitest import multipletests
 UNIT_CHECKPOINT = "checkpoint"
 UNIT_WINDOWS = "evaluation window x reassignment (single checkpoint)"
 MIN_BOOTSTRAP_N = 3
+# Below this many checkpoints a BCa interval is about the range of the data (with 3 values
+# its bounds sit at or next to the smallest and largest), not a 95% interval.
+MIN_RELIABLE_BCA_N = 5
+RETENTION_DEFINITION = (
+    "retention = 1 - mean(ΔNLL static) / mean(ΔNLL reference) over units (ratio of means): "
+    "the primary figure, and the one the high-retention criterion tests, because it is the "
+    "share of the average gap the static profile keeps and stays defined when one unit's "
+    "reference gap is near zero, where a per-unit ratio explodes. The mean of per-unit "
+    "ratios, 1 - mean(ΔNLL static_i / ΔNLL reference_i), is reported beside it")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,8 +101,9 @@ def retention_ci(delta_static, delta_reference, level: float = 0.95, seed: int =
                  ) -> dict:
     """Retention ``1 - mean(S)/mean(R)`` with a paired bootstrap CI over units.
 
-    A ratio of means (not a mean of per-unit ratios, which explodes for a small R); the
-    pairs (S_i, R_i) are resampled together. Units are checkpoints, or windows with one.
+    The estimate and CI are the ratio of means (:data:`RETENTION_DEFINITION` says why); the
+    pairs (S_i, R_i) are resampled together. ``mean_of_ratios`` (``1 - mean(S_i/R_i)``,
+    no interval) is reported beside it. Units are checkpoints, or windows with one.
     """
     s, r = _f64(delta_static).ravel(), _f64(delta_reference).ravel()
     if s.shape != r.shape:
@@ -101,11 +111,16 @@ def retention_ci(delta_static, delta_reference, level: float = 0.95, seed: int =
     n = s.size
     est = float(retention(s.mean(), r.mean())) if n else np.nan
     note = "" if r.mean() > 0 else "reference dNLL <= 0: retention is not meaningful"
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_unit = retention(s, r)
+    both = {"mean_of_ratios": float(per_unit.mean()) if n else np.nan,
+            "definition": RETENTION_DEFINITION}
     if n < MIN_BOOTSTRAP_N:
-        return _summary(est, n, unit, level, note=f"n={n}: a bootstrap interval needs at "
-                        f"least {MIN_BOOTSTRAP_N} paired units")
+        return {**_summary(est, n, unit, level, note=f"n={n}: a bootstrap interval needs at "
+                           f"least {MIN_BOOTSTRAP_N} paired units"), **both}
     if np.ptp(s) == 0 and np.ptp(r) == 0:
-        return _summary(est, n, unit, level, (est, est), "degenerate", note="all values equal")
+        return {**_summary(est, n, unit, level, (est, est), "degenerate",
+                           note="all values equal"), **both}
 
     def stat(a, b, axis=-1):
         return 1.0 - a.mean(axis=axis) / b.mean(axis=axis)
@@ -114,8 +129,8 @@ def retention_ci(delta_static, delta_reference, level: float = 0.95, seed: int =
                                 confidence_level=level, n_resamples=n_resamples, method=method,
                                 rng=np.random.default_rng(seed))
     ci = res.confidence_interval
-    return _summary(est, n, unit, level, (ci.low, ci.high), f"paired bootstrap {method}",
-                    note=note)
+    return {**_summary(est, n, unit, level, (ci.low, ci.high), f"paired bootstrap {method}",
+                       note=note), **both}
 
 
 def sign_flip_test(values, max_exact: int = 20, n_resamples: int = 99999, seed: int = 0
@@ -137,7 +152,25 @@ def sign_flip_test(values, max_exact: int = 20, n_resamples: int = 99999, seed: 
         (x,), lambda a, axis=-1: np.mean(a, axis=axis), permutation_type="samples",
         vectorized=True, alternative="two-sided", n_resamples=np.inf)
     return {"p": float(res.pvalue), "n": n, "statistic": float(res.statistic),
-            "method": f"exact sign-flip, all 2^{n} flips", "note": ""}
+            "method": f"exact sign-flip, all 2^{n} flips", "note": "",
+            "p_floor": sign_flip_floor(n)}
+
+
+def sign_flip_floor(n: int) -> float:
+    """The smallest two-sided p an exact sign-flip test over n units can give: 2 / 2^n
+    (only the observed signs and their mirror image are as extreme)."""
+    return min(1.0, 2.0 / 2.0 ** n)
+
+
+def small_n_warning(n: int) -> str:
+    """"" or why n checkpoints are too few for the checkpoint-level interval method."""
+    if n >= MIN_RELIABLE_BCA_N:
+        return ""
+    return (f"only {n} checkpoint{'s' if n != 1 else ''} (training seeds): a BCa bootstrap "
+            f"interval needs at least {MIN_RELIABLE_BCA_N} units to mean much (with {n} it "
+            "spans about the range of the values), yet the prespecified verdicts are read "
+            f"from it; the exact sign-flip p cannot fall below 2/2^{n} = "
+            f"{sign_flip_floor(n):.4g}. Audit more seeds for a verdict")
 
 
 def _monte_carlo_sign_flip(x, n_resamples: int, seed: int, chunk_values: int = 1 << 22):
@@ -166,11 +199,15 @@ def holm(pvalues) -> np.ndarray:
 
 # ------------------------------------------------------------------------------ summaries
 
-def summarize_checkpoints(values, level: float = 0.95, seed: int = 0) -> dict:
-    """One dNLL (or effect) per checkpoint -> mean, bootstrap CI and exact sign-flip p."""
-    out = bootstrap_ci(values, level=level, seed=seed)
+def summarize_checkpoints(values, level: float = 0.95, seed: int = 0, n_resamples: int = 9999
+                          ) -> dict:
+    """One dNLL (or effect) per checkpoint -> mean, bootstrap CI and exact sign-flip p (with
+    ``p_floor``, the smallest p the test can give for this n)."""
+    out = bootstrap_ci(values, level=level, seed=seed, n_resamples=n_resamples)
     test = sign_flip_test(values)
     out.update(p=test["p"], p_method=test["method"])
+    if "p_floor" in test:
+        out["p_floor"] = test["p_floor"]
     return out
 
 

@@ -52,11 +52,14 @@ def _summarize(values, single: bool, s: Settings) -> dict:
         out = _constant_summary(x.flat[0], n, unit, s.level)
         test = stats.sign_flip_test(x.reshape(-1, n).mean(axis=0), seed=s.stats_seed)
         out.update(p=test["p"], p_method=test["method"])
+        if "p_floor" in test:
+            out["p_floor"] = test["p_floor"]
         return out
     if single:
         return stats.summarize_windows(x, level=s.level, seed=s.stats_seed,
                                        n_resamples=s.n_resamples)
-    return stats.summarize_checkpoints(x, level=s.level, seed=s.stats_seed)
+    return stats.summarize_checkpoints(x, level=s.level, seed=s.stats_seed,
+                                       n_resamples=s.n_resamples)
 
 
 def _retention(static, ref, single: bool, s: Settings) -> dict:
@@ -132,8 +135,11 @@ def summarize(checkpoints: Sequence[dict], settings: Settings, schema) -> dict:
             effects[name]["p_holm"] = float(p)
             effects[name]["p_holm_method"] = "Holm over the three factorial effects " \
                 "(statsmodels multipletests, method='holm')"
-    return {"unit": stats.UNIT_WINDOWS if single else stats.UNIT_CHECKPOINT,
-            "conditions": conditions, "effects": effects}
+    out = {"unit": stats.UNIT_WINDOWS if single else stats.UNIT_CHECKPOINT,
+           "conditions": conditions, "effects": effects}
+    if not single and (warning := stats.small_n_warning(len(checkpoints))):
+        out["small_n_warning"] = warning
+    return out
 
 
 def _mean_dicts(dicts):
@@ -177,6 +183,9 @@ def assemble_results(title: str, checkpoints: Sequence[dict], infos: Sequence[di
         "conditions": res["conditions"],
         "effects": res["effects"],
     }
+    results["replay"]["atol"] = settings.replay_atol
+    if "small_n_warning" in res:
+        results["small_n_warning"] = res["small_n_warning"]
     if settings.variance:
         results["variance"] = _mean_dicts([c["variance"] for c in checkpoints])
     profs = [c.get("profiles") for c in checkpoints]
@@ -270,3 +279,24 @@ def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings
                        **meta.get("windows", {})}
     return assemble_results(title, ckpts, [t["info"] for t in targets], settings,
                             targets[0]["schema"], meta, not_applicable=skipped, task=task)
+
+
+def summarize_stored(results: dict) -> dict | None:
+    """The ``conditions`` / ``effects`` sections recomputed from a results.json's stored
+    per-checkpoint values (per-window ΔNLL where kept, else, with several checkpoints, each
+    checkpoint's mean ΔNLL, which is all the checkpoint-level statistics read) and its
+    settings; None for a single checkpoint whose per-window values were not kept."""
+    meta = results["meta"]
+    cfg = dict(meta["settings"])
+    cfg["criteria"] = stats.Criteria(**cfg["criteria"])
+    settings = Settings(**cfg)
+    ckpts = meta["checkpoints"]
+    if all("per_window" in c for c in ckpts):
+        delta = [c["per_window"]["delta_nll"] for c in ckpts]
+    elif len(ckpts) > 1:
+        delta = [{n: [v] for n, v in c["delta_nll"].items()} for c in ckpts]
+    else:
+        return None
+    units = [{"delta": {n: np.asarray(v, np.float64) for n, v in d.items()
+                        if n in settings.conditions}} for d in delta]
+    return summarize(units, settings, {})

@@ -20,7 +20,6 @@ Objective: ``J = cross-entropy + lambda_g(t) * sum_l mean(p_l) + sown aux losses
 """
 from __future__ import annotations
 
-import json
 import pathlib
 import time
 
@@ -31,6 +30,7 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
+from dynjax import errors
 from dynjax.data import tabular, tfds_classify
 from dynjax.measure import macs as macs_lib
 from dynjax.models.gated_mlp import GatedMLP, MLPConfig, gate_penalty
@@ -176,21 +176,15 @@ def evaluate(eval_step, model, params, opt_state, x, y, batch_size, sched):
     return result
 
 
-def _check_same_run(run_dir: pathlib.Path, config):
-    path = run_dir / "config.json"
-    if path.exists() and json.loads(path.read_text()) != json.loads(json.dumps(config.to_dict())):
-        raise ValueError(f"{run_dir} holds a run with a different config; use a new --workdir")
-
-
 def train(config, workdir: str, progress: bool = True) -> dict:
     """Train (or resume) in ``workdir``; returns the final validation and test evaluation."""
-    config = resolve_config(config)
+    with errors.config_errors():   # every check before the run directory is written
+        config = resolve_config(config)
     run_dir = pathlib.Path(workdir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    _check_same_run(run_dir, config)
-    write_json_atomic(run_dir / "config.json", config.to_dict())
-
+    checkpoint.check_same_run(run_dir, config)
     splits = load_data(config.data)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / "config.json", config.to_dict())
     (x_tr, y_tr) = splits["train"]
     model = GatedMLP(model_dict(config, x_tr.shape[1], tabular.num_classes(splits)))
     tc = config.train
@@ -199,8 +193,8 @@ def train(config, workdir: str, progress: bool = True) -> dict:
     mngr = checkpoint.manager(run_dir, tc.ckpt_every, tc.keep_checkpoints)
     state = jax.jit(lambda k: init_state(model, tx, k))(jax.random.key(config.seed))
     if mngr.latest_step() is not None:
-        state = checkpoint.restore(mngr, jax.tree.map(
-            lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=s.sharding), state))
+        state = checkpoint.restore_newest(mngr, jax.tree.map(
+            lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=s.sharding), state), run_dir)
         print(f"resumed {run_dir} at step {int(state['step'])}")
     start = int(state["step"])
     step_fn = make_train_step(config, model, tx)

@@ -18,6 +18,7 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
+from dynjax import errors
 from dynjax.data import text as text_data
 from dynjax.models import build
 from dynjax.models.transformer import next_token_nll
@@ -98,38 +99,28 @@ def check_train_config(tc) -> None:
         raise ValueError(f"train.lr={tc.lr} is outside (0, 1)")
 
 
-def _check_same_run(run_dir: pathlib.Path, config):
-    """Refuse to resume a run directory whose model, data or seed differ from the config."""
-    path = run_dir / "config.json"
-    if not path.exists():
-        return
-    old = json.loads(path.read_text())
-    for key in ("model", "data", "seed"):
-        new = config.to_dict()[key]
-        if old.get(key) != json.loads(json.dumps(new)):
-            raise ValueError(f"{run_dir} holds a run with a different {key!r} config; use a "
-                             "new --workdir, or delete the old run to start over")
-
-
 def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True):
     """Train (or resume) a run in ``workdir``; returns the final evaluation dict."""
-    config = resolve_config(config)
+    # Every check before the run directory is written: the config (a ConfigError, also for
+    # what only tracing the model finds, e.g. a MoD capacity of 0 tokens), the devices, the
+    # run already in the directory, the data.
+    with errors.config_errors():
+        config = resolve_config(config)
+        dc, tc = config.data, config.train
+        model = build(config.model.to_dict())
+        mesh = sharding.make_mesh(config.sharding.model_parallel)
+        sharding.check_batch(tc.batch_size, mesh)
+        abstract = jax.eval_shape(lambda: init_state(config, model, jax.random.key(0)))
     run_dir = pathlib.Path(workdir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    _check_same_run(run_dir, config)
-    write_json_atomic(run_dir / "config.json", config.to_dict())
-
-    dc, tc = config.data, config.train
+    checkpoint.check_same_run(run_dir, config, keys=("model", "data", "seed"))
     splits = text_data.load_splits(dc.source, dc.get("path"), dc.get("tfds_name"),
                                    dc.get("data_dir"))
-    model = build(config.model.to_dict())
-    mesh = sharding.make_mesh(config.sharding.model_parallel)
-    sharding.check_batch(tc.batch_size, mesh)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / "config.json", config.to_dict())
     tx = make_optimizer(tc)
 
     dummy = jnp.zeros((1, dc.seq_len), jnp.int32)
     p_shard = sharding.param_shardings(model.logical_axes(dummy), mesh, config.sharding.rules)
-    abstract = jax.eval_shape(lambda: init_state(config, model, jax.random.key(0)))
     rep = sharding.replicated(mesh)
     state_shardings = {
         "step": rep, "params": p_shard,
@@ -141,7 +132,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
     if mngr.latest_step() is not None:
         target = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                               abstract, state_shardings)
-        state = checkpoint.restore(mngr, target)
+        state = checkpoint.restore_newest(mngr, target, run_dir)
         print(f"resumed {run_dir} at step {int(state['step'])}")
     else:
         state = jax.jit(lambda k: init_state(config, model, k),

@@ -1,0 +1,54 @@
+"""Every results/*/results.json summary equals what the current statistics code computes
+from the per-checkpoint values stored in the same file (a stale figure fails here)."""
+import json
+import math
+import pathlib
+
+import pytest
+
+from dynjax.audit.summary import summarize_stored
+from tests.conftest import ROOT
+
+RESULTS = sorted(pathlib.Path(ROOT, "results").rglob("results.json"))
+FIELDS = ("estimate", "ci_low", "ci_high", "p", "p_holm")
+
+
+def _same(stored, fresh):
+    if stored is None:                       # NaN is written as null
+        return fresh is None or not math.isfinite(fresh)
+    return fresh is not None and math.isclose(stored, fresh, rel_tol=1e-9, abs_tol=1e-15)
+
+
+def mismatches(results: dict) -> list[str]:
+    """'section/name/field: stored X, recomputed Y' for every summary number that differs."""
+    fresh = summarize_stored(results)
+    if fresh is None:
+        return []
+    out = []
+    for section in ("conditions", "effects"):
+        for name, row in fresh[section].items():
+            stored = results[section][name]
+            pairs = [(f, stored.get(f), row.get(f)) for f in FIELDS if f in row]
+            if "retention" in row:
+                pairs += [(f"retention.{f}", stored["retention"].get(f), row["retention"][f])
+                          for f in ("estimate", "ci_low", "ci_high")]
+            out += [f"{section}/{name}/{f}: stored {a}, recomputed {b}"
+                    for f, a, b in pairs if not _same(a, b)]
+    return out
+
+
+def test_there_are_results_to_check():
+    assert len(RESULTS) >= 4, RESULTS
+
+
+@pytest.mark.parametrize("path", RESULTS, ids=lambda p: str(p.parent.relative_to(ROOT)))
+def test_results_json_reproduces_from_its_stored_values(path):
+    results = json.loads(path.read_text())
+    assert mismatches(results) == []
+
+
+def test_a_stale_figure_is_caught():
+    results = json.loads(RESULTS[0].read_text())
+    name = next(iter(n for n in results["conditions"] if n != "correct"))
+    results["conditions"][name]["p"] = 0.123456
+    assert [m for m in mismatches(results) if m.startswith(f"conditions/{name}/p:")]
