@@ -14,7 +14,6 @@ import sys
 
 sys.path.insert(0, ".")
 from dynjax.measure import execution  # noqa: E402
-from dynjax.models import mod  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402
 from dynjax.train.metrics import write_json_atomic  # noqa: E402
 

@@ -127,7 +127,7 @@ def main():
         "routing": {a: [routing_of(runs / f"{a}_s{s}", args.routing_windows) for s in seeds]
                     for a in arms if a != "dense"}}
     write_json_atomic(Path(args.out), result)
-    print(f"train-step FLOPs relative to dense: "
+    print("train-step FLOPs relative to dense: "
           + ", ".join(f"{a} {flops[a] / flops['dense']:.3f} ({steps[a]} steps)" for a in arms))
     print("\n| arm | routing | causal | test bits/byte per seed | mean | minus dense |")
     print("|---|---|---|---|---|---|")

@@ -1,8 +1,9 @@
 """Training: optimizer, train state, the jitted step, evaluation and the resumable loop.
 
 Read top to bottom: ``make_optimizer`` -> ``init_state`` -> ``make_train_step`` ->
-``train`` (evaluation under every routing rule: ``dynjax.train.evaluation``). The train state is a plain dict {step, params, opt_state} so it
-goes straight into orbax and NamedSharding. The batch for step s depends only on (seed, s),
+``train`` (evaluation under every routing rule lives in ``dynjax.train.evaluation``). The
+train state is a plain dict {step, params, opt_state} so it goes straight into orbax and
+NamedSharding. The batch for step s depends only on (seed, s),
 so a run stopped and resumed from a checkpoint is bitwise identical to an uninterrupted one.
 """
 from __future__ import annotations
