@@ -251,3 +251,24 @@ def test_aux_losses_train_router_and_predictor_only_through_their_targets(model)
     sub = grads["layers"]["layer_0"]
     assert np.abs(np.asarray(sub["sub_1"]["predictor"]["out"]["kernel"])).max() > 0
     assert all(np.all(np.asarray(g) == 0) for g in jax.tree.leaves(sub["sub_0"]))
+
+
+def test_evaluation_reports_every_rule_with_a_causal_headline(model):
+    """eval.json's figures: top-k labelled non-causal, the headline a causal rule, and the
+    KV-cache decoder agreeing with the causal forward on the same windows."""
+    from dynjax.train.evaluation import Evaluator
+    _, params, tokens = model
+    ev = Evaluator(CFG)
+    out = ev(params, np.asarray(tokens), batch_size=2)
+    assert out["route"] == "predictor" and out["causal"] is True
+    assert {r: v["causal"] for r, v in out["routes"].items()} == {
+        "topk": False, "router": True, "predictor": True}
+    assert out["bpb"] == out["routes"]["predictor"]["bpb"]
+    assert "topk" in ev.describe(out) and "(non-causal)" in ev.describe(out)
+    assert Evaluator(dataclasses.replace(CFG, mod_predictor_weight=0.0)).headline == "router"
+    with pytest.raises(ValueError, match="eval.route='sideways'"):
+        Evaluator(CFG, "sideways")
+    agree = ev.decode_agreement(params, np.asarray(tokens), batch_size=2)
+    for rule in ("router", "predictor"):
+        assert agree[rule]["max_abs_logit_diff"] < 1e-4
+        assert agree[rule]["forward_bpb"] == pytest.approx(out["routes"][rule]["bpb"], abs=1e-5)
