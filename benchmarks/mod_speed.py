@@ -23,6 +23,7 @@ the analytic matmul count; train step from the compiled unrolled step; decode an
 Prints JSON (and writes it to ``--out``).
 """
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -101,8 +102,10 @@ def measure(variant, args):
     # Decode: one step at the last position of a seq-len cache; the cache is donated and
     # carried from step to step, as in generation (a MoD buffer fills by one per entering
     # step, far below its k slots in this many steps).
+    # The slot budget is top-k's k = floor(c * T), so the cache holds what training routes.
     B, T = args.decode_batch, args.seq_len
-    dcfg = mod.decode_config(cfg, "predictor")
+    slots = mod.capacity(cfg, T) if cfg.variant != "dense" else 0
+    dcfg = dataclasses.replace(mod.decode_config(cfg, "predictor"), mod_decode_slots=slots)
     steps = {branch: jax.jit(lambda p, c, tok, pos, branch=branch: mod.decode_step(
         dcfg, p, c, tok, pos, branch)[:2], donate_argnums=1) for branch in mod.DECODE_BRANCHES}
     out["cache_bytes"] = mod.cache_bytes(mod.init_cache(dcfg, B, T))
