@@ -277,3 +277,37 @@ def test_muddpythia_directory_path(tmp_path, windows):
     cfg.data.seq_len = 128   # beyond the tiny model's block_size of 64
     with pytest.raises(AuditError, match="exceeds the model's block_size"):
         run.audit_from_config(cfg, muddpythia_dir=str(hf), progress=False, log=logs.append)
+
+
+def test_scorecard_reuses_the_audit_and_flop_report_numbers(fg_run, fg_audit, tmp_path):
+    """The scorecard's dependence and variation panels are the audit's numbers, its FLOP
+    ratio is flop_report's, and its verdicts follow the configured thresholds."""
+    from configs import scorecard as scorecard_config
+    from dynjax import scorecard
+    from dynjax.measure import execution
+    from dynjax.train import checkpoint
+
+    res, _ = fg_audit
+    config = scorecard_config.get_config()
+    small(config.audit)
+    config.execution_windows, config.latency_batches, config.latency_repeats = 2, (1, 2), 1
+    config.thresholds.latency_batch = 2
+    card = scorecard.score_run(fg_run, config, tmp_path / "0", log=lambda *a: None)
+    for name, row in card["dependence"]["conditions"].items():
+        for key in ("estimate", "ci_low", "ci_high", "p"):
+            assert row[key] == res["conditions"][name][key], (name, key)
+    from dynjax.audit.report import to_jsonable
+    assert to_jsonable(card["dependence"]["retention"]) == \
+        res["conditions"]["static_profile"]["retention"]
+    assert to_jsonable(card["variation"]["variance"]) == res["variance"]
+    cfg = checkpoint.load_params(fg_run)[1].cfg
+    ratio = (execution.flop_report(cfg, 1, T)["compiled_flops"]
+             / execution.flop_report(scorecard.dense_twin(cfg), 1, T)["compiled_flops"])
+    assert card["execution"]["flops_ratio_compiled"] == ratio
+    assert card["execution"]["executed_fraction"] == 1.0
+    assert card["verdicts"]["execution"].startswith("no skipping")
+    config.thresholds.depends_min_dnll = -1.0   # any CI lower bound clears it
+    assert scorecard.verdicts(card, config.thresholds)["dependence"].startswith("function depends")
+    scorecard.write([card], tmp_path / "out")
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {
+        "scorecard.json", "scorecard.md", "scorecard_0.png"}

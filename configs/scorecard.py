@@ -1,0 +1,31 @@
+"""The execution scorecard's settings: a quick audit, the timing, and every verdict threshold.
+
+    python scorecard.py --config=configs/scorecard.py --out=DIR RUN_DIR [RUN_DIR ...]
+
+Thresholds (fixed before looking at results):
+- variation: "varies" when more than ``varies_min_nonlayer_share`` of some coefficient's
+  variance is not explained by layer identity (example, token, their interaction);
+- dependence: "function depends on it" when the cross-input or static-profile ΔNLL has a
+  95% CI lower bound above ``depends_min_dnll`` nats per token;
+- execution: "executes less" when both the compiled-FLOP ratio and the prefill latency
+  ratio at batch ``latency_batch`` against the same-size dense model are at most
+  ``executes_less_max_ratio``.
+"""
+import ml_collections
+
+from configs import audit_tiny
+
+
+def get_config():
+    c = ml_collections.ConfigDict()
+    c.audit = audit_tiny.get_config()
+    c.audit.reassignments = 5
+    c.audit.data.calib_windows = 32
+    c.audit.data.eval_windows = 32
+    c.execution_windows = 8        # test windows timed (the largest latency batch)
+    c.latency_batches = (1, 8)     # the paper measured batch 8
+    c.latency_repeats = 5
+    c.thresholds = ml_collections.ConfigDict(dict(
+        varies_min_nonlayer_share=0.05, depends_min_dnll=0.01, executes_less_max_ratio=0.9,
+        latency_batch=8))
+    return c

@@ -1,0 +1,45 @@
+"""The execution scorecard: for each checkpoint, does it vary, does its function depend on
+it, and does it really execute less?
+
+    python scorecard.py --config=configs/scorecard.py --out=DIR RUN_DIR [RUN_DIR ...]
+
+Writes DIR/scorecard.json, DIR/scorecard.md and DIR/scorecard_<i>.png (three panels), and
+each audited run's audit under DIR/<i>/audit. Library: ``dynjax/scorecard.py``.
+"""
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from dynjax import errors, scorecard
+from dynjax.audit import run as audit_run
+
+config_flags.DEFINE_config_file("config", "configs/scorecard.py", "configs/NAME.py",
+                                lock_config=True)
+flags.DEFINE_string("out", None, "output directory")
+flags.mark_flag_as_required("out")
+
+
+def main(argv):
+    logging.set_verbosity(logging.WARNING)
+    runs = argv[1:]
+    if not runs:
+        errors.exit_with_error("scorecard.py", "no run directories given: pass RUN_DIR "
+                               "[RUN_DIR ...] written by train.py")
+    out = flags.FLAGS.out
+
+    def score():
+        cards = [scorecard.score_run(r, flags.FLAGS.config, f"{out}/{i}")
+                 for i, r in enumerate(runs)]
+        scorecard.write(cards, out)
+        return cards
+    cards = errors.run_program("scorecard.py", score,
+                               errors=(audit_run.AuditError, audit_run.ReplayError,
+                                       FileNotFoundError))
+    for c in cards:
+        print(f"{c['run']} ({c['model']})")
+        for axis, line in c["verdicts"].items():
+            print(f"  {axis:<11} {line}")
+    print(f"wrote {out}/scorecard.json, scorecard.md and figures")
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=errors.flags_parser("scorecard.py"))
