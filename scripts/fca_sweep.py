@@ -23,6 +23,8 @@ resumes an interrupted run from its last checkpoint (train.py's resume), so the 
 continues after a kill, on this machine or another. ``--budget-minutes`` stops starting new
 work once that much time has passed, so one bounded device call does as much as fits.
 Each run records where it ran (``RUN/sweep_device.json``); the report names it per row.
+On a machine without the registries (a device machine), copy the four text archives
+(``python -m dynjax.data.fetch`` puts them in .data/) to a directory and set $DYNJAX_DATA to it.
 """
 from __future__ import annotations
 
