@@ -69,6 +69,35 @@ def attention_row_features(prev):
     return stats
 
 
+def online_row_features(q, k, positions, prev, block=128):
+    """``attention_row_features`` for a whole layer without its attention probabilities:
+    keys in blocks of ``block`` with an online softmax (running max m, sum l = sum e^(s-m),
+    and the e^(s-m)-weighted sums of s and of the previous layer's logits), so no array
+    exceeds (B, H, T, block). Entropy = lse - E[s]; KL = E[s] - lse - E[s_prev] + lse_prev.
+    Returns the features (B, H, T, 3) and this layer's lse (B, H, T)."""
+    (q, k, positions), (q_prev, k_prev, lse_prev) = jax.lax.stop_gradient(
+        ((q, k, positions), prev))
+    B, T, H, _ = q.shape
+    m = jnp.full((B, H, T), -jnp.inf)
+    l = es = es_prev = visible = jnp.zeros((B, H, T))
+    for j in range(0, k.shape[1], block):
+        s = attention_scores(q, k[:, j:j + block])
+        s_prev = attention_scores(q_prev, k_prev[:, j:j + block])
+        mask = (positions[:, None, j:j + block] <= positions[:, :, None])[:, None]
+        m_new = jnp.maximum(m, jnp.max(jnp.where(mask, s, -jnp.inf), axis=-1))
+        alpha = jnp.exp(m - m_new)
+        e = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
+        l, m = l * alpha + e.sum(-1), m_new
+        es = es * alpha + jnp.sum(e * jnp.where(mask, s, 0.0), axis=-1)
+        es_prev = es_prev * alpha + jnp.sum(e * jnp.where(mask, s_prev, 0.0), axis=-1)
+        visible = visible + mask.sum(-1)
+    lse = m + jnp.log(l)
+    mean_s, mean_prev = es / l, es_prev / l
+    feats = jnp.stack([lse - mean_s, mean_s - lse - mean_prev + lse_prev,
+                       lse / jnp.log(jnp.maximum(visible, 2.0))], axis=-1)
+    return feats, lse
+
+
 def attention_features(per_head, update, h):
     """The four per-token controller features, (B, T, 4), float32 and gradient-free: the
     per-head row features (B, H, T, 3) averaged over heads, and ||update|| / ||h||."""
@@ -110,6 +139,8 @@ class GateLayer(nn.Module):
         fg = self.cfg.variant == "feature_gate"
         update, (q, k, lse, per_head) = Block(self.cfg, name="block")(
             h, positions, row_stats=attention_row_features(prev) if fg else None)
+        if fg and per_head is None:  # a fused attention: the features without probabilities
+            per_head, lse = online_row_features(q, k, positions, prev, self.cfg.attn_block or 128)
         if self.cfg.variant in ("dense", "fixed_depth"):
             return (h + update, positions, prev), None
         if fg:

@@ -18,6 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+ATTN_IMPLS = ("jnp", "xla", "cudnn")
 MASK_VALUE = -1e30  # large finite: keeps fully masked rows (none occur causally) NaN-free
 
 
@@ -36,8 +37,10 @@ class ModelConfig:
     dtype: str = "float32"         # compute dtype; parameters are always float32
     scan_layers: bool = True       # nn.scan over layers: compile time flat in depth
     remat: bool = False            # rematerialise each layer in the backward pass
-    attn_block: int = 128          # causal attention by query blocks over their key prefix
-                                   # (0: the full T x T square); see causal_attention
+    attn_impl: str = "jnp"         # "jnp": causal_attention (CPU); "xla" | "cudnn": fused
+                                   # jax.nn.dot_product_attention (cudnn: flash, GPU, bf16)
+    attn_block: int = 128          # jnp: query blocks over their key prefix (0: full T x T)
+    remat_save_dots: bool = False  # remat: keep matmul outputs too, recompute the rest
     # residual-gate family
     fixed_depth: int = 0           # fixed_depth variant: number of executed blocks
     gate_max: float = 2.0          # feature_gate: g = gate_max * sigmoid(controller)
@@ -95,6 +98,8 @@ class ModelConfig:
             raise ValueError(f"model.dtype={self.dtype!r}; use 'float32' or 'bfloat16'")
         if self.n_layers < 1:
             raise ValueError(f"model.n_layers={self.n_layers} must be at least 1")
+        if self.attn_impl not in ATTN_IMPLS:
+            raise ValueError(f"model.attn_impl={self.attn_impl!r}; use one of {ATTN_IMPLS}")
         if self.attn_block < 0:
             raise ValueError(f"model.attn_block={self.attn_block} must be >= 0 (0: full)")
 
@@ -158,6 +163,16 @@ def causal_attention(q, k, v, q_pos, k_pos, block=0, row_stats=None):
     return jnp.concatenate(out, axis=1), jnp.concatenate(lse, axis=-1), stats
 
 
+def fused_attention(q, k, v, q_pos, k_pos, implementation):
+    """causal_attention's output and lse through ``jax.nn.dot_product_attention`` (cuDNN's
+    flash kernel with "cudnn"): no probabilities, so no controller statistics."""
+    visible = (k_pos[:, None, :] <= q_pos[:, :, None])[:, None]
+    out, lse = jax.nn.dot_product_attention(
+        q, k, v, mask=visible, is_causal=q.shape[1] == k.shape[1],  # same keys, in order
+        implementation=implementation, return_residual=True)
+    return out, jnp.swapaxes(lse, 1, 2).astype(jnp.float32)  # (B, T, H) -> (B, H, T)
+
+
 def per_token(layer, x):
     """``layer`` applied to x (B, T, ...) with B and T flattened into one token axis.
 
@@ -197,11 +212,16 @@ class Attention(nn.Module):
     def __call__(self, x, positions, kv=None, row_stats=None):
         """x: (B, T, D). ``kv`` = (keys_x, key_positions) attends to other tokens (decoding).
         Returns the output and (q, k, lse, stats): rotary queries and keys, the log-sum-exp
-        and ``row_stats``'s per-query arrays (see causal_attention), for controllers."""
+        and ``row_stats``'s per-query arrays (see causal_attention; None with a fused
+        ``attn_impl``), for controllers."""
         cfg = self.cfg
         kx, kpos = (x, positions) if kv is None else kv
         q, k, v = project_qkv(cfg, x, kx, kx, positions, kpos)
-        out, lse, stats = causal_attention(q, k, v, positions, kpos, cfg.attn_block, row_stats)
+        if cfg.attn_impl == "jnp":
+            out, lse, stats = causal_attention(q, k, v, positions, kpos, cfg.attn_block,
+                                               row_stats)
+        else:  # fused: row statistics, if wanted, are the caller's (gates.online_row_features)
+            (out, lse), stats = fused_attention(q, k, v, positions, kpos, cfg.attn_impl), None
         return per_token(out_projection(cfg), out), (q, k, lse, stats)
 
 
@@ -282,8 +302,11 @@ def scan_layers(layer_cls, cfg: ModelConfig, length: int, name="layers", **kwarg
     it they are unrolled, which is what FLOP counting from the compiled program needs.
     """
     if cfg.remat:
-        layer_cls = nn.remat(layer_cls, prevent_cse=not cfg.scan_layers,
-                             policy=jax.checkpoint_policies.save_only_these_names(REMAT_SAVED))
+        policy = jax.checkpoint_policies.save_only_these_names(REMAT_SAVED)
+        if cfg.remat_save_dots:
+            policy = jax.checkpoint_policies.save_from_both_policies(
+                policy, jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+        layer_cls = nn.remat(layer_cls, prevent_cse=not cfg.scan_layers, policy=policy)
     if cfg.scan_layers:
         return nn.scan(layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
                        in_axes=0, length=length,
