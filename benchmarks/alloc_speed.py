@@ -5,7 +5,7 @@
 The allocator is fixed when a process starts, so each setting runs in its own process (the
 dense benchmark model of ``benchmarks/common.py``, T=1024, batch 8, f32): ``system`` (glibc
 defaults), ``hugetlb`` (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, what ``dynjax._alloc``
-sets), and, where libjemalloc is installed, ``jemalloc`` (decay off, as the issue measured).
+sets by default), and, where Debian's libjemalloc2 is installed, ``jemalloc`` (decay off).
 The processes run one after another, round by round, so load falls on each alike; each
 reports its median step time after one warm-up step and its minor page faults per step.
 """
@@ -19,13 +19,7 @@ import sys
 import time
 
 sys.path.insert(0, ".")
-
-JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
-SETTINGS = {"system": {},
-            "hugetlb": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"},
-            "jemalloc": {"LD_PRELOAD": JEMALLOC,
-                         "MALLOC_CONF": "dirty_decay_ms:-1,muzzy_decay_ms:-1,retain:true"}}
-
+from dynjax import _alloc  # noqa: E402
 
 def child(args):
     """Time the train step in this process; print one JSON line."""
@@ -57,20 +51,22 @@ def main():
     args = ap.parse_args()
     if args.child:
         return child(args)
-    settings = {k: v for k, v in SETTINGS.items() if k != "jemalloc" or os.path.exists(JEMALLOC)}
+    settings = [k for k in _alloc.SETTINGS if k != "jemalloc" or os.path.exists(_alloc.JEMALLOC)]
     runs = {name: [] for name in settings}
     load_before = os.getloadavg()
     for _ in range(args.rounds):
-        for name, extra in settings.items():
+        for name in settings:
             env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
-            env.update(extra, DYNJAX_MALLOC="system", PYTHONPATH=os.getcwd())
+            env = dict(_alloc.environment(name, env), DYNJAX_MALLOC="system",
+                       PYTHONPATH=os.getcwd())
             out = subprocess.run([sys.executable, __file__, "--child", "--steps", str(args.steps),
                                   "--seq-len", str(args.seq_len), "--batch-size",
                                   str(args.batch_size)], env=env, check=True,
                                  capture_output=True, text=True).stdout
             runs[name].append(json.loads(out.strip().splitlines()[-1]))
     res = {"command": "python " + " ".join(sys.argv), "load_average_before": load_before,
-           "load_average_after": os.getloadavg(), "settings": settings,
+           "load_average_after": os.getloadavg(),
+           "settings": {name: _alloc.SETTINGS[name] for name in settings},
            "note": "one process per setting and round; medians over rounds; compare ratios"}
     for name, rs in runs.items():
         res[name] = {k: statistics.median(r[k] for r in rs) for k in rs[0]}

@@ -118,3 +118,18 @@ def test_online_row_features_equal_blockwise():
     got, got_lse = gates.online_row_features(q, k, pos, prev, block=8)
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
     np.testing.assert_allclose(got_lse, lse, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("setting,variable,value", [
+    ("hugetlb", "GLIBC_TUNABLES", "glibc.malloc.hugetlb=1"), ("system", "GLIBC_TUNABLES", "None")])
+def test_entry_points_reexec_with_the_allocator_setting(setting, variable, value):
+    """A program that calls _alloc.reexec(__name__) runs with the setting without being told."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "DYNJAX_MALLOC_APPLIED")}
+    code = ("from dynjax._alloc import reexec; reexec(__name__); import os; "
+            f"print(os.environ.get({variable!r}))")
+    out = subprocess.run([sys.executable, "-c", code], env=dict(env, DYNJAX_MALLOC=setting),
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == value
