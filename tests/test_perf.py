@@ -131,5 +131,6 @@ def test_entry_points_reexec_with_the_allocator_setting(setting, variable, value
     code = ("from dynjax._alloc import reexec; reexec(__name__); import os; "
             f"print(os.environ.get({variable!r}))")
     out = subprocess.run([sys.executable, "-c", code], env=dict(env, DYNJAX_MALLOC=setting),
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == value
