@@ -21,6 +21,8 @@ DIR/report.md and PNG plots, atomically; prints a verdict table. Override any co
 with ``--config.reassignments=5``. Program: ``dynjax/audit/run.py``; engine:
 ``dynjax/audit/engine.py``.
 """
+from dynjax._alloc import reexec  # the allocator setting, before JAX starts: dynjax/_alloc.py
+reexec(__name__)
 from absl import app, flags, logging
 from ml_collections import config_flags
 

@@ -3,6 +3,8 @@
 Override any field with ``--config.train.steps=500``. Re-running the same command resumes
 from the latest checkpoint in DIR. Prints the final validation and test bits per byte.
 """
+from dynjax._alloc import reexec  # the allocator setting, before JAX starts: dynjax/_alloc.py
+reexec(__name__)
 from absl import app, flags, logging
 from ml_collections import config_flags
 

@@ -7,6 +7,8 @@ Override any field with ``--config.gate.lambda_g=1.0``. Re-running the same comm
 from the latest checkpoint in the workdir. Prints test accuracy, RelMAC and open rates
 (definitions in dynjax/measure/macs.py); the full evaluation is in WORKDIR/eval.json.
 """
+from dynjax._alloc import reexec  # the allocator setting, before JAX starts: dynjax/_alloc.py
+reexec(__name__)
 from absl import app, flags, logging
 from ml_collections import config_flags
 

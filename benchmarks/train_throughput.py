@@ -4,8 +4,9 @@
     python benchmarks/train_throughput.py --config=featuregate_76m --batch-size=64 \
         --seq-len=512 --variants=dense,uniform,feature_gate,fixed_depth15   # accelerator
 
-Prints JSON: per variant the median step time after warm-up (compilation excluded) and
-tokens/s, and FeatureGate's overhead over dense as a ratio of medians from this same run
+Prints JSON: per variant the median step time after warm-up (compilation excluded),
+tokens/s, analytic model FLOPs per step and MFU against ``dynjax.measure.mfu.PEAK_FLOPS``
+(null on a device the table does not know, e.g. a CPU), and FeatureGate's overhead over dense as a ratio of medians from this same run
 (these machines are noisy: compare ratios, not absolute times across runs).
 """
 import argparse
@@ -19,6 +20,7 @@ import time
 import jax
 
 sys.path.insert(0, ".")
+from dynjax.measure import mfu  # noqa: E402
 from dynjax.models import build  # noqa: E402
 from dynjax.train.loop import init_state, make_optimizer, make_train_step  # noqa: E402
 from dynjax.train.metrics import write_json_atomic  # noqa: E402
@@ -41,7 +43,7 @@ def compiled_step(config_module, variant, batch_size, seq_len, model_set=()):
     tokens = jax.random.randint(jax.random.key(1), (batch_size, seq_len), 0, 256)
     state, m = step_fn(state, tokens)  # compile + warm-up
     jax.block_until_ready(m)
-    return step_fn, state, tokens
+    return step_fn, state, tokens, model.cfg
 
 
 def measure(config_module, variants, steps, repeats, batch_size, seq_len, model_set=()):
@@ -51,18 +53,20 @@ def measure(config_module, variants, steps, repeats, batch_size, seq_len, model_
     times = {v: [] for v in variants}
     for _ in range(repeats):
         for v in variants:
-            step_fn, state, tokens = compiled[v]
+            step_fn, state, tokens, cfg = compiled[v]
             for _ in range(steps):
                 t0 = time.perf_counter()
                 state, m = step_fn(state, tokens)
                 jax.block_until_ready(m)
                 times[v].append(time.perf_counter() - t0)
-            compiled[v] = (step_fn, state, tokens)
-    out = {}
+            compiled[v] = (step_fn, state, tokens, cfg)
+    out, kind = {}, jax.devices()[0].device_kind
     for v, ts in times.items():
-        med = statistics.median(ts)
+        med, cfg = statistics.median(ts), compiled[v][3]
         out[v] = {"median_step_s": med, "tokens_per_s": batch_size * seq_len / med,
-                  "steps_timed": len(ts)}
+                  "steps_timed": len(ts),
+                  "model_flops_per_step": mfu.train_step_flops(cfg, batch_size, seq_len),
+                  "mfu": mfu.mfu(cfg, batch_size, seq_len, med, kind)}
     return out
 
 

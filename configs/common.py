@@ -19,7 +19,8 @@ def base(variant: str) -> ml_collections.ConfigDict:
     c.model = dict(family="gates", variant=variant, vocab_size=256, d_model=128, n_heads=4,
                    n_layers=4, d_ff=512, rope_base=10000.0, dtype="float32",
                    scan_layers=True, remat=False, fixed_depth=depth, gate_max=2.0,
-                   controller_hidden=16, uniform_value=None)
+                   controller_hidden=16, uniform_value=None,
+                   attn_impl="jnp", attn_block=128, remat_save_dots=False)  # speed only
     c.model = ml_collections.ConfigDict(c.model)
     c.model.uniform_value = ml_collections.FieldReference(None, field_type=float)
     c.data = ml_collections.ConfigDict(dict(source="embedded", seq_len=128))

@@ -17,6 +17,7 @@
 #     --config.data.eval_windows=8 --config.stats.n_resamples=99" bash scripts/compare_fca.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/env.sh
 bash scripts/setup.sh
 OUT=${OUT:-runs/fca}
 SEEDS=${SEEDS:-0 1 2}

@@ -12,7 +12,11 @@
 #    dense / masked / structured-per-batch at 4096 and 16384;
 # 5. where FeatureGate's step overhead comes from: without rematerialisation, and at T=256.
 # Each step has its own time limit so a slow one cannot swallow the others' results.
-# `bash scripts/gpu_checks.sh STEP...` runs only the named steps. The audit step reads the
+# `bash scripts/gpu_checks.sh STEP...` runs only the named steps; `bash scripts/gpu_checks.sh perf`
+# runs the performance steps alone (under 8 min): the fused-attention and online-feature
+# equality tests, then the 76M preset's MFU for dense and FeatureGate with cuDNN flash attention
+# (attn_impl=cudnn), with the jnp attention as before, and cuDNN with matmul outputs saved
+# under remat (remat_save_dots). The audit step reads the
 # embedded corpus: carry .data/embedded_v1 and the two archives in .data/.
 set -u
 OUT=${OUT:-runs/gpu_checks}
@@ -28,7 +32,10 @@ PY=${PY:-python3}
   nvidia-smi -L
   $PY -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
 } 2>&1 | tee "$OUT/env.txt"
-STEPS=" ${*:-pytest_contract pytest_families audit_replay train_76m mod_speed gate_speed gate_speed_large fg_remat_off fg_t256} "
+PERF="perf_tests perf_76m_cudnn perf_76m_jnp perf_76m_dots"
+ARGS=" ${*:-} "
+STEPS=" ${ARGS/ perf / $PERF }"
+[[ -n ${*:-} ]] || STEPS=" pytest_contract pytest_families audit_replay train_76m mod_speed gate_speed gate_speed_large fg_remat_off fg_t256 "
 step() {  # step SECONDS NAME CMD...: run with a limit, log to $OUT/log.txt
   local limit=$1 name=$2; shift 2
   [[ $STEPS == *" $name "* ]] || return 0
@@ -58,4 +65,15 @@ step 90 fg_remat_off $PY benchmarks/train_throughput.py --config featuregate_76m
 step 90 fg_t256 $PY benchmarks/train_throughput.py --config featuregate_76m --batch-size 128 \
   --seq-len 256 --variants dense,feature_gate --steps 5 --repeats 3 \
   --out "$OUT/train_76m_t256_gpu.json"
+step 90 perf_tests $PY -m pytest -q -p no:cacheprovider tests/test_perf.py \
+  -k "fused or online or block_causal"
+for impl in cudnn jnp; do
+  step 130 perf_76m_$impl $PY benchmarks/train_throughput.py --config featuregate_76m \
+    --batch-size 64 --seq-len 512 --variants dense,feature_gate --steps 5 --repeats 3 \
+    --model-set "attn_impl='$impl'" --out "$OUT/train_76m_${impl}_gpu.json"
+done
+step 110 perf_76m_dots $PY benchmarks/train_throughput.py --config featuregate_76m \
+  --batch-size 64 --seq-len 512 --variants dense,feature_gate --steps 5 --repeats 3 \
+  --model-set "attn_impl='cudnn'" --model-set remat_save_dots=True \
+  --out "$OUT/train_76m_cudnn_dots_gpu.json"
 grep -E "passed|failed|error" "$OUT/log.txt" | tail -3

@@ -4,6 +4,7 @@
 # with the Frozen-Controller Audit and print the verdict. Extra flags go to train.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/env.sh
 bash scripts/setup.sh
 RUN=${RUN:-runs/main}
 .venv/bin/python train.py --config=configs/tiny.py:feature_gate --workdir="$RUN/feature_gate" "$@"

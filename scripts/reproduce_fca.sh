@@ -8,6 +8,7 @@
 #   bash scripts/reproduce_fca.sh            # OUT=runs/fca SEEDS="0 1 2" STEPS=400
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/env.sh
 bash scripts/setup.sh
 OUT=${OUT:-runs/fca}
 SEEDS=${SEEDS:-0 1 2}

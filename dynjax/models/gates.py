@@ -28,8 +28,8 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from dynjax.coeffs import Axes
-from dynjax.models.transformer import (REMAT_SAVED, Block, Head, ModelConfig, embed_tokens,
-                                       scan_layers)
+from dynjax.models.transformer import (REMAT_SAVED, Block, Head, ModelConfig, attention_scores,
+                                       embed_tokens, scan_layers)
 
 VARIANTS = ("dense", "uniform", "layer_static", "feature_gate", "fixed_depth")
 GATE_AXES = Axes(("layer", "example", "token"))
@@ -40,20 +40,72 @@ def schema(cfg: ModelConfig):
     return {} if cfg.variant in ("dense", "fixed_depth") else {"gate": GATE_AXES}
 
 
-def attention_features(logits, lse, prev_logp, update, h):
-    """The four per-token controller features, (B, T, 4), float32 and gradient-free."""
-    logits, lse, prev_logp, update, h = jax.lax.stop_gradient((logits, lse, prev_logp, update, h))
-    logp = logits - lse[..., None]                         # (B, H, T, T); masked -> ~-1e30
-    p = jnp.exp(logp)                                      # exactly 0 where masked
-    entropy = -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1)
-    kl = jnp.sum(jnp.where(p > 0, p * (logp - prev_logp), 0.0), axis=-1)
-    visible = jnp.sum(p > 0, axis=-1).astype(jnp.float32)
-    lse_norm = lse / jnp.log(jnp.maximum(visible, 2.0))
-    per_head = jnp.stack([entropy, kl, lse_norm], axis=-1).mean(axis=1)  # (B, T, 3)
+def uniform_attention(cfg: ModelConfig, B: int, T: int):
+    """Layer 0's KL reference, the uniform distribution over visible keys, in the form a
+    layer hands to the next: (q, k, lse) with zero queries and keys, so every visible
+    logit is 0 and lse = log(visible keys)."""
+    zeros = jnp.zeros((B, T, cfg.n_heads, cfg.head_dim), cfg.compute_dtype)
+    lse = jnp.log(jnp.arange(1, T + 1, dtype=jnp.float32))
+    return zeros, zeros, jnp.broadcast_to(lse, (B, cfg.n_heads, T))
+
+
+def attention_row_features(prev):
+    """``row_stats`` for causal_attention: per head and query, the entropy, the KL to the
+    previous layer's attention (its logits recomputed from ``prev`` = its (q, k, lse) for
+    the same block of queries) and the normalised log-partition, (B, H, n, 3), gradient-free."""
+    q_prev, k_prev, lse_prev = jax.lax.stop_gradient(prev)
+
+    def stats(q0, logits, lse):
+        logits, lse = jax.lax.stop_gradient((logits, lse))
+        n, m = logits.shape[2:]
+        logp = logits - lse[..., None]                     # masked -> ~-1e30
+        p = jnp.exp(logp)                                  # exactly 0 where masked
+        logp_prev = (attention_scores(q_prev[:, q0:q0 + n], k_prev[:, :m])
+                     - lse_prev[:, :, q0:q0 + n, None])
+        entropy = -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1)
+        kl = jnp.sum(jnp.where(p > 0, p * (logp - logp_prev), 0.0), axis=-1)
+        visible = jnp.sum(p > 0, axis=-1).astype(jnp.float32)
+        return jnp.stack([entropy, kl, lse / jnp.log(jnp.maximum(visible, 2.0))], axis=-1)
+    return stats
+
+
+def online_row_features(q, k, positions, prev, block=128):
+    """``attention_row_features`` for a whole layer without its attention probabilities:
+    keys in blocks of ``block`` with an online softmax (running max m, sum l = sum e^(s-m),
+    and the e^(s-m)-weighted sums of s and of the previous layer's logits), so no array
+    exceeds (B, H, T, block). Entropy = lse - E[s]; KL = E[s] - lse - E[s_prev] + lse_prev.
+    Returns the features (B, H, T, 3) and this layer's lse (B, H, T)."""
+    (q, k, positions), (q_prev, k_prev, lse_prev) = jax.lax.stop_gradient(
+        ((q, k, positions), prev))
+    B, T, H, _ = q.shape
+    m = jnp.full((B, H, T), -jnp.inf)
+    l = es = es_prev = visible = jnp.zeros((B, H, T))
+    for j in range(0, k.shape[1], block):
+        s = attention_scores(q, k[:, j:j + block])
+        s_prev = attention_scores(q_prev, k_prev[:, j:j + block])
+        mask = (positions[:, None, j:j + block] <= positions[:, :, None])[:, None]
+        m_new = jnp.maximum(m, jnp.max(jnp.where(mask, s, -jnp.inf), axis=-1))
+        alpha = jnp.exp(m - m_new)
+        e = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
+        l, m = l * alpha + e.sum(-1), m_new
+        es = es * alpha + jnp.sum(e * jnp.where(mask, s, 0.0), axis=-1)
+        es_prev = es_prev * alpha + jnp.sum(e * jnp.where(mask, s_prev, 0.0), axis=-1)
+        visible = visible + mask.sum(-1)
+    lse = m + jnp.log(l)
+    mean_s, mean_prev = es / l, es_prev / l
+    feats = jnp.stack([lse - mean_s, mean_s - lse - mean_prev + lse_prev,
+                       lse / jnp.log(jnp.maximum(visible, 2.0))], axis=-1)
+    return feats, lse
+
+
+def attention_features(per_head, update, h):
+    """The four per-token controller features, (B, T, 4), float32 and gradient-free: the
+    per-head row features (B, H, T, 3) averaged over heads, and ||update|| / ||h||."""
+    per_head, update, h = jax.lax.stop_gradient((per_head, update, h))
     upd = jnp.linalg.norm(update.astype(jnp.float32), axis=-1)
     res = jnp.linalg.norm(h.astype(jnp.float32), axis=-1)
     rel = upd / (res + 1e-6)
-    return jnp.concatenate([per_head, rel[..., None]], axis=-1), logp
+    return jnp.concatenate([per_head.mean(axis=1), rel[..., None]], axis=-1)
 
 
 class Controller(nn.Module):
@@ -71,7 +123,8 @@ class Controller(nn.Module):
 
 
 class GateLayer(nn.Module):
-    """One block plus its residual rule. Carry: (h, positions, previous attention log-probs).
+    """One block plus its residual rule. Carry: (h, positions, the previous layer's attention
+    as (q, k, lse); feature_gate only).
 
     ``gate`` is the (B, T) coefficient to apply, or None to let the controller produce it.
     The combine step sees (h, g, F) through an optimisation barrier in both modes, so a
@@ -82,18 +135,23 @@ class GateLayer(nn.Module):
 
     @nn.compact
     def __call__(self, carry, gate):
-        h, positions, prev_logp = carry
-        update, (logits, lse) = Block(self.cfg, name="block")(h, positions)
+        h, positions, prev = carry
+        fg = self.cfg.variant == "feature_gate"
+        update, (q, k, lse, per_head) = Block(self.cfg, name="block")(
+            h, positions, row_stats=attention_row_features(prev) if fg else None)
+        if fg and per_head is None:  # a fused attention: the features without probabilities
+            per_head, lse = online_row_features(q, k, positions, prev, self.cfg.attn_block or 128)
         if self.cfg.variant in ("dense", "fixed_depth"):
-            return (h + update, positions, prev_logp), None
-        if self.cfg.variant == "feature_gate":
+            return (h + update, positions, prev), None
+        if fg:
             # Both modes compute the controller's features, so the block's attention
             # statistics have the same consumers in record and replay and XLA fuses the block
             # identically (on CPU, optimization barriers are expanded before fusion and do not
             # prevent this; without it replay drifted by ~3e-6 at d_model=128, T=128). Replay
             # ties the features to the gate with weight 0 (a data dependency that keeps them;
             # exact for finite features) and never runs the controller MLP.
-            features, prev_logp = attention_features(logits, lse, prev_logp, update, h)
+            features = attention_features(per_head, update, h)
+            prev = (q, k, lse)
             features = checkpoint_name(features, REMAT_SAVED)  # remat: not recomputed
             if gate is None:  # record: the controller runs
                 gate = Controller(self.cfg, name="controller")(features)
@@ -101,7 +159,7 @@ class GateLayer(nn.Module):
                 gate = gate + 0.0 * jnp.sum(features, axis=-1)
         h, g, update = jax.lax.optimization_barrier((h, gate, update))
         h = h + g[..., None].astype(h.dtype) * update
-        return (h, positions, prev_logp), g
+        return (h, positions, prev), g
 
 
 class GatedDecoder(nn.Module):
@@ -117,17 +175,12 @@ class GatedDecoder(nn.Module):
         gates = None if coeffs is None else coeffs["gate"]
         if gates is None and cfg.variant in ("uniform", "layer_static"):
             gates = jnp.broadcast_to(self.static_gate()[:, None, None], (n_layers, B, T))
-        prev_logp = None
-        if cfg.variant == "feature_gate":  # in replay too: see GateLayer
-            # Layer 0's KL reference: the uniform distribution over visible keys.
-            visible = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]
-            uniform = jnp.where(visible, -jnp.log(jnp.arange(1, T + 1, dtype=jnp.float32))[:, None],
-                                -1e30)
-            prev_logp = jnp.broadcast_to(uniform, (B, cfg.n_heads, T, T))
+        # in replay too: see GateLayer
+        prev = uniform_attention(cfg, B, T) if cfg.variant == "feature_gate" else None
         if gates is not None:
             gates = gates.astype(jnp.float32)
         layers = scan_layers(GateLayer, cfg, n_layers)
-        (h, _, _), recorded = layers((h, positions, prev_logp), gates)
+        (h, _, _), recorded = layers((h, positions, prev), gates)
         logits = Head(cfg, name="head")(h)
         return logits, ({} if recorded is None else {"gate": recorded})
 

@@ -44,7 +44,8 @@ import jax.numpy as jnp
 from dynjax.coeffs import Axes
 from dynjax.models.muddpythia import mix
 from dynjax.models.transformer import (Head, Mlp, ModelConfig, causal_attention, dense_init,
-                                       embed_tokens, norm, out_projection, project_qkv)
+                                       embed_tokens, norm, out_projection, per_token,
+                                       project_qkv)
 
 VARIANTS = ("mudd", "mudd_static")
 MIX_AXES = Axes(("stream", "example", "token", "source"))
@@ -69,8 +70,8 @@ class StreamAttention(nn.Module):
     def __call__(self, xq, xk, xv, positions):
         cfg = self.cfg
         q, k, v = project_qkv(cfg, xq, xk, xv, positions, positions)
-        out, _, _ = causal_attention(q, k, v, positions, positions)
-        return out_projection(cfg)(out)
+        out, _, _ = causal_attention(q, k, v, positions, positions, cfg.attn_block)
+        return per_token(out_projection(cfg), out)
 
 
 class MuddBlock(nn.Module):
@@ -98,11 +99,12 @@ class DynamicDense(nn.Module):
     @nn.compact
     def __call__(self, nx):
         cfg, C, S = self.cfg, self.n_streams, self.n_sources
-        z = nn.Dense(cfg.mudd_da_hidden, use_bias=False, dtype=cfg.compute_dtype,
-                     kernel_init=dense_init(("embed", None)), name="hidden")(nx)
-        a = nn.Dense(C * S, use_bias=False, dtype=cfg.compute_dtype, name="out",
-                     kernel_init=nn.with_logical_partitioning(nn.initializers.zeros,
-                                                              (None, None)))(nn.gelu(z))
+        z = per_token(nn.Dense(cfg.mudd_da_hidden, use_bias=False, dtype=cfg.compute_dtype,
+                               kernel_init=dense_init(("embed", None)), name="hidden"), nx)
+        a = per_token(nn.Dense(C * S, use_bias=False, dtype=cfg.compute_dtype, name="out",
+                               kernel_init=nn.with_logical_partitioning(nn.initializers.zeros,
+                                                                        (None, None))),
+                      nn.gelu(z))
         B, T, _ = nx.shape
         return a.astype(jnp.float32).reshape(B, T, C, S).transpose(2, 0, 1, 3)  # stream-major
 

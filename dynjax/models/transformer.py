@@ -18,6 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+ATTN_IMPLS = ("jnp", "xla", "cudnn")
 MASK_VALUE = -1e30  # large finite: keeps fully masked rows (none occur causally) NaN-free
 
 
@@ -36,6 +37,10 @@ class ModelConfig:
     dtype: str = "float32"         # compute dtype; parameters are always float32
     scan_layers: bool = True       # nn.scan over layers: compile time flat in depth
     remat: bool = False            # rematerialise each layer in the backward pass
+    attn_impl: str = "jnp"         # "jnp": causal_attention (CPU); "xla" | "cudnn": fused
+                                   # jax.nn.dot_product_attention (cudnn: flash, GPU, bf16)
+    attn_block: int = 128          # jnp: query blocks over their key prefix (0: full T x T)
+    remat_save_dots: bool = False  # remat: keep matmul outputs too, recompute the rest
     # residual-gate family
     fixed_depth: int = 0           # fixed_depth variant: number of executed blocks
     gate_max: float = 2.0          # feature_gate: g = gate_max * sigmoid(controller)
@@ -97,6 +102,10 @@ class ModelConfig:
             raise ValueError(f"model.dtype={self.dtype!r}; use 'float32' or 'bfloat16'")
         if self.n_layers < 1:
             raise ValueError(f"model.n_layers={self.n_layers} must be at least 1")
+        if self.attn_impl not in ATTN_IMPLS:
+            raise ValueError(f"model.attn_impl={self.attn_impl!r}; use one of {ATTN_IMPLS}")
+        if self.attn_block < 0:
+            raise ValueError(f"model.attn_block={self.attn_block} must be >= 0 (0: full)")
 
 
 def dense_init(axes, scale=1.0):
@@ -116,20 +125,67 @@ def rotary(x, positions, base):
     return out.astype(x.dtype)
 
 
-def causal_attention(q, k, v, q_pos, k_pos):
-    """Softmax attention where query i sees key j iff k_pos[j] <= q_pos[i].
-
-    Returns the output (B, Tq, H, Dh) and, for controllers that read attention, the masked
-    float32 logits (B, H, Tq, Tk) and their log-sum-exp (B, H, Tq).
-    """
+def attention_scores(q, k):
+    """Scaled float32 attention logits (B, H, Tq, Tk) of q (B, Tq, H, Dh), k (B, Tk, H, Dh)."""
     scale = q.shape[-1] ** -0.5
-    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
+    return jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
+
+
+def _attend(q, k, v, q_pos, k_pos, row_stats, q0):
+    logits = attention_scores(q, k)
     visible = (k_pos[:, None, :] <= q_pos[:, :, None])[:, None]  # (B, 1, Tq, Tk)
     logits = jnp.where(visible, logits, MASK_VALUE)
     lse = jax.nn.logsumexp(logits, axis=-1)
     probs = jnp.exp(logits - lse[..., None])
     out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
-    return out, logits, lse
+    return out, lse, None if row_stats is None else row_stats(q0, logits, lse)
+
+
+def causal_attention(q, k, v, q_pos, k_pos, block=0, row_stats=None):
+    """Softmax attention where query i sees key j iff k_pos[j] <= q_pos[i].
+
+    ``block`` > 0 (self-attention, Tq == Tk): each block of ``block`` queries attends over its
+    key prefix only (keys 0 .. end of the block), the position mask still applied inside.
+    That equals the full form whenever a key at a later index than a query is invisible to
+    it, i.e. tokens are in causal order, as every family keeps them (Mixture-of-Depths
+    gathers its tokens in their original order; its unused decode slots, at position EMPTY,
+    see extra keys but their output is discarded). It skips the masked half of the square.
+
+    ``row_stats(q0, logits, lse)``, given the masked float32 logits (B, H, n, Tk') and
+    log-sum-exp (B, H, n) of the queries q0 .. q0+n, returns per-query arrays (B, H, n, ...)
+    that are concatenated over blocks (FeatureGate's features); the (B, H, Tq, Tk) square
+    never exists as one array. Returns (out (B, Tq, H, Dh), lse (B, H, Tq), stats or None).
+    """
+    T = q.shape[1]
+    if block <= 0 or T != k.shape[1] or T <= block:
+        return _attend(q, k, v, q_pos, k_pos, row_stats, 0)
+    parts = [_attend(q[:, i:i + block], k[:, :i + block], v[:, :i + block],
+                     q_pos[:, i:i + block], k_pos[:, :i + block], row_stats, i)
+             for i in range(0, T, block)]
+    out, lse, stats = zip(*parts)
+    stats = None if row_stats is None else jnp.concatenate(stats, axis=2)
+    return jnp.concatenate(out, axis=1), jnp.concatenate(lse, axis=-1), stats
+
+
+def fused_attention(q, k, v, q_pos, k_pos, implementation):
+    """causal_attention's output and lse through ``jax.nn.dot_product_attention`` (cuDNN's
+    flash kernel with "cudnn"): no probabilities, so no controller statistics."""
+    visible = (k_pos[:, None, :] <= q_pos[:, :, None])[:, None]
+    out, lse = jax.nn.dot_product_attention(
+        q, k, v, mask=visible, is_causal=q.shape[1] == k.shape[1],  # same keys, in order
+        implementation=implementation, return_residual=True)
+    return out, jnp.swapaxes(lse, 1, 2).astype(jnp.float32)  # (B, T, H) -> (B, H, T)
+
+
+def per_token(layer, x):
+    """``layer`` applied to x (B, T, ...) with B and T flattened into one token axis.
+
+    Same arithmetic, so bitwise the same result; on XLA:CPU the weight gradient of a 2-D
+    input is one plain matmul, where a 3-D input's got a strided transpose fused into its
+    producer (about a quarter of a d=256, T=1024 train step).
+    """
+    y = layer(x.reshape((-1,) + x.shape[2:]))
+    return y.reshape(x.shape[:2] + y.shape[1:])
 
 
 def head_projection(cfg: ModelConfig, name: str):
@@ -148,22 +204,29 @@ def out_projection(cfg: ModelConfig):
 def project_qkv(cfg: ModelConfig, xq, xk, xv, q_positions, k_positions):
     """Every attention's rotary queries and keys and its values, (B, T, H, Dh) each. Call it
     inside a compact method: the "query", "key" and "value" layers belong to the caller."""
-    q = rotary(head_projection(cfg, "query")(xq), q_positions, cfg.rope_base)
-    k = rotary(head_projection(cfg, "key")(xk), k_positions, cfg.rope_base)
-    return q, k, head_projection(cfg, "value")(xv)
+    q = rotary(per_token(head_projection(cfg, "query"), xq), q_positions, cfg.rope_base)
+    k = rotary(per_token(head_projection(cfg, "key"), xk), k_positions, cfg.rope_base)
+    return q, k, per_token(head_projection(cfg, "value"), xv)
 
 
 class Attention(nn.Module):
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, x, positions, kv=None):
-        """x: (B, T, D). ``kv`` = (keys_x, key_positions) attends to other tokens (decoding)."""
+    def __call__(self, x, positions, kv=None, row_stats=None):
+        """x: (B, T, D). ``kv`` = (keys_x, key_positions) attends to other tokens (decoding).
+        Returns the output and (q, k, lse, stats): rotary queries and keys, the log-sum-exp
+        and ``row_stats``'s per-query arrays (see causal_attention; None with a fused
+        ``attn_impl``), for controllers."""
         cfg = self.cfg
         kx, kpos = (x, positions) if kv is None else kv
         q, k, v = project_qkv(cfg, x, kx, kx, positions, kpos)
-        out, logits, lse = causal_attention(q, k, v, positions, kpos)
-        return out_projection(cfg)(out), (logits, lse)
+        if cfg.attn_impl == "jnp":
+            out, lse, stats = causal_attention(q, k, v, positions, kpos, cfg.attn_block,
+                                               row_stats)
+        else:  # fused: row statistics, if wanted, are the caller's (gates.online_row_features)
+            (out, lse), stats = fused_attention(q, k, v, positions, kpos, cfg.attn_impl), None
+        return per_token(out_projection(cfg), out), (q, k, lse, stats)
 
 
 class Mlp(nn.Module):
@@ -172,10 +235,11 @@ class Mlp(nn.Module):
     @nn.compact
     def __call__(self, x):
         cfg = self.cfg
-        h = nn.Dense(cfg.d_ff, use_bias=False, dtype=cfg.compute_dtype,
-                     kernel_init=dense_init(("embed", "mlp")), name="up")(x)
-        return nn.Dense(cfg.d_model, use_bias=False, dtype=cfg.compute_dtype,
-                        kernel_init=dense_init(("mlp", "embed")), name="down")(nn.gelu(h))
+        h = per_token(nn.Dense(cfg.d_ff, use_bias=False, dtype=cfg.compute_dtype,
+                               kernel_init=dense_init(("embed", "mlp")), name="up"), x)
+        return per_token(nn.Dense(cfg.d_model, use_bias=False, dtype=cfg.compute_dtype,
+                                  kernel_init=dense_init(("mlp", "embed")), name="down"),
+                         nn.gelu(h))
 
 
 def norm(name, cfg):
@@ -184,13 +248,15 @@ def norm(name, cfg):
 
 
 class Block(nn.Module):
-    """One pre-norm block. Returns its update F(h) = a + m and the attention statistics."""
+    """One pre-norm block. Returns its update F(h) = a + m and the attention statistics
+    (``Attention``'s second output; ``row_stats`` as there)."""
 
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, h, positions):
-        a, attn = Attention(self.cfg, name="attn")(norm("attn_norm", self.cfg)(h), positions)
+    def __call__(self, h, positions, row_stats=None):
+        a, attn = Attention(self.cfg, name="attn")(norm("attn_norm", self.cfg)(h), positions,
+                                                   row_stats=row_stats)
         m = Mlp(self.cfg, name="mlp")(norm("mlp_norm", self.cfg)(h + a))
         return a + m, attn
 
@@ -221,9 +287,10 @@ class Head(nn.Module):
     @nn.compact
     def __call__(self, h):
         h = norm("final_norm", self.cfg)(h)
-        return nn.Dense(self.cfg.vocab_size, use_bias=False, dtype=self.cfg.compute_dtype,
-                        kernel_init=dense_init(("embed", "vocab")),
-                        name="lm_head")(h).astype(jnp.float32)
+        return per_token(nn.Dense(self.cfg.vocab_size, use_bias=False,
+                                  dtype=self.cfg.compute_dtype,
+                                  kernel_init=dense_init(("embed", "vocab")), name="lm_head"),
+                         h).astype(jnp.float32)
 
 
 # Values a layer tags with ``checkpoint_name(x, REMAT_SAVED)`` are kept for the backward pass
@@ -239,8 +306,11 @@ def scan_layers(layer_cls, cfg: ModelConfig, length: int, name="layers", **kwarg
     it they are unrolled, which is what FLOP counting from the compiled program needs.
     """
     if cfg.remat:
-        layer_cls = nn.remat(layer_cls, prevent_cse=not cfg.scan_layers,
-                             policy=jax.checkpoint_policies.save_only_these_names(REMAT_SAVED))
+        policy = jax.checkpoint_policies.save_only_these_names(REMAT_SAVED)
+        if cfg.remat_save_dots:
+            policy = jax.checkpoint_policies.save_from_both_policies(
+                policy, jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+        layer_cls = nn.remat(layer_cls, prevent_cse=not cfg.scan_layers, policy=policy)
     if cfg.scan_layers:
         return nn.scan(layer_cls, variable_axes={"params": 0}, split_rngs={"params": True},
                        in_axes=0, length=length,

@@ -1,0 +1,82 @@
+"""Which C allocator setting dynjax's entry points should use: train-step time and page faults.
+
+    python benchmarks/alloc_speed.py --out results/alloc_speed.json [--rounds 2] [--steps 4]
+
+The allocator is fixed when a process starts, so each setting runs in its own process (the
+dense benchmark model of ``benchmarks/common.py``, T=1024, batch 8, f32): ``system`` (glibc
+defaults), ``hugetlb`` (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, what ``dynjax._alloc``
+sets by default), and, where Debian's libjemalloc2 is installed, ``jemalloc`` (decay off).
+The processes run one after another, round by round, so load falls on each alike; each
+reports its median step time after one warm-up step and its minor page faults per step.
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, ".")
+from dynjax import _alloc  # noqa: E402
+
+def child(args):
+    """Time the train step in this process; print one JSON line."""
+    import jax
+
+    from benchmarks.common import bench_config, dynjax_timers
+    tokens = jax.random.randint(jax.random.key(1), (args.batch_size, args.seq_len), 0, 256)
+    train = dynjax_timers(bench_config("dense", args.batch_size, args.seq_len), tokens)["train"]
+    jax.block_until_ready(train())
+    times, r0 = [], resource.getrusage(resource.RUSAGE_SELF)
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(train())
+        times.append(time.perf_counter() - t0)
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps({"step_s": statistics.median(times),
+                      "minor_faults_per_step": (r1.ru_minflt - r0.ru_minflt) / args.steps,
+                      "sys_s_per_step": (r1.ru_stime - r0.ru_stime) / args.steps}))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    settings = [k for k in _alloc.SETTINGS if k != "jemalloc" or os.path.exists(_alloc.JEMALLOC)]
+    runs = {name: [] for name in settings}
+    load_before = os.getloadavg()
+    for _ in range(args.rounds):
+        for name in settings:
+            env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
+            env = dict(_alloc.environment(name, env), DYNJAX_MALLOC="system",
+                       PYTHONPATH=os.getcwd())
+            out = subprocess.run([sys.executable, __file__, "--child", "--steps", str(args.steps),
+                                  "--seq-len", str(args.seq_len), "--batch-size",
+                                  str(args.batch_size)], env=env, check=True,
+                                 capture_output=True, text=True).stdout
+            runs[name].append(json.loads(out.strip().splitlines()[-1]))
+    res = {"command": "python " + " ".join(sys.argv), "load_average_before": load_before,
+           "load_average_after": os.getloadavg(),
+           "settings": {name: _alloc.SETTINGS[name] for name in settings},
+           "note": "one process per setting and round; medians over rounds; compare ratios"}
+    for name, rs in runs.items():
+        res[name] = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+        res[name]["step_s_per_round"] = [r["step_s"] for r in rs]
+    res["step_time_over_system"] = {n: res[n]["step_s"] / res["system"]["step_s"] for n in runs}
+    print(json.dumps(res, indent=2))
+    if args.out:
+        from dynjax.train.metrics import write_json_atomic
+        write_json_atomic(args.out, res)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""CPU speed-ups that must not change results: per-token projections are bitwise neutral
+for training; block-causal attention equals the full T x T form within float tolerance."""
+import dataclasses
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from dynjax.models import build, gates, mudd, transformer
+from dynjax.models.transformer import ModelConfig, causal_attention
+from dynjax.train.loop import make_train_step
+
+B, T = 2, 32
+BASE = dict(d_model=32, n_heads=2, n_layers=2, d_ff=64, attn_block=8)
+# MoD at k = 8 routed tokens per example: at k <= 4 XLA:CPU's tiny-matmul emitter sums the
+# 3-D form's weight gradient in another order (1 ulp), so the two forms differ there.
+FAMILIES = [("gates", "feature_gate", {}), ("mod", "mod", {"mod_capacity": 0.25}),
+            ("moe", "moe", {}), ("mudd", "mudd", {})]
+
+
+def tokens(seed=0):
+    return jax.random.randint(jax.random.key(seed), (B, T), 0, 256)
+
+
+def cfg_of(family, variant, **kw):
+    return ModelConfig(family=family, variant=variant, **{**BASE, **kw})
+
+
+def init(model):
+    """Parameters with every leaf perturbed: FeatureGate's controller starts at zero, which
+    would make its gates independent of the features under test."""
+    params = model.init(jax.random.key(0), tokens())
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(1), len(leaves))
+    return jax.tree.unflatten(tree, [p + 0.3 * jax.random.normal(k, p.shape)
+                                     for p, k in zip(leaves, keys)])
+
+
+def train(cfg, steps=2):
+    model = build(cfg)
+    params = model.init(jax.random.key(0), tokens())
+    tx = optax.adamw(1e-2)
+    step = jax.jit(make_train_step(model, tx))
+    state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+    for i in range(steps):
+        state, _ = step(state, tokens(i))
+    return state["params"]
+
+
+@pytest.mark.parametrize("family,variant,extra", FAMILIES)
+def test_per_token_projections_train_bitwise_like_3d(family, variant, extra, monkeypatch):
+    cfg = cfg_of(family, variant, **extra)
+    flat = train(cfg)
+    unflat = lambda layer, x: layer(x)  # the (B, T, ...) form the projections had before
+    monkeypatch.setattr(transformer, "per_token", unflat)
+    monkeypatch.setattr(mudd, "per_token", unflat)
+    chex.assert_trees_all_equal(flat, train(cfg))
+
+
+def test_block_causal_and_fused_attention_equal_full():
+    kq, kk, kv = jax.random.split(jax.random.key(0), 3)
+    q, k, v = (jax.random.normal(key, (B, T, 2, 8)) for key in (kq, kk, kv))
+    plain = jnp.broadcast_to(jnp.arange(T), (B, T))
+    # MoD's gathered tokens: original positions in order, unused slots at EMPTY (discarded)
+    gathered = jnp.sort(jax.random.choice(jax.random.key(1), 4 * T, (T,), replace=False))
+    gathered = jnp.broadcast_to(jnp.where(jnp.arange(T) % 7 == 3, 2 ** 30, gathered), (B, T))
+    for pos in (plain, gathered):
+        full_out, full_lse, _ = causal_attention(q, k, v, pos, pos, 0)
+        real = pos < 2 ** 30
+        for out, lse in (causal_attention(q, k, v, pos, pos, 8)[:2],
+                         transformer.fused_attention(q, k, v, pos, pos, "xla")):
+            np.testing.assert_allclose(jnp.where(real[..., None, None], out, 0),
+                                       jnp.where(real[..., None, None], full_out, 0), atol=1e-5)
+            np.testing.assert_allclose(jnp.where(real[:, None], lse, 0),
+                                       jnp.where(real[:, None], full_lse, 0), atol=1e-5)
+    # the backward pass too (plain positions)
+    loss = lambda block: lambda q, k, v: jnp.sum(
+        causal_attention(q, k, v, plain, plain, block)[0] * v)
+    chex.assert_trees_all_close(jax.grad(loss(8), argnums=(0, 1, 2))(q, k, v),
+                                jax.grad(loss(0), argnums=(0, 1, 2))(q, k, v), atol=1e-5)
+
+
+@pytest.mark.parametrize("family,variant,extra", [  # MoD's causal route leaves unused slots
+    ("gates", "feature_gate", {}), ("mod", "mod", {"mod_route": "router", "mod_capacity": 0.5})])
+def test_block_causal_models_equal_full(family, variant, extra):
+    cfg = cfg_of(family, variant, **extra)
+    model = build(cfg)
+    params = init(model)
+    full = build(dataclasses.replace(cfg, attn_block=0))
+    (got, coeffs), (want, want_coeffs) = (jax.jit(m.apply)(params, tokens())
+                                          for m in (model, full))
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)  # f32 rounding, amplified
+    chex.assert_trees_all_close(coeffs, want_coeffs, atol=1e-4, rtol=1e-4)
+
+
+def test_fused_attention_and_online_features_equal_jnp():
+    """attn_impl="xla" (jax.nn.dot_product_attention; "cudnn" is the same call on a GPU) and
+    FeatureGate's online-softmax features against the jnp form."""
+    cfg = cfg_of("gates", "feature_gate", attn_block=0)
+    params = init(build(cfg))
+    fused = dataclasses.replace(cfg, attn_impl="xla", attn_block=8)  # 4 key blocks online
+    (got, coeffs), (want, want_coeffs) = (jax.jit(build(c).apply)(params, tokens())
+                                          for c in (fused, cfg))
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+    chex.assert_trees_all_close(coeffs, want_coeffs, atol=1e-4, rtol=1e-4)
+
+
+def test_online_row_features_equal_blockwise():
+    q, k, qp, kp = (jax.random.normal(key, (B, T, 2, 8)) for key in jax.random.split(
+        jax.random.key(2), 4))
+    pos = jnp.broadcast_to(jnp.arange(T), (B, T))
+    _, lse_prev, _ = causal_attention(qp, kp, kp, pos, pos)
+    prev = (qp, kp, lse_prev)
+    _, lse, want = causal_attention(q, k, k, pos, pos, 8, gates.attention_row_features(prev))
+    got, got_lse = gates.online_row_features(q, k, pos, prev, block=8)
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(got_lse, lse, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("setting,variable,value", [
+    ("hugetlb", "GLIBC_TUNABLES", "glibc.malloc.hugetlb=1"), ("system", "GLIBC_TUNABLES", "None")])
+def test_entry_points_reexec_with_the_allocator_setting(setting, variable, value):
+    """A program that calls _alloc.reexec(__name__) runs with the setting without being told."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "DYNJAX_MALLOC_APPLIED")}
+    code = ("from dynjax._alloc import reexec; reexec(__name__); import os; "
+            f"print(os.environ.get({variable!r}))")
+    out = subprocess.run([sys.executable, "-c", code], env=dict(env, DYNJAX_MALLOC=setting),
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == value
