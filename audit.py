@@ -28,6 +28,7 @@ from ml_collections import config_flags
 
 from dynjax import errors
 from dynjax.audit import run
+from dynjax.train import distributed
 
 config_flags.DEFINE_config_file("config", "configs/audit_tiny.py", "configs/NAME.py",
                                 lock_config=True)
@@ -37,9 +38,13 @@ flags.DEFINE_string("muddpythia", None, "a local MUDDPythia HF directory to audi
 flags.DEFINE_string("out", None, "output directory: results.json, report.md, plots")
 flags.mark_flag_as_required("out")
 
+distributed.define_flags(flags)
+
 
 def main(argv):
     logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
+    # many hosts: --coordinator_address/--num_processes/--process_id or --distributed
+    errors.run_program("audit.py", lambda: distributed.initialize_from_flags(flags))
     run_dirs = list(flags.FLAGS.checkpoints) + list(argv[1:])
     results = errors.run_program(
         "audit.py", lambda: run.audit_from_config(flags.FLAGS.config, run_dirs,

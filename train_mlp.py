@@ -13,6 +13,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from dynjax import errors
+from dynjax.train import distributed
 from dynjax.train.classify import train
 
 config_flags.DEFINE_config_file("config", None, "configs/NAME.py[:METHOD]", lock_config=True)
@@ -20,10 +21,14 @@ flags.DEFINE_string("workdir", None, "run directory: checkpoints, metrics.jsonl,
 flags.DEFINE_bool("progress", True, "show a progress bar")
 flags.mark_flags_as_required(["config", "workdir"])
 
+distributed.define_flags(flags)
+
 
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
+    # many hosts: --coordinator_address/--num_processes/--process_id or --distributed
+    errors.run_program("train_mlp.py", lambda: distributed.initialize_from_flags(flags))
     # a bad config, missing data, no restorable checkpoint: one line and exit status 2
     result = errors.run_program("train_mlp.py", lambda: train(
         flags.FLAGS.config, flags.FLAGS.workdir, progress=flags.FLAGS.progress))

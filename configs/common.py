@@ -2,7 +2,6 @@
 import ml_collections
 
 from dynjax.models.gates import VARIANTS
-from dynjax.train.sharding import DEFAULT_RULES
 
 
 def base(variant: str) -> ml_collections.ConfigDict:
@@ -36,7 +35,11 @@ def base(variant: str) -> ml_collections.ConfigDict:
     # that MoD's KV-cache decoder re-scores to check it agrees with the causal forward.
     c.eval = ml_collections.ConfigDict(dict(windows=512, batch_size=64, route="",
                                             decode_check_windows=32))
-    c.sharding = ml_collections.ConfigDict(dict(model_parallel=1, rules=DEFAULT_RULES))
+    # mesh ("data", "fsdp", "tensor"), one axis -1 = the devices left; preset: dp, fsdp, tp,
+    # fsdp_tp, ep (dynjax.train.sharding.PRESETS); rules, if non-empty, replace the preset's
+    # table; dcn_data > 1: a hybrid mesh whose data axis spans that many slices / hosts.
+    c.sharding = ml_collections.ConfigDict(dict(
+        preset="dp", mesh=dict(data=-1, fsdp=1, tensor=1), dcn_data=1, rules=()))
     c.mass_match_run = ""  # uniform only: fix its gate to this feature_gate run's gate mass
     return c
 

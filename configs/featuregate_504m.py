@@ -4,7 +4,8 @@
         --config.data.source=tfds --config.data.tfds_name=lm1b --config.data.data_dir=DIR
 
 Variants as in featuregate_76m (fixed_depth15 included). On a pod, shard the weights too:
-``--config.sharding.model_parallel=4`` with rules mapping "mlp" and "heads" to "model".
+FSDP over a host and tensor parallelism inside it, e.g. ``--config.sharding.preset=fsdp_tp
+--config.sharding.mesh.data=-1 --config.sharding.mesh.fsdp=8 --config.sharding.mesh.tensor=4``.
 """
 from configs import common
 

@@ -5,8 +5,8 @@
 
 Variants: dense, uniform, layer_static, feature_gate, fixed_depth15 (the FixedDepth15
 baseline). For accelerators: bfloat16 compute with float32 params, scanned and
-rematerialised layers, data parallel over every local device (add
-``--config.sharding.model_parallel=N`` and rules such as ("mlp", "model") to shard weights).
+rematerialised layers, data parallel over every device (shard the weights with
+``--config.sharding.preset=fsdp --config.sharding.mesh.fsdp=-1 --config.sharding.mesh.data=1``).
 Mass-matched uniform: ``:uniform --config.mass_match_run=runs/fg76m_s0``.
 """
 from configs import common

@@ -176,11 +176,13 @@ TINY = ["--config.model.d_model=32", "--config.model.n_heads=2", "--config.model
      "bad command line: 'stepz'; Did you mean \"steps\""),
     (["--config=configs/tiny.py:feature_gate", "--config.train.steps=many"],
      "invalid literal for int()"),
-    (["--config=configs/tiny.py:feature_gate", "--config.sharding.model_parallel=3"],
-     "sharding.model_parallel=3 does not divide the 1 available devices"),
+    (["--config=configs/tiny.py:feature_gate", "--config.sharding.mesh.tensor=3"],
+     "'tensor': 3} does not divide the 1 available devices"),
+    (["--config=configs/tiny.py:feature_gate", "--coordinator_address=127.0.0.1:1",
+      "--num_processes=2", "--process_id=5"], "--process_id=5 must be in 0..1"),
     (["--config=configs/mod_tiny.py:mod", "--config.data.seq_len=4"],
      "MoD capacity k = floor(0.125 * 4) = 0"),
-], ids=["variant", "steps", "unknown-field", "type", "devices", "seq-len"])
+], ids=["variant", "steps", "unknown-field", "type", "devices", "process-id", "seq-len"])
 def test_train_config_errors_are_one_line(tmp_path, args, message):
     workdir = tmp_path / "run"
     out = _cli(["train.py", f"--workdir={workdir}", *args[:1], *TINY[:-2], *args[1:]])

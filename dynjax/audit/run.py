@@ -20,6 +20,7 @@ from dynjax.audit.inputs import (_opt, _resolve_seq_len, classifier_windows, fam
                                  run_windows)
 from dynjax.audit.report import replay_status
 from dynjax.audit.summary import audit_targets
+from dynjax.train import distributed
 
 __all__ = ["AuditError", "ReplayError", "audit_from_config", "verdict_table"]
 
@@ -29,6 +30,7 @@ def audit_from_config(config, run_dirs: Sequence[str] = (), muddpythia_dir: str 
     """The whole audit.py program: inputs, engine, statistics, report. Returns the results."""
     from dynjax.audit import report
 
+    progress = progress and distributed.is_main()   # other processes of a multi-host run
     settings = Settings.from_config(config)
     task = LM
     dc = config.data
@@ -89,7 +91,7 @@ def audit_from_config(config, run_dirs: Sequence[str] = (), muddpythia_dir: str 
         results["meta"]["single_checkpoint_note"] = (
             "one checkpoint: intervals describe stability over evaluation windows and "
             "reassignments for this checkpoint, not uncertainty across training seeds")
-    if out:
+    if out and distributed.is_main():
         report.write_report(results, out)
     return results
 

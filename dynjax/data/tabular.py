@@ -257,15 +257,18 @@ def num_classes(splits) -> int:
     return int(max(int(y.max()) for _, y in splits.values()) + 1)
 
 
-def batches(x, y, batch_size: int, seed: int, step: int):
+def batches(x, y, batch_size: int, seed: int, step: int, rows=None):
     """The batch for training step ``step``: epoch-wise permutations from (seed, epoch), so a
-    resumed run sees the same batches as an uninterrupted one."""
+    resumed run sees the same batches as an uninterrupted one. ``rows`` (indices into the
+    global batch) takes only those examples: a host's share."""
     per_epoch = len(x) // batch_size
     if per_epoch == 0:
         raise DataError(f"batch size {batch_size} exceeds the {len(x)} training examples")
     epoch, i = divmod(step, per_epoch)
     perm = np.random.default_rng([seed, epoch]).permutation(len(x))
     idx = perm[i * batch_size:(i + 1) * batch_size]
+    if rows is not None:
+        idx = idx[rows]
     return x[idx], y[idx]
 
 

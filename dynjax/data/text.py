@@ -232,8 +232,13 @@ def eval_windows(split: np.ndarray, seq_len: int, n: int | None = None) -> np.nd
     return split[: n * seq_len].reshape(n, seq_len).astype(np.int32)
 
 
-def train_batch(split: np.ndarray, seq_len: int, batch_size: int, seed: int, step: int):
-    """A deterministic batch of random windows for ``step``: resuming replays the same data."""
+def train_batch(split: np.ndarray, seq_len: int, batch_size: int, seed: int, step: int,
+                rows=None):
+    """A deterministic batch of random windows for ``step``: resuming replays the same data.
+    ``rows`` (indices into the global batch) reads only those windows: a host's share, the
+    same bytes for any number of hosts."""
     rng = np.random.default_rng([seed, step])
     starts = rng.integers(0, split.size - seq_len, size=batch_size)
+    if rows is not None:
+        starts = starts[rows]
     return split[starts[:, None] + np.arange(seq_len)].astype(np.int32)

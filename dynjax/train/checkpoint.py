@@ -10,6 +10,11 @@ newest checkpoint that restores and moves each newer one that does not into
 ``RUN/unrestorable_checkpoints/`` (kept, not deleted), saying which and why; the audit
 (:func:`load_params`) stops with a :class:`~dynjax.errors.CheckpointError` naming the run,
 the step and the fix.
+
+On many processes every process calls save and restore (orbax coordinates them; the run
+directory must be on a filesystem they share) and each writes or reads the shards its
+devices hold. A checkpoint restores onto any mesh and any number of processes: the target
+shardings, not the writer's, decide the layout.
 """
 from __future__ import annotations
 
@@ -92,10 +97,14 @@ def restore_newest(mngr: ocp.CheckpointManager, abstract_state, run_dir, log=Non
             failed.append((step, why))
             continue
         for bad, why in failed:
-            dest = _set_aside(run_dir, bad)
-            log(f"warning: checkpoint step {bad} of {run_dir} cannot be restored ({why}); "
-                f"moved it to {dest} and resumed from step {step}, the newest that restores")
+            if jax.process_index() == 0:   # one process moves the shared directory
+                dest = _set_aside(run_dir, bad)
+                log(f"warning: checkpoint step {bad} of {run_dir} cannot be restored ({why}); "
+                    f"moved it to {dest} and resumed from step {step}, the newest that restores")
         if failed:
+            if jax.process_count() > 1:
+                from jax.experimental import multihost_utils
+                multihost_utils.sync_global_devices("dynjax_set_aside")
             mngr.reload()
         return state
     raise CheckpointError(
@@ -160,13 +169,14 @@ def load_params(run_dir, step=None, with_step=False):
 
 
 def restore_for_audit(run_dir, abstract_state, step=None):
-    """``(state, step)``: ``step`` (default the latest) restored onto the default device.
-    A checkpoint that does not restore is a CheckpointError naming the run, step and fix."""
+    """``(state, step)``: ``step`` (default the latest) restored onto this process's first
+    device (every process of a multi-host audit holds its own copy). A checkpoint that does
+    not restore is a CheckpointError naming the run, step and fix."""
     mngr = manager(run_dir, every=1, keep=1_000_000)
     step = mngr.latest_step() if step is None else step
     if step is None:
         raise FileNotFoundError(f"no checkpoint under {run_dir}/checkpoints; train it first")
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     abstract_state = jax.tree.map(
         lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device), abstract_state)
     state, why = try_restore(mngr, abstract_state, step)

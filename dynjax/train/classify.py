@@ -17,9 +17,14 @@ serves the whole run:
 - ``model.min_keep``: the anti-collapse guard (see :mod:`dynjax.models.gated_mlp`).
 
 Objective: ``J = cross-entropy + lambda_g(t) * sum_l mean(p_l) + sown aux losses``.
+
+Data parallel over every device of every process (``config.sharding.mesh``, default all
+on "data"; the state replicated): each process builds only its rows of a step's batch and
+of each evaluation batch, and process 0 alone writes the run directory's files.
 """
 from __future__ import annotations
 
+import functools
 import pathlib
 import time
 
@@ -34,7 +39,7 @@ from dynjax import errors
 from dynjax.data import tabular, tfds_classify
 from dynjax.measure import macs as macs_lib
 from dynjax.models.gated_mlp import GatedMLP, MLPConfig, gate_penalty
-from dynjax.train import checkpoint, sparse
+from dynjax.train import checkpoint, distributed, sharding, sparse
 from dynjax.train.loop import check_train_config, make_optimizer
 from dynjax.train.metrics import JsonlWriter, write_json_atomic
 
@@ -113,7 +118,7 @@ def init_state(model, tx, key):
     return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
 
 
-def make_train_step(config, model, tx):
+def make_train_step(config, model, tx, mesh=None):
     def loss_fn(params, x, y, sched, rng):
         logits, coeffs, aux = model.apply(params, x, tau=sched["tau"], theta=sched["theta"],
                                           gates_open=sched["gates_open"], train=True, rng=rng,
@@ -136,11 +141,14 @@ def make_train_step(config, model, tx):
                        theta=sched["theta"], lambda_g=sched["lambda_g"])
         return new, metrics
 
-    return jax.jit(train_step, donate_argnums=0)
+    if mesh is None:
+        return jax.jit(train_step, donate_argnums=0)
+    rep, rows = sharding.replicated(mesh), sharding.batch_sharding(mesh)
+    return jax.jit(train_step, in_shardings=(rep, rows, rows), out_shardings=(rep, rep),
+                   donate_argnums=0)
 
 
-def make_eval_step(model):
-    @jax.jit
+def make_eval_step(model, mesh=None):
     def eval_step(params, x, y, valid, sched, weight_masks):
         logits, _, aux = model.apply(params, x, tau=sched["tau"], theta=sched["theta"],
                                      gates_open=sched["gates_open"], with_aux=True)
@@ -149,12 +157,15 @@ def make_eval_step(model):
         sums = model.mac_sums(aux["open"], weight_masks, v)
         return {"correct": jnp.sum((jnp.argmax(logits, -1) == y) * v), "nll": jnp.sum(nll * v),
                 **sums}
-    return eval_step
+    if mesh is None:
+        return jax.jit(eval_step)
+    return jax.jit(eval_step, out_shardings=sharding.replicated(mesh))
 
 
-def evaluate(eval_step, model, params, opt_state, x, y, batch_size, sched):
+def evaluate(eval_step, model, params, opt_state, x, y, batch_size, sched, put=None):
     """Accuracy, NLL, open rates and RelMAC over (x, y); the last batch is padded to the
-    compiled shape and its padding masked out of every sum."""
+    compiled shape and its padding masked out of every sum. ``put`` places a host batch on
+    the devices (split over a mesh's data axes)."""
     names = [f"layer_{l}" for l in range(len(model.cfg.hidden))] + ["out"]
     wm = sparse.weight_masks(opt_state, params, names)
     tot = None
@@ -165,7 +176,8 @@ def evaluate(eval_step, model, params, opt_state, x, y, batch_size, sched):
         if pad:
             xb = np.concatenate([xb, np.zeros((pad, xb.shape[1]), xb.dtype)])
             yb = np.concatenate([yb, np.zeros(pad, yb.dtype)])
-        out = jax.device_get(eval_step(params, xb, yb, valid, sched, wm))
+        batch = (xb, yb, valid) if put is None else put((xb, yb, valid))
+        out = jax.device_get(eval_step(params, *batch, sched, wm))
         tot = out if tot is None else jax.tree.map(np.add, tot, out)
     n = len(x)
     result = {"accuracy": float(tot["correct"] / n), "nll": float(tot["nll"] / n), "examples": n}
@@ -180,39 +192,56 @@ def train(config, workdir: str, progress: bool = True) -> dict:
     """Train (or resume) in ``workdir``; returns the final validation and test evaluation."""
     with errors.config_errors():   # every check before the run directory is written
         config = resolve_config(config)
+        mesh = sharding.make_mesh(config.get("sharding"))
+        sharding.check_batch(config.train.batch_size, mesh)
     run_dir = pathlib.Path(workdir)
     checkpoint.check_same_run(run_dir, config)
     splits = load_data(config.data)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / "config.json", config.to_dict())
+    main = distributed.is_main()
+    progress = progress and main
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(run_dir / "config.json", config.to_dict())
     (x_tr, y_tr) = splits["train"]
     model = GatedMLP(model_dict(config, x_tr.shape[1], tabular.num_classes(splits)))
     tc = config.train
     tx = make_tx(config)
 
     mngr = checkpoint.manager(run_dir, tc.ckpt_every, tc.keep_checkpoints)
-    state = jax.jit(lambda k: init_state(model, tx, k))(jax.random.key(config.seed))
+    rep, rows = sharding.replicated(mesh), sharding.batch_sharding(mesh)
+    state = jax.jit(lambda k: init_state(model, tx, k), out_shardings=rep)(
+        jax.random.key(config.seed))
     if mngr.latest_step() is not None:
         state = checkpoint.restore_newest(mngr, jax.tree.map(
             lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=s.sharding), state), run_dir)
-        print(f"resumed {run_dir} at step {int(state['step'])}")
+        if main:
+            print(f"resumed {run_dir} at step {int(state['step'])}")
     start = int(state["step"])
-    step_fn = make_train_step(config, model, tx)
-    eval_step = make_eval_step(model)
+    step_fn = make_train_step(config, model, tx, mesh)
+    eval_step = make_eval_step(model, mesh)
+    # evaluation batches: the config's size rounded up to a multiple of the data-parallel
+    # devices (the padding is masked out)
+    n_dp = sharding.data_parallel_size(mesh)
+    eval_bs = -(-config.eval.batch_size // n_dp) * n_dp
+    put = functools.partial(distributed.put_global, rows)
+    block_each = jax.device_count() > 1   # multi-device CPU can deadlock when pipelined
     writer = JsonlWriter(run_dir / "metrics.jsonl", resume_step=start)
 
     def run_eval(split, step):
         x, y = splits[split]
         sched = jax.tree.map(jnp.asarray, gate_schedule(config, step))
         return evaluate(eval_step, model, state["params"], state["opt_state"], x, y,
-                        config.eval.batch_size, sched)
+                        eval_bs, sched, put)
 
     bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, disable=not progress,
                desc=f"{config.data.dataset}/{config.model.variant}", mininterval=2)
     t_last, step_last = time.perf_counter(), start
     for step in bar:
-        xb, yb = tabular.batches(x_tr, y_tr, tc.batch_size, config.seed, step)
+        xb, yb = distributed.put_rows(rows, lambda r: tabular.batches(
+            x_tr, y_tr, tc.batch_size, config.seed, step, r), tc.batch_size)
         state, metrics = step_fn(state, xb, yb)
+        if block_each:
+            jax.block_until_ready(state)
         done = step + 1
         if done % tc.log_every == 0 or done == tc.steps:
             metrics = jax.device_get(metrics)
@@ -233,5 +262,6 @@ def train(config, workdir: str, progress: bool = True) -> dict:
     for split in ("validation", "test"):
         result[split] = run_eval(split, int(state["step"]))
         writer.write({"step": result["step"], "split": split, **result[split]})
-    write_json_atomic(run_dir / "eval.json", result)
+    if main:
+        write_json_atomic(run_dir / "eval.json", result)
     return result

@@ -9,10 +9,15 @@ rule, ``forward``, and their eval dict is unchanged.
 
 ``decode_agreement`` runs the KV-cache decoder over the same windows (teacher forcing) and
 reports how far its logits and bits/byte are from the causal forward's.
+
+Given a mesh, windows are split over its data-parallel axes (each process places only its
+own rows) and per-window results come back replicated, so every process of a multi-host
+run computes the same figures.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -21,6 +26,7 @@ import numpy as np
 
 from dynjax.models import build, mod, moe
 from dynjax.models.transformer import ModelConfig, next_token_nll
+from dynjax.train import distributed, sharding
 
 LN2 = math.log(2.0)
 
@@ -52,25 +58,28 @@ def headline_route(cfg: ModelConfig, routes: dict, wanted=None) -> str:
     return causal[0] if causal else next(iter(routes))
 
 
-def make_eval_step(model):
-    @jax.jit
+def make_eval_step(model, mesh=None):
+    """The jitted per-window NLL and gate mass; with a mesh, its outputs are replicated."""
     def eval_step(params, tokens):
         logits, coeffs = model.apply(params, tokens)
         nll = next_token_nll(logits, tokens).mean(axis=-1)          # per window
         mass = coeffs["gate"].mean(axis=2).T if "gate" in coeffs else jnp.zeros((tokens.shape[0], 0))
         return nll, mass                                            # (B,), (B, layers)
-    return eval_step
+    if mesh is None:
+        return jax.jit(eval_step)
+    return jax.jit(eval_step, out_shardings=sharding.replicated(mesh))
 
 
-def evaluate(eval_step, params, windows: np.ndarray, batch_size: int):
+def evaluate(eval_step, params, windows: np.ndarray, batch_size: int, put=None):
     """Mean NLL (nats), bits per byte and gate mass over windows; the last batch is padded
-    to the compiled shape and the padding is discarded."""
+    to the compiled shape and the padding is discarded. ``put`` places a host batch on the
+    devices (e.g. split over a mesh's data axes)."""
     nlls, masses = [], []
     for lo in range(0, len(windows), batch_size):
         chunk = windows[lo:lo + batch_size]
         pad = batch_size - len(chunk)
         batch = np.concatenate([chunk, np.zeros((pad, chunk.shape[1]), chunk.dtype)]) if pad else chunk
-        nll, mass = jax.device_get(eval_step(params, batch))
+        nll, mass = jax.device_get(eval_step(params, put(batch) if put else batch))
         nlls.append(nll[:len(chunk)])
         masses.append(mass[:len(chunk)])
     nll = float(np.mean(np.concatenate(nlls), dtype=np.float64))
@@ -86,14 +95,17 @@ class Evaluator:
     """Every routing rule's eval step compiled once; ``__call__`` scores windows under all
     of them and puts the headline rule's figures at the top level."""
 
-    def __init__(self, cfg: ModelConfig, wanted_route=None):
+    def __init__(self, cfg: ModelConfig, wanted_route=None, mesh=None):
         self.cfg = cfg
         self.routes = eval_routes(cfg)
         self.headline = headline_route(cfg, self.routes, wanted_route)
-        self.steps = {name: make_eval_step(build(c)) for name, (c, _) in self.routes.items()}
+        self.steps = {name: make_eval_step(build(c), mesh) for name, (c, _) in self.routes.items()}
+        self.put = None if mesh is None else functools.partial(
+            distributed.put_global, sharding.batch_sharding(mesh))
+        self.replicated = None if mesh is None else sharding.replicated(mesh)
 
     def __call__(self, params, windows, batch_size) -> dict:
-        scores = {name: evaluate(step, params, windows, batch_size)
+        scores = {name: evaluate(step, params, windows, batch_size, self.put)
                   for name, step in self.steps.items()}
         out = dict(scores[self.headline])
         if len(scores) > 1:
@@ -121,12 +133,18 @@ class Evaluator:
             if not causal:
                 continue
             model = build(cfg)
-            fwd = jax.jit(lambda p, t, m=model: m.apply(p, t)[0])
-            dec = jax.jit(lambda p, t, c=cfg: mod.cached_forward(c, p, t)[0])
+            out_sh = {} if self.replicated is None else {"out_shardings": self.replicated}
+            fwd = jax.jit(lambda p, t, m=model: m.apply(p, t)[0], **out_sh)
+            dec = jax.jit(lambda p, t, c=cfg: mod.cached_forward(c, p, t)[0], **out_sh)
             diff, nll_f, nll_d = 0.0, [], []
             for lo in range(0, len(windows), batch_size):
-                t = jnp.asarray(windows[lo:lo + batch_size])
-                lf, ld = fwd(params, t), dec(params, t)
+                t = np.asarray(windows[lo:lo + batch_size])
+                if self.put is None:
+                    lf, ld = fwd(params, t), dec(params, t)
+                else:   # padded to the compiled batch, which the mesh's data axes divide
+                    padded = np.concatenate([t, np.zeros((batch_size - len(t), t.shape[1]),
+                                                         t.dtype)])
+                    lf, ld = (f(params, self.put(padded))[:len(t)] for f in (fwd, dec))
                 diff = max(diff, float(jnp.max(jnp.abs(lf - ld))))
                 nll_f.append(np.asarray(next_token_nll(lf, t).mean(-1)))
                 nll_d.append(np.asarray(next_token_nll(ld, t).mean(-1)))

@@ -5,6 +5,9 @@ Read top to bottom: ``make_optimizer`` -> ``init_state`` -> ``make_train_step`` 
 train state is a plain dict {step, params, opt_state} so it goes straight into orbax and
 NamedSharding. The batch for step s depends only on (seed, s),
 so a run stopped and resumed from a checkpoint is bitwise identical to an uninterrupted one.
+On many processes (``dynjax.train.distributed``) each builds only its rows of that batch,
+so the global batch, and the run, do not depend on the number of processes; process 0
+alone writes the run directory's files and the progress bar.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from dynjax import errors
 from dynjax.data import text as text_data
 from dynjax.models import build
 from dynjax.models.transformer import next_token_nll
-from dynjax.train import checkpoint, sharding
+from dynjax.train import checkpoint, distributed, sharding
 from dynjax.train.evaluation import LN2, Evaluator
 from dynjax.train.metrics import JsonlWriter, write_json_atomic
 
@@ -109,19 +112,24 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
         config = resolve_config(config)
         dc, tc = config.data, config.train
         model = build(config.model.to_dict())
-        mesh = sharding.make_mesh(config.sharding.model_parallel)
+        mesh = sharding.make_mesh(config.sharding)
+        rules = sharding.rules_of(config.sharding)
         sharding.check_batch(tc.batch_size, mesh)
+        sharding.check_batch(config.eval.batch_size, mesh, "eval.batch_size")
         abstract = jax.eval_shape(lambda: init_state(config, model, jax.random.key(0)))
     run_dir = pathlib.Path(workdir)
     checkpoint.check_same_run(run_dir, config, keys=("model", "data", "seed"))
     splits = text_data.load_splits(dc.source, dc.get("path"), dc.get("tfds_name"),
                                    dc.get("data_dir"))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / "config.json", config.to_dict())
+    main = distributed.is_main()
+    progress = progress and main
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(run_dir / "config.json", config.to_dict())
     tx = make_optimizer(tc)
 
     dummy = jnp.zeros((1, dc.seq_len), jnp.int32)
-    p_shard = sharding.param_shardings(model.logical_axes(dummy), mesh, config.sharding.rules)
+    p_shard = sharding.param_shardings(model.logical_axes(dummy), mesh, rules)
     rep = sharding.replicated(mesh)
     state_shardings = {
         "step": rep, "params": p_shard,
@@ -134,7 +142,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
         target = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                               abstract, state_shardings)
         state = checkpoint.restore_newest(mngr, target, run_dir)
-        print(f"resumed {run_dir} at step {int(state['step'])}")
+        if main:
+            print(f"resumed {run_dir} at step {int(state['step'])}")
     else:
         state = jax.jit(lambda k: init_state(config, model, k),
                         out_shardings=state_shardings)(jax.random.key(config.seed))
@@ -143,7 +152,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
 
     step_fn = jax.jit(make_train_step(model, tx), in_shardings=(state_shardings, data_shard),
                       out_shardings=(state_shardings, rep), donate_argnums=0)
-    evaluator = Evaluator(model.cfg, config.eval.get("route"))
+    evaluator = Evaluator(model.cfg, config.eval.get("route"), mesh=mesh)
     val_windows = text_data.eval_windows(splits["validation"], dc.seq_len, config.eval.windows)
     writer = JsonlWriter(run_dir / "metrics.jsonl", resume_step=start)
     # Multi-device CPU simulation can deadlock when steps are pipelined: block each step.
@@ -153,8 +162,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
                desc=f"{config.model.variant} ({n_params / 1e6:.2f}M params)", mininterval=2)
     t_last, step_last = time.perf_counter(), start
     for step in bar:
-        batch = text_data.train_batch(splits["train"], dc.seq_len, tc.batch_size, config.seed, step)
-        state, metrics = step_fn(state, jax.device_put(batch, data_shard))
+        batch = distributed.put_rows(data_shard, lambda rows: text_data.train_batch(
+            splits["train"], dc.seq_len, tc.batch_size, config.seed, step, rows), tc.batch_size)
+        state, metrics = step_fn(state, batch)
         if block_each:
             jax.block_until_ready(state)
         done = step + 1
@@ -175,7 +185,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
         if done % tc.eval_every == 0 and done != tc.steps:
             val = evaluator(state["params"], val_windows, config.eval.batch_size)
             writer.write({"step": done, "split": "validation", **val})
-            bar.write(f"step {done} validation {evaluator.describe(val)}")
+            if progress:
+                bar.write(f"step {done} validation {evaluator.describe(val)}")
         checkpoint.save(mngr, done, state, force=done == tc.steps)
     mngr.wait_until_finished()
     bar.close()
@@ -191,5 +202,6 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
     if n_dec:
         result["test"]["decode_agreement"] = evaluator.decode_agreement(
             state["params"], windows[:n_dec], config.eval.batch_size)
-    write_json_atomic(run_dir / "eval.json", result)
+    if main:
+        write_json_atomic(run_dir / "eval.json", result)
     return result

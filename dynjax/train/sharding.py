@@ -1,28 +1,105 @@
-"""Device mesh and logical-axis sharding: one rules table maps parameter axes to mesh axes.
+"""Device mesh and logical-axis sharding: one rules table maps logical axes to mesh axes.
 
-The mesh has axes ("data", "model"). Batches split over "data"; parameters follow the
-config's rules, e.g. ``("mlp", "model")`` for tensor parallelism, ``("expert", "model")``
-for expert parallelism (MoE / MoDE) or ``("embed", "data")`` for FSDP. With the default
-rules every parameter is replicated: pure data parallelism, so the same command runs on one
-CPU, 8 GPUs or a TPU host.
+The mesh has three named axes, ``("data", "fsdp", "tensor")``, sized by the config's
+``sharding.mesh`` (one entry may be -1: the devices left over). Batches split over
+``("data", "fsdp")``: both are data-parallel axes, and ``fsdp`` also shards parameters and
+optimizer state (XLA gathers each layer's weights where it uses them). ``tensor`` splits
+attention heads and MLP columns (tensor parallelism) or experts (expert parallelism).
+
+``sharding.preset`` picks a rules table (:data:`PRESETS`); ``sharding.rules``, when given,
+replaces it. The same command runs on one CPU (every axis of size 1), eight GPUs or a pod:
+on TPU and GPU the physical layout comes from ``jax.experimental.mesh_utils``, and
+``sharding.dcn_data > 1`` builds a hybrid mesh whose ``data`` axis spans slices / hosts
+over the data-centre network (DCN) while ``fsdp`` and ``tensor`` stay inside a slice (ICI).
 """
 from __future__ import annotations
+
+import math
 
 import flax.linen as nn
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-DEFAULT_RULES = (("batch", "data"), ("layers", None), ("embed", None), ("heads", None),
-                 ("kv", None), ("mlp", None), ("vocab", None), ("expert", None))
+AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+# logical axis -> mesh axis. "layers" (the scanned layer axis) is never sharded: a scan
+# slices one layer per iteration. Activation axes ("length", "act_embed", ...) keep
+# activations' feature dimensions whole under FSDP and split them under TP.
+_REPLICATED = (("batch", BATCH_AXES), ("length", None), ("layers", None), ("embed", None),
+               ("act_embed", None), ("heads", None), ("act_heads", None), ("kv", None),
+               ("mlp", None), ("act_mlp", None), ("vocab", None), ("expert", None),
+               ("in", None), ("units", None), ("classes", None), ("stream", None),
+               ("source", None))
 
 
-def make_mesh(model_parallel: int = 1) -> Mesh:
-    devices = jax.devices()
-    if len(devices) % model_parallel:
-        raise ValueError(f"sharding.model_parallel={model_parallel} does not divide the "
-                         f"{len(devices)} available devices")
-    return Mesh(np.array(devices).reshape(-1, model_parallel), ("data", "model"))
+def _preset(**overrides):
+    return tuple((name, overrides.get(name, axis)) for name, axis in _REPLICATED)
+
+
+PRESETS = {
+    # pure data parallelism: every parameter replicated
+    "dp": _preset(),
+    # FSDP: parameters and optimizer state split along their embedding (or input) axis
+    "fsdp": _preset(embed="fsdp", units="fsdp"),
+    # tensor parallelism (Megatron): heads, MLP columns and the vocabulary split over "tensor"
+    "tp": _preset(heads="tensor", act_heads="tensor", mlp="tensor", act_mlp="tensor",
+                  vocab="tensor"),
+    "fsdp_tp": _preset(embed="fsdp", units="fsdp", heads="tensor", act_heads="tensor",
+                       mlp="tensor", act_mlp="tensor", vocab="tensor"),
+    # expert parallelism: MoE experts over "tensor" (each device holds whole experts)
+    "ep": _preset(expert="tensor"),
+}
+DEFAULT_RULES = PRESETS["dp"]
+
+
+def rules_of(sc) -> tuple:
+    """The rules table of a ``config.sharding``: ``rules`` if given, else the preset's."""
+    if sc.get("rules"):
+        return tuple(tuple(r) for r in sc.rules)
+    preset = sc.get("preset", "dp")
+    if preset not in PRESETS:
+        raise ValueError(f"sharding.preset={preset!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[preset]
+
+
+def mesh_shape(sizes, n_devices: int) -> tuple[int, int, int]:
+    """(data, fsdp, tensor) from a {axis: size} dict where one size may be -1."""
+    unknown = [a for a in AXES if int(sizes.get(a, 1)) == -1]
+    if len(unknown) > 1:
+        raise ValueError(f"sharding.mesh: only one axis may be -1, got {unknown}")
+    fixed = math.prod(int(sizes.get(a, 1)) for a in AXES if a not in unknown)
+    if fixed <= 0 or n_devices % fixed:
+        raise ValueError(f"sharding.mesh={dict(sizes)} does not divide the {n_devices} "
+                         "available devices")
+    shape = tuple(n_devices // fixed if a in unknown else int(sizes.get(a, 1)) for a in AXES)
+    if math.prod(shape) != n_devices:
+        raise ValueError(f"sharding.mesh={dict(sizes)} uses {math.prod(shape)} devices, but "
+                         f"{n_devices} are available; set one axis to -1")
+    return shape
+
+
+def make_mesh(sc=None, devices=None) -> Mesh:
+    """The ("data", "fsdp", "tensor") mesh of a ``config.sharding`` over all devices (every
+    process's). Without a config: pure data parallelism."""
+    devices = jax.devices() if devices is None else devices
+    sizes = dict(sc.mesh) if sc is not None and sc.get("mesh") else {"data": -1}
+    shape = mesh_shape(sizes, len(devices))
+    dcn = int(sc.get("dcn_data", 1)) if sc is not None else 1
+    if devices[0].platform == "cpu" or len(devices) == 1:
+        return Mesh(np.array(devices).reshape(shape), AXES)
+    if dcn > 1:
+        if shape[0] % dcn:
+            raise ValueError(f"sharding.dcn_data={dcn} does not divide the data axis "
+                             f"({shape[0]})")
+        grid = mesh_utils.create_hybrid_device_mesh(
+            (shape[0] // dcn, shape[1], shape[2]), (dcn, 1, 1), devices,
+            allow_split_physical_axes=True)
+    else:
+        grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+    return Mesh(grid, AXES)
 
 
 def param_shardings(logical_specs, mesh: Mesh, rules=DEFAULT_RULES):
@@ -31,15 +108,21 @@ def param_shardings(logical_specs, mesh: Mesh, rules=DEFAULT_RULES):
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    return NamedSharding(mesh, P("data"))
+    """Leading (example) axis over every data-parallel mesh axis."""
+    return NamedSharding(mesh, P(BATCH_AXES))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def check_batch(batch_size: int, mesh: Mesh):
-    n = mesh.shape["data"]
+def data_parallel_size(mesh: Mesh) -> int:
+    return math.prod(mesh.shape[a] for a in BATCH_AXES)
+
+
+def check_batch(batch_size: int, mesh: Mesh, field: str = "train.batch_size"):
+    n = data_parallel_size(mesh)
     if batch_size % n:
-        raise ValueError(f"batch size {batch_size} is not divisible by the {n} data-parallel "
-                         f"devices; set train.batch_size to a multiple of {n}")
+        raise ValueError(f"{field}={batch_size} is not divisible by the {n} data-parallel "
+                         f"devices (mesh data x fsdp = {mesh.shape['data']} x "
+                         f"{mesh.shape['fsdp']}); set {field} to a multiple of {n}")
