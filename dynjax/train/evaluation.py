@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dynjax import decoding
 from dynjax.models import build, mod, moe
 from dynjax.models.transformer import ModelConfig, next_token_nll
 
@@ -122,7 +123,7 @@ class Evaluator:
                 continue
             model = build(cfg)
             fwd = jax.jit(lambda p, t, m=model: m.apply(p, t)[0])
-            dec = jax.jit(lambda p, t, c=cfg: mod.cached_forward(c, p, t)[0])
+            dec = jax.jit(lambda p, t, c=cfg: decoding.cached_forward(c, p, t)[0])
             diff, nll_f, nll_d = 0.0, [], []
             for lo in range(0, len(windows), batch_size):
                 t = jnp.asarray(windows[lo:lo + batch_size])
