@@ -22,7 +22,8 @@ round, medians after a warm-up, ``dynjax.measure.latency``):
   over b x T: the paper's "latency per batch"), ``prefill`` (the same into a KV cache) and
   ``decode`` (one token per sequence at the last position of a T cache), and throughput
   (tokens/s);
-- every figure's ratio to dense, beside the paper's (PyTorch, 76M, batch 8): FeatureGate
+- every figure's ratio to dense (latency: of medians, and of minima in ``latency_min_*``,
+  the steadier figure on a loaded machine), beside the paper's (PyTorch, 76M, batch 8): FeatureGate
   1.308x dense latency, FixedDepth15 0.633x.
 
 Prints a Markdown table and writes JSON (with the command and the load average) to
@@ -45,7 +46,7 @@ from dynjax.models import build  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402
 from dynjax.train.metrics import write_json_atomic  # noqa: E402
 
-PRESETS = {"tiny": dict(config="tiny", seq_len=128, repeats=9),
+PRESETS = {"tiny": dict(config="tiny", seq_len=128, repeats=21),
            "76m": dict(config="featuregate_76m", seq_len=512, repeats=9)}
 PAPER = {"source": "the audit paper, 76M, batch 8, dense PyTorch",
          "latency_ms": {"dense": 19.36, "uniform": 23.00, "layer_static": 24.10,
@@ -94,9 +95,9 @@ def measure(preset: str, batches, repeats: int, seq_len: int):
             "cache_bytes_b1": decoding.cache_bytes(decoding.init_cache(cfg, 1, seq_len))}
         for name, fn in latency.model_timers(cfg, params, seq_len, batches).items():
             timers[(v, name)] = fn
-    medians = latency.paired_medians(timers, repeats)
-    for (v, name), s in medians.items():
-        out[v].setdefault("latency_s", {})[name] = s
+    for (v, name), t in latency.paired_times(timers, repeats).items():
+        out[v].setdefault("latency_s", {})[name] = t["median_s"]
+        out[v].setdefault("latency_min_s", {})[name] = t["min_s"]
     for v in out:
         out[v]["tokens_per_s"] = latency.rates(out[v]["latency_s"], seq_len)
     return out
@@ -112,6 +113,8 @@ def ratios(res: dict) -> dict:
              "decode_step_flops_compiled": r["decode_step_flops_compiled_b1"]
              / d["decode_step_flops_compiled_b1"]}
         x.update({f"latency_{k}": s / d["latency_s"][k] for k, s in r["latency_s"].items()})
+        x.update({f"latency_min_{k}": s / d["latency_min_s"][k]
+                  for k, s in r["latency_min_s"].items()})
         return x
     return {v: one(r) for v, r in res.items()}
 
@@ -129,8 +132,8 @@ def markdown(res: dict, rat: dict, batches) -> str:
         for b in batches:
             for kind in latency.KINDS:
                 k = f"{kind}_b{b}"
-                unit = 1e3
-                row.append(f"{r['latency_s'][k] * unit:.2f} ms ({q['latency_' + k]:.2f}x)")
+                row.append(f"{r['latency_s'][k] * 1e3:.2f} ms ({q['latency_' + k]:.2f}x, "
+                           f"min {q['latency_min_' + k]:.2f}x)")
         row += [f"{r['tokens_per_s'][f'forward_b{batches[0]}']:,.0f}",
                 f"{r['tokens_per_s'][f'decode_b{batches[0]}']:,.0f}"]
         lines.append("| " + " | ".join(row) + " |")

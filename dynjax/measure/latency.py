@@ -1,7 +1,7 @@
 """Wall-clock latency of any model's forward, prefill and decode step, for benchmarks and
 scorecards.
 
-Every timer is a zero-argument function that runs one compiled call; ``paired_medians``
+Every timer is a zero-argument function that runs one compiled call; ``paired_times``
 warms each up (compiling it), then calls them in turns, one of each per round, and
 reports medians. Turns matter on a shared machine: load from other processes falls on
 every variant alike, so ratios of medians from one run are meaningful where absolute
@@ -20,9 +20,11 @@ import jax.numpy as jnp
 from dynjax import decoding
 
 
-def paired_medians(timers: dict, repeats: int) -> dict:
-    """Median seconds of each zero-argument function in ``timers`` (name -> fn), measured in
-    ``repeats`` interleaved rounds after one warm-up call each."""
+def paired_times(timers: dict, repeats: int) -> dict:
+    """Seconds of each zero-argument function in ``timers`` (name -> fn), measured in
+    ``repeats`` interleaved rounds after one warm-up call each: name -> {"median_s",
+    "min_s", "repeats"}. The minimum is the better estimate of a call's own cost where other
+    processes add delays (a shared CPU); the median is what a user waits, typically."""
     for fn in timers.values():
         jax.block_until_ready(fn())  # warm-up (compiles)
     times = {name: [] for name in timers}
@@ -31,7 +33,13 @@ def paired_medians(timers: dict, repeats: int) -> dict:
             t0 = time.perf_counter()
             jax.block_until_ready(fn())
             times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return {name: {"median_s": statistics.median(t), "min_s": min(t), "repeats": len(t)}
+            for name, t in times.items()}
+
+
+def paired_medians(timers: dict, repeats: int) -> dict:
+    """Median seconds of each function in ``timers``, measured as ``paired_times`` does."""
+    return {name: t["median_s"] for name, t in paired_times(timers, repeats).items()}
 
 
 def forward_timer(model, params, tokens):
