@@ -27,22 +27,9 @@ from configs import tiny  # noqa: E402
 from dynjax.audit.engine import Settings  # noqa: E402
 from dynjax.audit.summary import audit_targets  # noqa: E402
 from dynjax.data import text  # noqa: E402
+from dynjax.measure.latency import paired_medians as median_times  # noqa: E402
 from dynjax.models import build  # noqa: E402
 from dynjax.train.metrics import write_json_atomic  # noqa: E402
-
-
-def median_times(fns: dict, repeats: int) -> dict:
-    """Median seconds of each blocked call, measured in interleaved rounds (the machine's load
-    drifts; interleaving makes the ratios between the functions fair)."""
-    for fn in fns.values():
-        jax.block_until_ready(fn())  # compile and warm up
-    times = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn())
-            times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def main():

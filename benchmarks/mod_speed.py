@@ -25,35 +25,20 @@ Prints JSON (and writes it to ``--out``).
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, ".")
 from configs import mod_tiny  # noqa: E402
+from dynjax import decoding  # noqa: E402
 from dynjax.measure import execution as ex  # noqa: E402
+from dynjax.measure.latency import decode_timer, paired_medians  # noqa: E402
 from dynjax.models import build, mod  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402
 from dynjax.train.loop import init_state, make_optimizer, make_train_step  # noqa: E402
 from dynjax.train.metrics import write_json_atomic  # noqa: E402
-
-
-def paired_medians(timers, repeats):
-    """Median seconds of each zero-argument function in ``timers`` (name -> fn). Calls are
-    interleaved (one of each per round) so that load from other processes on a shared
-    machine falls on all of them alike."""
-    for fn in timers.values():
-        jax.block_until_ready(fn())  # warm-up (compiles)
-    times = {name: [] for name in timers}
-    for _ in range(repeats):
-        for name, fn in timers.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn())
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def decode_flops(cfg: ModelConfig, max_len: int, enter_fraction: float) -> float:
@@ -106,18 +91,8 @@ def measure(variant, args):
     B, T = args.decode_batch, args.seq_len
     slots = mod.capacity(cfg, T) if cfg.variant != "dense" else 0
     dcfg = dataclasses.replace(mod.decode_config(cfg, "predictor"), mod_decode_slots=slots)
-    steps = {branch: jax.jit(lambda p, c, tok, pos, branch=branch: mod.decode_step(
-        dcfg, p, c, tok, pos, branch)[:2], donate_argnums=1) for branch in mod.DECODE_BRANCHES}
-    out["cache_bytes"] = mod.cache_bytes(mod.init_cache(dcfg, B, T))
-    tok, pos = jnp.zeros((B,), jnp.int32), jnp.full((B,), T - 1)
-
-    def time_decode(p, branch="cond"):
-        carry = {"cache": mod.init_cache(dcfg, B, T)}
-
-        def one():
-            logits, carry["cache"] = steps[branch](p, carry["cache"], tok, pos)
-            return logits
-        return one
+    out["cache_bytes"] = decoding.cache_bytes(decoding.init_cache(dcfg, B, T))
+    time_decode = lambda p, branch="cond": decode_timer(dcfg, p, B, T, branch=branch)
 
     if cfg.variant == "dense":
         timers["decode_step_s"] = time_decode(params)
@@ -125,7 +100,7 @@ def measure(variant, args):
         return out, timers
     for name, bias in (("enter", 30.0), ("skip", -30.0)):
         forced = jax.tree.map(lambda a: a, params)
-        for lp, routed in mod.layer_params(cfg, forced):
+        for lp, routed in decoding.mod.layer_params(cfg, forced):
             if routed:
                 lp["predictor"]["out"]["kernel"] = jnp.zeros_like(lp["predictor"]["out"]["kernel"])
                 lp["predictor"]["out"]["bias"] = jnp.full_like(lp["predictor"]["out"]["bias"],

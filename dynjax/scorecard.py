@@ -11,8 +11,9 @@ for any checkpoint dynjax can load, with a one-line verdict whose threshold live
   for cross-input, token shuffle, the static profile and the structure-removed reference,
   with intervals, and LayerMean retention — reused from ``dynjax.audit``, not recomputed.
 - *execution*: does it run less? Executed blocks per token relative to all blocks, FLOPs
-  relative to the same-size dense model (compiled and analytic), measured prefill latency
-  and throughput relative to that dense model at batch 1 and 8, KV-cache bytes.
+  relative to the same-size dense model (compiled and analytic), measured forward,
+  prefill and per-token decode latency and throughput relative to that dense model at
+  batch 1 and 8, KV-cache bytes.
 
 Checkpoints without coefficients (dense, fixed_depth) have no variation or dependence to
 report; they get the execution panel only.
@@ -84,8 +85,10 @@ def dependence(audit: dict) -> dict:
 
 
 def execution_panel(cfg: ModelConfig, params, windows, batches=(1, 8), repeats: int = 5) -> dict:
-    """Executed blocks, FLOPs and measured prefill latency relative to the dense twin,
-    measured in one run with the two models taking turns."""
+    """Executed blocks, FLOPs, KV-cache bytes and measured forward / prefill / decode
+    latency relative to the dense twin, the two models' timers taking turns in one run
+    (``dynjax.measure.latency``; timing inputs are random tokens of the window length)."""
+    from dynjax import decoding
     model, twin_cfg = build(cfg), dense_twin(cfg)
     twin = build(twin_cfg)
     T = windows.shape[1]
@@ -94,20 +97,23 @@ def execution_panel(cfg: ModelConfig, params, windows, batches=(1, 8), repeats: 
     flops = execution.flop_report(cfg, 1, T)
     twin_flops = execution.flop_report(twin_cfg, 1, T)
     twin_params = twin.init(jax.random.key(0), tokens[:1])
+    kv = lambda c: decoding.cache_bytes(decoding.init_cache(c, 1, T))
     out = {"executed_blocks_per_token": float(np.mean(counts)), "n_layers": cfg.n_layers,
            "executed_fraction": float(np.mean(counts)) / cfg.n_layers,
            "flops_ratio_compiled": flops["compiled_flops"] / twin_flops["compiled_flops"],
            "flops_ratio_analytic": flops["analytic_flops"] / twin_flops["analytic_flops"],
-           "dense_twin": f"{twin_cfg.family}/{twin_cfg.variant}", "latency": {}}
-    for b in batches:
-        fns = {"model": (jax.jit(lambda p, t: model.apply(p, t)[0]), params),
-               "dense": (jax.jit(lambda p, t: twin.apply(p, t)[0]), twin_params)}
-        times = latency.interleaved({k: (lambda f=f, p=p: f(p, tokens[:b]))
-                                     for k, (f, p) in fns.items()}, repeats=repeats)
-        out["latency"][f"prefill_b{b}"] = {
-            "seconds": times["model"], "dense_seconds": times["dense"],
-            "ratio": times["model"] / times["dense"],
-            "tokens_per_s": b * T / times["model"]}
+           "kv_cache_bytes_ratio": kv(cfg) / kv(twin_cfg),
+           "dense_twin": f"{twin_cfg.family}/{twin_cfg.variant}", "latency": {},
+           "load_average": latency.load_average()}
+    timers = {}
+    for who, (c, p) in {"model": (cfg, params), "dense": (twin_cfg, twin_params)}.items():
+        timers.update({f"{who}/{k}": f for k, f in latency.model_timers(c, p, T, batches).items()})
+    med = latency.paired_medians(timers, repeats)
+    mine = {k.split("/", 1)[1]: v for k, v in med.items() if k.startswith("model/")}
+    rate = latency.rates(mine, T)
+    for name, s in mine.items():
+        out["latency"][name] = {"seconds": s, "dense_seconds": med[f"dense/{name}"],
+                                "ratio": s / med[f"dense/{name}"], "tokens_per_s": rate[name]}
     return out
 
 
@@ -139,11 +145,11 @@ def verdicts(card: dict, th) -> dict:
             out["dependence"] = (f"little dependence (no reassignment's CI lower bound above "
                                  f"{th.depends_min_dnll} nats)")
     ex = card["execution"]
-    lat = ex["latency"].get(f"prefill_b{th.latency_batch}", {}).get("ratio", float("nan"))
+    lat = ex["latency"].get(f"forward_b{th.latency_batch}", {}).get("ratio", float("nan"))
     saves = ex["flops_ratio_compiled"] <= th.executes_less_max_ratio
     faster = lat <= th.executes_less_max_ratio
     what = (f"executes {ex['flops_ratio_compiled']:.2f}x the FLOPs and runs {lat:.2f}x the "
-            f"time of dense (prefill, batch {th.latency_batch})")
+            f"time of dense (forward, batch {th.latency_batch})")
     out["execution"] = ("executes less: " + what if saves and faster else
                         "saves FLOPs but not time: " + what if saves else
                         "no skipping: " + what)
@@ -209,8 +215,10 @@ def render_markdown(cards: list) -> str:
                              f"{ret['estimate']:.1%} [{ret['ci_low']:.1%}, {ret['ci_high']:.1%}]")
             lines.append("")
         lines.append(f"Executed blocks per token {ex['executed_blocks_per_token']:.2f} of "
-                     f"{ex['n_layers']}; FLOPs vs {ex['dense_twin']}: compiled "
-                     f"{ex['flops_ratio_compiled']:.3f}, analytic {ex['flops_ratio_analytic']:.3f}")
+                     f"{ex['n_layers']}; vs {ex['dense_twin']}: FLOPs compiled "
+                     f"{ex['flops_ratio_compiled']:.3f}, analytic {ex['flops_ratio_analytic']:.3f}"
+                     f"; KV-cache bytes {ex['kv_cache_bytes_ratio']:.3f} (load average "
+                     f"{ex['load_average']} while timing)")
         for name, r in ex["latency"].items():
             lines.append(f"- {name}: {r['ratio']:.3f}x dense ({r['seconds'] * 1e3:.2f} ms, "
                          f"{r['tokens_per_s']:.0f} tokens/s)")
@@ -246,7 +254,7 @@ def plot(card: dict):
     bars = {"executed\nblocks": ex["executed_fraction"],
             "FLOPs\ncompiled": ex["flops_ratio_compiled"],
             "FLOPs\nanalytic": ex["flops_ratio_analytic"],
-            **{k.replace("prefill_", "prefill\n"): r["ratio"] for k, r in ex["latency"].items()}}
+            **{k.replace("_b", "\nb"): r["ratio"] for k, r in ex["latency"].items()}}
     ax3.bar(list(bars), list(bars.values()), color="tab:green")
     ax3.axhline(1.0, color="k", lw=0.8)
     ax3.set_title(f"execution: relative to {ex['dense_twin']}")

@@ -10,7 +10,8 @@
 # 3. Mixture-of-Depths time vs FLOP ratios at d=1024, T=2048 (bf16);
 # 4. DynamicGate-MLP latency (dense / masked / structured) at batch 1 and 256 (H=4096), and
 #    dense / masked / structured-per-batch at 4096 and 16384;
-# 5. where FeatureGate's step overhead comes from: without rematerialisation, and at T=256.
+# 5. where FeatureGate's step overhead comes from: without rematerialisation, and at T=256;
+# 6. the paper's execution table at 76M (batch 8 and 1: forward, prefill, KV-cache decode).
 # Each step has its own time limit so a slow one cannot swallow the others' results.
 # `bash scripts/gpu_checks.sh STEP...` runs only the named steps; `bash scripts/gpu_checks.sh perf`
 # runs the performance steps alone (under 8 min): the fused-attention and online-feature
@@ -35,7 +36,7 @@ PY=${PY:-python3}
 PERF="perf_tests perf_76m_cudnn perf_76m_jnp perf_76m_dots"
 ARGS=" ${*:-} "
 STEPS=" ${ARGS/ perf / $PERF }"
-[[ -n ${*:-} ]] || STEPS=" pytest_contract pytest_families audit_replay train_76m mod_speed gate_speed gate_speed_large fg_remat_off fg_t256 "
+[[ -n ${*:-} ]] || STEPS=" pytest_contract pytest_families audit_replay train_76m mod_speed gate_speed gate_speed_large fg_remat_off fg_t256 execution_76m "
 step() {  # step SECONDS NAME CMD...: run with a limit, log to $OUT/log.txt
   local limit=$1 name=$2; shift 2
   [[ $STEPS == *" $name "* ]] || return 0
@@ -47,7 +48,7 @@ step() {  # step SECONDS NAME CMD...: run with a limit, log to $OUT/log.txt
 step 150 pytest_contract $PY -m pytest -q -p no:cacheprovider tests/test_gates.py -k "replay or causality or dense_equals"
 step 240 pytest_families $PY -m pytest -q -p no:cacheprovider tests/test_mod.py tests/test_moe.py \
   tests/test_mode.py tests/test_mudd.py tests/test_gated_mlp.py tests/test_muddpythia.py \
-  -k "replay or bitwise or kv_cache or parity or reference"
+  tests/test_decoding.py -k "replay or bitwise or kv_cache or parity or reference or decoding"
 step 90 audit_replay $PY benchmarks/audit_throughput.py --repeats 5 --audit-repeats 1 \
   --out "$OUT/audit_throughput_gpu.json"
 step 150 train_76m $PY benchmarks/train_throughput.py --config featuregate_76m --batch-size 64 \
@@ -76,4 +77,5 @@ step 110 perf_76m_dots $PY benchmarks/train_throughput.py --config featuregate_7
   --batch-size 64 --seq-len 512 --variants dense,feature_gate --steps 5 --repeats 3 \
   --model-set "attn_impl='cudnn'" --model-set remat_save_dots=True \
   --out "$OUT/train_76m_cudnn_dots_gpu.json"
+step 300 execution_76m $PY benchmarks/execution.py --preset 76m --out "$OUT/execution_76m_gpu.json"
 grep -E "passed|failed|error" "$OUT/log.txt" | tail -3

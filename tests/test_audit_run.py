@@ -290,8 +290,8 @@ def test_scorecard_reuses_the_audit_and_flop_report_numbers(fg_run, fg_audit, tm
     res, _ = fg_audit
     config = scorecard_config.get_config()
     small(config.audit)
-    config.execution_windows, config.latency_batches, config.latency_repeats = 2, (1, 2), 1
-    config.thresholds.latency_batch = 2
+    config.execution_windows, config.latency_batches, config.latency_repeats = 1, (1,), 1
+    config.thresholds.latency_batch = 1
     card = scorecard.score_run(fg_run, config, tmp_path / "0", log=lambda *a: None)
     for name, row in card["dependence"]["conditions"].items():
         for key in ("estimate", "ci_low", "ci_high", "p"):

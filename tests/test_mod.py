@@ -8,6 +8,7 @@ import chex
 import numpy as np
 import pytest
 
+from dynjax import decoding
 from dynjax.measure import routing
 from dynjax.models import build, mod
 from dynjax.models.transformer import Block, ModelConfig, next_token_nll
@@ -160,18 +161,20 @@ def test_causal_routing_is_causal_at_every_split_and_kv_cache_matches_it(model, 
     with pytest.raises(AssertionError):
         assert_causal_at_every_split(jax.jit(lambda t: m.apply(params, t)[0]), tokens)
     logits = full(tokens)
-    cached, entered_c = jax.jit(lambda t: mod.cached_forward(cfg, params, t))(tokens)
+    cached, info_c = jax.jit(lambda t: decoding.cached_forward(cfg, params, t))(tokens)
+    entered_c = info_c["entered"]
     np.testing.assert_allclose(cached, logits, atol=1e-4, rtol=1e-4)
     np.testing.assert_array_equal(entered_c, entered)
     # A longer cache (a longer generation) changes nothing for the prefix.
-    longer, _ = jax.jit(lambda t: mod.cached_forward(cfg, params, t, max_len=4 * T))(tokens)
+    longer, _ = jax.jit(lambda t: decoding.cached_forward(cfg, params, t, max_len=4 * T))(tokens)
     np.testing.assert_allclose(longer, cached, atol=1e-6)
     # Always running the block and masking its result is the same computation as skipping it.
-    masked, entered_m = jax.jit(lambda t: mod.cached_forward(cfg, params, t, "masked"))(tokens)
+    masked, info_m = jax.jit(lambda t: decoding.cached_forward(cfg, params, t, "masked"))(tokens)
+    entered_m = info_m["entered"]
     np.testing.assert_allclose(masked, cached, atol=1e-6)
     np.testing.assert_array_equal(entered_m, entered_c)
     with pytest.raises(ValueError, match="branch='maybe'"):
-        mod.cached_forward(cfg, params, tokens, "maybe")
+        decoding.cached_forward(cfg, params, tokens, "maybe")
 
 
 def test_slot_budget_admits_the_first_askers_and_the_rest_skip(model):
@@ -191,11 +194,13 @@ def test_slot_budget_admits_the_first_askers_and_the_rest_skip(model):
         np.testing.assert_array_equal(np.flatnonzero(overflow[b]), askers[N:])
     logits = jax.jit(lambda t: build(cfg).apply(params, t)[0])(tokens)
     for max_len in (T, 3 * T):
-        cached, ent = jax.jit(lambda t: mod.cached_forward(cfg, params, t, max_len=max_len))(tokens)
+        cached, info = jax.jit(
+            lambda t: decoding.cached_forward(cfg, params, t, max_len=max_len))(tokens)
+        ent = info["entered"]
         np.testing.assert_allclose(cached, logits, atol=1e-4, rtol=1e-4)
         np.testing.assert_array_equal(ent, stats["entered"])
-    sparse = mod.cache_bytes(mod.init_cache(cfg, B, 64))
-    dense = mod.cache_bytes(mod.init_cache(dataclasses.replace(cfg, variant="dense"), B, 64))
+    sparse = decoding.cache_bytes(decoding.init_cache(cfg, B, 64))
+    dense = decoding.cache_bytes(decoding.init_cache(dataclasses.replace(cfg, variant="dense"), B, 64))
     assert sparse == dense * (64 + N) / (2 * 64)       # one dense and one MoD block of two
     with pytest.raises(ValueError, match="mod_decode_slots=-1"):
         build(dataclasses.replace(CFG, mod_decode_slots=-1))
@@ -205,11 +210,11 @@ def test_generate_is_greedy_decoding_over_cached_forward(model):
     _, params, tokens = model
     cfg = mod.decode_config(CFG, "predictor")
     prompt, steps = tokens[:, :3], 4
-    out = jax.jit(lambda p: mod.generate(cfg, params, p, steps))(prompt)
+    out = jax.jit(lambda p: decoding.generate(cfg, params, p, steps))(prompt)
     assert out.shape == (B, 3 + steps) and np.array_equal(out[:, :3], prompt)
     seq = prompt
     for _ in range(steps):  # re-decode the whole prefix each time: the slow, obvious way
-        logits, _ = mod.cached_forward(cfg, params, seq)
+        logits, _ = decoding.cached_forward(cfg, params, seq)
         seq = jnp.concatenate([seq, jnp.argmax(logits[:, -1], -1)[:, None].astype(seq.dtype)], 1)
     np.testing.assert_array_equal(out, seq)
 

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from dynjax import decoding
 from dynjax.measure import routing
 from dynjax.models import build, mod
 from tests.test_mod import assert_causal_at_every_split
@@ -81,7 +82,8 @@ def test_causal_staged_mode_with_binding_expert_capacity(route, top_k, cf):
     assert load.max() <= mod.causal_expert_capacity(cfg, slots) + 1e-6
     assert load.sum() == pytest.approx(entered.sum() / B * top_k * (1 - float(
         np.mean(stats["moe_dropped"]))), rel=1e-5)          # only entering tokens hold slots
-    cached, entered_c = jax.jit(lambda t: mod.cached_forward(cfg, params, t))(TOKENS)
+    cached, info_c = jax.jit(lambda t: decoding.cached_forward(cfg, params, t))(TOKENS)
+    entered_c = info_c["entered"]
     np.testing.assert_allclose(cached, full(TOKENS), atol=1e-4, rtol=1e-4)
     np.testing.assert_array_equal(entered_c, entered)
     # The experts matter: zeroing their output weights changes the cached logits.
@@ -89,7 +91,7 @@ def test_causal_staged_mode_with_binding_expert_capacity(route, top_k, cf):
     zeroed = jax.tree_util.tree_unflatten(jax.tree.structure(params), [
         jnp.zeros_like(a) if jax.tree_util.keystr(k).endswith("['wo']") else a
         for k, a in flat])
-    assert not np.allclose(jax.jit(lambda p: mod.cached_forward(cfg, p, TOKENS)[0])(zeroed),
+    assert not np.allclose(jax.jit(lambda p: decoding.cached_forward(cfg, p, TOKENS)[0])(zeroed),
                            cached)
 
 
@@ -102,7 +104,7 @@ def test_causal_staged_mode_needs_position_priority():
 
 def test_expert_choice_decoding_is_refused_clearly():
     with pytest.raises(NotImplementedError, match="expert_choice ranks the whole sequence"):
-        mod.init_cache(dataclasses.replace(CFG, moe_routing="expert_choice"), B, T)
+        decoding.init_cache(dataclasses.replace(CFG, moe_routing="expert_choice"), B, T)
 
 
 @pytest.mark.parametrize("variant", ["mode_staged", "mode_integrated"])

@@ -27,16 +27,16 @@ askers skip the block: a documented fallback, counted as ``overflow``); the boun
 number of tokens, not a fraction of the length, so a prefix's logits never depend on how
 long the window or the generation is. The sequence form runs the block on all T slots
 with the non-entering ones masked out (the same arithmetic as decoding, not its cost);
-``decode_step`` runs the rule one token at a time with a KV cache whose MoD-block buffers
-hold only the tokens that entered that block. Evaluation reports top-k bits/byte
+``dynjax.decoding`` runs the rule one token at a time with a KV cache whose MoD-block
+buffers hold only the tokens that entered that block. Evaluation reports top-k bits/byte
 (non-causal: the training objective) beside both causal rules (``eval_routes``).
 
 Staged MoDE (variant ``mode_staged``, Raposo et al. 2024): MoD routing around an MoE
 block. The router selects k tokens as above; only they enter a block whose FFN is the MoE
 layer of ``dynjax.models.moe`` (attention among the k, then expert routing of the k with
 expert capacity ceil(cf * top_k * k / E)). Non-MoD blocks stay dense. KV-cache decoding
-(token-choice routing) runs each entering token through its top-k experts
-(``moe.MoeFfnPerToken``). Under causal routing the MoE inside the block is causal too:
+(``dynjax.decoding``; token-choice routing) runs each entering token through its top-k
+experts (``moe.MoeFfnPerToken``). Under causal routing the MoE inside the block is causal too:
 slots of tokens that did not enter take no expert buffer, buffers fill in token order
 (``moe_priority="position"``), and expert capacity is ceil(cf * top_k * N / E) for a slot
 budget N (unbounded without one), never a fraction of the window length.
@@ -65,9 +65,8 @@ import jax.numpy as jnp
 
 from dynjax.coeffs import Axes
 from dynjax.models import moe
-from dynjax.models.transformer import (Block, Embed, Head, Mlp, ModelConfig, causal_attention,
-                                       dense_init, embed_tokens, norm, out_projection,
-                                       project_qkv, scan_layers)
+from dynjax.models.transformer import (Block, Head, ModelConfig, dense_init, embed_tokens,
+                                       scan_layers)
 
 VARIANTS = ("dense", "mod", "mode_staged")
 ROUTER_AXES = Axes(("layer", "example", "token"))
@@ -351,153 +350,3 @@ def decode_config(cfg: ModelConfig, route: str = "router") -> ModelConfig:
     """The same model routed causally ("router" threshold or "predictor"); staged MoDE's
     expert buffers then fill in token order."""
     return dataclasses.replace(cfg, mod_route=route, moe_priority="position")
-
-
-# ------------------------------------------------------------ decoding with a KV cache
-
-class _CachedAttention(nn.Module):
-    """transformer.Attention's parameters, for one new token against a KV cache."""
-
-    cfg: ModelConfig
-
-    @nn.compact
-    def __call__(self, x, pos, cache, write):
-        cfg = self.cfg
-        q, k, v = project_qkv(cfg, x, x, x, pos, pos)
-        B, S = cache["pos"].shape
-        slot = jnp.where(write, cache["n"], S)  # out of range: dropped, nothing written
-        put = lambda buf, new: buf.at[jnp.arange(B), slot].set(new[:, 0], mode="drop")
-        cache = {"k": put(cache["k"], k), "v": put(cache["v"], v),
-                 "pos": put(cache["pos"], pos), "n": cache["n"] + write}
-        out, _, _ = causal_attention(q, cache["k"], cache["v"], pos, cache["pos"])
-        return out_projection(cfg)(out), cache
-
-
-class _CachedBlock(nn.Module):
-    """transformer.Block's (or staged MoDE's StagedBlock's) parameters and arithmetic for one
-    new token (B, 1, d)."""
-
-    cfg: ModelConfig
-    staged: bool = False
-
-    @nn.compact
-    def __call__(self, h, pos, cache, write):
-        cfg = self.cfg
-        a, kv = _CachedAttention(cfg, name="attn")(norm("attn_norm", cfg)(h), pos, cache, write)
-        x = norm("mlp_norm", cfg)(h + a)
-        if not self.staged:
-            return a + Mlp(cfg, name="mlp")(x), kv
-        capacity = causal_expert_capacity(cfg, cache["pos"].shape[1])
-        m, experts = moe.MoeFfnPerToken(cfg, name="moe")(x, cache["experts"], capacity, write)
-        return a + m, dict(kv, experts=experts)
-
-
-def layer_params(cfg: ModelConfig, params):
-    """[(params of one ModLayer, is it MoD)] in depth order, for scanned or unrolled layers."""
-    n_groups, pattern = layout(cfg)
-    out = []
-    for g in range(n_groups):
-        gp = (jax.tree.map(lambda a: a[g], params["layers"]) if cfg.scan_layers
-              else params["layers"][f"layer_{g}"])
-        out += [(gp[f"sub_{j}"], routed) for j, routed in enumerate(pattern)]
-    return out
-
-
-def _check_decodable(cfg: ModelConfig):
-    if cfg.variant == "mode_staged" and cfg.moe_routing != "token_choice":
-        raise NotImplementedError("KV-cache decoding of mode_staged needs token_choice MoE "
-                                  "routing: expert_choice ranks the whole sequence, which a "
-                                  "causal decoder has not seen yet")
-
-
-def init_cache(cfg: ModelConfig, batch: int, max_len: int):
-    """Per block: keys/values/positions for max_len tokens (dense) or the MoD slot budget
-    (``decode_slots``: max_len without one), the count of tokens held, and for staged MoDE
-    the routes each expert has kept."""
-    _check_decodable(cfg)
-    n_groups, pattern = layout(cfg)
-    def layer(routed):
-        size = decode_slots(cfg, max_len) if routed else max_len
-        c = {"k": jnp.zeros((batch, size, cfg.n_heads, cfg.head_dim), cfg.compute_dtype),
-             "pos": jnp.full((batch, size), EMPTY, jnp.int32),
-             "n": jnp.zeros((batch,), jnp.int32)}
-        c["v"] = jnp.zeros_like(c["k"])
-        if routed and cfg.variant == "mode_staged":
-            c["experts"] = jnp.zeros((batch, cfg.moe_num_experts), jnp.int32)
-        return c
-    return [layer(routed) for _ in range(n_groups) for routed in pattern]
-
-
-def cache_bytes(cache) -> int:
-    return sum(cache_layer[n].nbytes for cache_layer in cache for n in ("k", "v"))
-
-
-DECODE_BRANCHES = ("cond", "masked")
-
-
-def decode_step(cfg: ModelConfig, params, cache, token, pos, branch: str = "cond"):
-    """One causal step: token (B,) at positions pos (B,) -> logits (B, V), new cache, and
-    (n_mod, B) bool of which MoD blocks the token entered. With ``branch="cond"`` a MoD block
-    runs (``lax.cond``) only when some example's token enters it; ``"masked"`` always runs it
-    and keeps its result only where a token entered (for backends where a conditional costs
-    more than the block). Either way the cache grows only for the entering examples."""
-    _check_decodable(cfg)
-    if branch not in DECODE_BRANCHES:
-        raise ValueError(f"branch={branch!r}; use one of {DECODE_BRANCHES}")
-    h = Embed(cfg).apply({"params": params["embed"]}, token[:, None])
-    pos = pos[:, None].astype(jnp.int32)
-    B = token.shape[0]
-    new_cache, entered = [], []
-    for (p, routed), c in zip(layer_params(cfg, params), cache):
-        staged = routed and cfg.variant == "mode_staged"
-        block = lambda hc, write, p=p, c=c, staged=staged: _CachedBlock(cfg, staged).apply(
-            {"params": p["block"]}, hc, pos, c, write)
-        if not routed:
-            update, c = block(h, jnp.ones((B,), bool))
-            h = h + update
-        else:
-            r = Router().apply({"params": p["router"]}, h)[:, 0]
-            if cfg.mod_route == "predictor":
-                ask = Predictor(cfg.mod_predictor_hidden).apply({"params": p["predictor"]}, h)
-            else:
-                ask = r[:, None]
-            enter = (ask[:, 0] > 0) & (c["n"] < c["pos"].shape[1])
-            w = router_weight(cfg, r)[:, None, None].astype(h.dtype)
-            run = lambda hc: (lambda u, c2: (jnp.where(enter[:, None, None], hc + w * u, hc),
-                                             c2))(*block(hc, enter))
-            if branch == "cond":
-                h, c = jax.lax.cond(jnp.any(enter), run, lambda hc: (hc, c), h)
-            else:
-                h, c = run(h)
-            entered.append(enter)
-        new_cache.append(c)
-    logits = Head(cfg).apply({"params": params["head"]}, h)[:, 0]
-    return logits, new_cache, jnp.stack(entered) if entered else jnp.zeros((0, B), bool)
-
-
-def cached_forward(cfg: ModelConfig, params, tokens, branch: str = "cond", max_len=None):
-    """Logits of every position computed token by token through ``decode_step`` (teacher
-    forcing) with a cache for ``max_len`` tokens (default T). Equals the full-sequence
-    forward with ``mod_route`` = "router"/"predictor", whatever ``max_len``."""
-    B, T = tokens.shape
-    def step(cache, t):
-        logits, cache, entered = decode_step(cfg, params, cache, tokens[:, t],
-                                             jnp.full((B,), t), branch)
-        return cache, (logits, entered)
-    cache = init_cache(cfg, B, max_len or T)
-    _, (logits, entered) = jax.lax.scan(step, cache, jnp.arange(T))
-    return jnp.swapaxes(logits, 0, 1), jnp.moveaxis(entered, 0, -1)
-
-
-def generate(cfg: ModelConfig, params, prompt, steps: int):
-    """Greedy continuation of prompt (B, P) by ``steps`` tokens with the sparse KV cache."""
-    B, P = prompt.shape
-    cache = init_cache(cfg, B, P + steps)
-    def step(carry, t):
-        cache, tok = carry
-        logits, cache, _ = decode_step(cfg, params, cache, tok, jnp.full((B,), t))
-        nxt = jnp.where(t + 1 < P, prompt[:, jnp.minimum(t + 1, P - 1)],
-                        jnp.argmax(logits, -1).astype(prompt.dtype))
-        return (cache, nxt), nxt
-    _, out = jax.lax.scan(step, (cache, prompt[:, 0]), jnp.arange(P + steps - 1))
-    return jnp.concatenate([prompt[:, :1], out.T], axis=1)

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dynjax import decoding
 from dynjax.models import build, mod, moe
 from dynjax.models.transformer import ModelConfig, next_token_nll
 from dynjax.train import distributed, sharding
@@ -135,7 +136,7 @@ class Evaluator:
             model = build(cfg)
             out_sh = {} if self.replicated is None else {"out_shardings": self.replicated}
             fwd = jax.jit(lambda p, t, m=model: m.apply(p, t)[0], **out_sh)
-            dec = jax.jit(lambda p, t, c=cfg: mod.cached_forward(c, p, t)[0], **out_sh)
+            dec = jax.jit(lambda p, t, c=cfg: decoding.cached_forward(c, p, t)[0], **out_sh)
             diff, nll_f, nll_d = 0.0, [], []
             for lo in range(0, len(windows), batch_size):
                 t = np.asarray(windows[lo:lo + batch_size])

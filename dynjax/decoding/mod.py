@@ -1,0 +1,106 @@
+"""KV-cache decoding of Mixture-of-Depths and staged MoDE (``dynjax.models.mod``).
+
+Top-k over the window cannot be decoded, so a MoD block runs the causal rule of
+``mod.decode_config``: a token enters when its router logit (``mod_route="router"``, and
+for a ``"topk"`` config) or its predictor logit (``"predictor"``) is positive, while the
+block's cache has room: ``mod.decode_slots`` slots (the ``mod_decode_slots`` budget, or
+max_len without one), so later askers skip it, as in the sequence form. The block's cache
+holds only the tokens that entered. The entering tokens of a chunk are gathered and
+written back with the model's own ``routed_update``, so decoding equals the causal
+sequence forward whatever max_len. Staged MoDE's entering tokens go to their top-k experts
+(token choice; expert buffers ``mod.causal_expert_capacity``, counted per sequence in the
+cache); expert choice ranks the whole sequence and is refused.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from dynjax.decoding.cache import CachedBlock, append_slots, layer_cache
+from dynjax.models import mod
+from dynjax.models.transformer import ModelConfig
+
+BRANCHES = ("cond", "masked")
+
+
+def forward_config(cfg: ModelConfig) -> ModelConfig:
+    """The config whose sequence forward decoding reproduces: causal routing by the router
+    (for a top-k config) or the config's own causal rule, token-order expert buffers."""
+    return mod.decode_config(cfg, "router" if cfg.mod_route == "topk" else cfg.mod_route)
+
+
+def check(cfg: ModelConfig):
+    if cfg.variant == "mode_staged" and cfg.moe_routing != "token_choice":
+        raise NotImplementedError("KV-cache decoding of mode_staged needs token_choice MoE "
+                                  "routing: expert_choice ranks the whole sequence, which a "
+                                  "causal decoder has not seen yet")
+
+
+def layer_params(cfg: ModelConfig, params):
+    """[(params of one ModLayer, is it MoD)] in depth order, for scanned or unrolled layers."""
+    n_groups, pattern = mod.layout(cfg)
+    out = []
+    for g in range(n_groups):
+        gp = (jax.tree.map(lambda a: a[g], params["layers"]) if cfg.scan_layers
+              else params["layers"][f"layer_{g}"])
+        out += [(gp[f"sub_{j}"], routed) for j, routed in enumerate(pattern)]
+    return out
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int):
+    """Per block: max_len slots (dense) or ``mod.decode_slots`` (MoD); staged MoDE's MoD
+    blocks also count the routes each expert has kept."""
+    check(cfg)
+    n_groups, pattern = mod.layout(cfg)
+    def layer(routed):
+        c = layer_cache(cfg, batch, mod.decode_slots(cfg, max_len) if routed else max_len)
+        if routed and cfg.variant == "mode_staged":
+            c["experts"] = jnp.zeros((batch, cfg.moe_num_experts), jnp.int32)
+        return c
+    return [layer(routed) for _ in range(n_groups) for routed in pattern]
+
+
+def routed_layer(cfg: ModelConfig, p, h, pos, c, branch):
+    """One MoD block on the chunk: the askers that fit enter, in order. With
+    ``branch="cond"`` the block runs (``lax.cond``) only when some token enters; "masked"
+    always runs it and keeps its result only where a token entered. Returns h, the cache
+    and (B, n) which tokens entered."""
+    r = mod.Router().apply({"params": p["router"]}, h)
+    ask = (mod.Predictor(cfg.mod_predictor_hidden).apply({"params": p["predictor"]}, h)
+           if cfg.mod_route == "predictor" else r) > 0
+    S = c["pos"].shape[1]
+    enter = ask & (c["n"][:, None] + jnp.cumsum(ask, axis=1) <= S)
+    idx, valid = mod.first_k_slots(enter, min(h.shape[1], S))
+    slot = append_slots(c, valid)
+    staged = cfg.variant == "mode_staged"
+    capacity = mod.causal_expert_capacity(cfg, S) if staged else 0
+    block = lambda x, p_x: CachedBlock(cfg, capacity).apply(
+        {"params": p["block"]}, x, p_x, c, slot)[:2]
+    run = lambda hc: mod.routed_update(block, hc, pos, r, idx, valid,
+                                       lambda s: mod.router_weight(cfg, s))
+    if branch == "cond":
+        h, c = jax.lax.cond(jnp.any(enter), run, lambda hc: (hc, c), h)
+    else:
+        h, c = run(h)
+    return h, c, enter
+
+
+def layers(cfg: ModelConfig, params, cache, h, pos, branch):
+    """info: ``entered`` (MoD blocks, B, n), which tokens entered each MoD block."""
+    check(cfg)
+    if branch not in BRANCHES:
+        raise ValueError(f"branch={branch!r}; use one of {BRANCHES}")
+    new_cache, entered = [], []
+    for (p, routed), c in zip(layer_params(cfg, params), cache):
+        if routed:
+            h, c, enter = routed_layer(cfg, p, h, pos, c, branch)
+            entered.append(enter)
+        else:
+            update, c, _ = CachedBlock(cfg).apply(
+                {"params": p["block"]}, h, pos, c, append_slots(c, jnp.ones(pos.shape, bool)))
+            h = h + update
+        new_cache.append(c)
+    B, n = pos.shape
+    return h, new_cache, {"entered": jnp.stack(entered) if entered
+                          else jnp.zeros((0, B, n), bool)}
+

@@ -1,0 +1,56 @@
+"""KV-cache decoding of the MoE family (``dynjax.models.moe``: moe, mode_integrated).
+
+Token choice only: each token goes to its top-k routes (integrated MoDE's no-op route adds
+nothing), and a route to an expert that has already kept ``C`` routes in this sequence is
+dropped. ``C`` is the sequence form's buffer for a window of ``max_len`` tokens
+(``moe.expert_capacity(cfg, max_len)``), so decoding with a cache of max_len equals the
+sequence forward over max_len tokens with ``moe_priority="position"`` (``forward_config``):
+there, too, a route is kept iff fewer than C earlier routes took that expert. Where the
+capacity binds, a prefix's logits therefore depend on max_len (as the sequence form's
+depend on the window); with ``moe_capacity_factor <= 0`` (never drop) or where no expert
+fills, they do not. GShard's "choice" priority differs from this only when capacity binds
+with k >= 2. Expert choice ranks the whole sequence: it has no causal form and is refused.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from dynjax.decoding.cache import CachedBlock, append_slots, layer_cache, layer_slices
+from dynjax.models import moe
+from dynjax.models.transformer import ModelConfig
+
+
+def forward_config(cfg: ModelConfig) -> ModelConfig:
+    return dataclasses.replace(cfg, moe_priority="position")
+
+
+def check(cfg: ModelConfig):
+    if cfg.moe_routing != "token_choice":
+        raise NotImplementedError(
+            f"KV-cache decoding of {cfg.variant} needs token_choice routing: expert_choice "
+            "ranks the whole sequence, which a causal decoder has not seen yet")
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int):
+    """Per layer: max_len slots and the routes each expert has kept (B, E)."""
+    check(cfg)
+    return [dict(layer_cache(cfg, batch, max_len),
+                 experts=jnp.zeros((batch, cfg.moe_num_experts), jnp.int32))
+            for _ in range(cfg.n_layers)]
+
+
+def layers(cfg: ModelConfig, params, cache, h, pos, branch):
+    """info: ``ffn_ran`` (layers, B, n), whether some real expert took the token."""
+    del branch
+    check(cfg)
+    capacity = moe.expert_capacity(cfg, cache[0]["pos"].shape[1])
+    new_cache, ran = [], []
+    for p, c in zip(layer_slices(cfg, params["layers"], cfg.n_layers), cache):
+        update, c, (_, _, r) = CachedBlock(cfg, capacity).apply(
+            {"params": p}, h, pos, c, append_slots(c, jnp.ones(pos.shape, bool)))
+        h = h + update
+        new_cache.append(c)
+        ran.append(r)
+    return h, new_cache, {"ffn_ran": jnp.stack(ran)}
