@@ -8,7 +8,7 @@ Thresholds (fixed before looking at results):
 - dependence: "function depends on it" when the cross-input or static-profile ΔNLL has a
   95% CI lower bound above ``depends_min_dnll`` nats per token;
 - execution: "executes less" when both the compiled-FLOP ratio and the forward latency
-  ratio (forward) at batch ``latency_batch`` against the same-size dense model are at most
+  ratio at batch ``latency_batch`` against the same-size dense model are at most
   ``executes_less_max_ratio``.
 """
 import ml_collections
