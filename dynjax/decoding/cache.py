@@ -59,7 +59,8 @@ class CachedAttention(nn.Module):
     def __call__(self, xq, xk, xv, pos, cache, slot):
         q, k, v = project_qkv(self.cfg, xq, xk, xv, pos, pos)
         cache = write(cache, slot, k, v, pos)
-        out, logits, lse = causal_attention(q, cache["k"], cache["v"], pos, cache["pos"])
+        out, lse, logits = causal_attention(q, cache["k"], cache["v"], pos, cache["pos"],
+                                            row_stats=lambda _, logits, lse: logits)
         return out_projection(self.cfg)(out), cache, (logits, lse)
 
 

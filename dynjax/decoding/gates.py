@@ -54,8 +54,10 @@ class CachedGateLayer(nn.Module):
         if cfg.variant == "feature_gate":
             if prev_logp is None:
                 prev_logp = uniform_logp(pos, cache["pos"], cfg.n_heads)
-            features, prev_logp = gates.attention_features(logits, lse, prev_logp, update, h)
-            g = gates.Controller(cfg, name="controller")(features)
+            per_head = gates.row_features(logits, lse, prev_logp)
+            prev_logp = logits - lse[..., None]
+            g = gates.Controller(cfg, name="controller")(
+                gates.attention_features(per_head, update, h))
         else:
             g = jnp.broadcast_to(gate, pos.shape).astype(jnp.float32)
         return h + g[..., None].astype(h.dtype) * update, cache, prev_logp, g

@@ -49,23 +49,29 @@ def uniform_attention(cfg: ModelConfig, B: int, T: int):
     return zeros, zeros, jnp.broadcast_to(lse, (B, cfg.n_heads, T))
 
 
+def row_features(logits, lse, logp_prev):
+    """Per head and query, from masked float32 logits (B, H, n, m), their log-sum-exp and the
+    previous layer's log-probabilities over the same keys: the entropy, the KL to the
+    previous layer's attention and the normalised log-partition, (B, H, n, 3), gradient-free."""
+    logits, lse, logp_prev = jax.lax.stop_gradient((logits, lse, logp_prev))
+    logp = logits - lse[..., None]                     # masked -> ~-1e30
+    p = jnp.exp(logp)                                  # exactly 0 where masked
+    entropy = -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1)
+    kl = jnp.sum(jnp.where(p > 0, p * (logp - logp_prev), 0.0), axis=-1)
+    visible = jnp.sum(p > 0, axis=-1).astype(jnp.float32)
+    return jnp.stack([entropy, kl, lse / jnp.log(jnp.maximum(visible, 2.0))], axis=-1)
+
+
 def attention_row_features(prev):
-    """``row_stats`` for causal_attention: per head and query, the entropy, the KL to the
-    previous layer's attention (its logits recomputed from ``prev`` = its (q, k, lse) for
-    the same block of queries) and the normalised log-partition, (B, H, n, 3), gradient-free."""
+    """``row_stats`` for causal_attention: ``row_features`` of a block of queries, the
+    previous layer's logits recomputed from ``prev`` = its (q, k, lse) for the same block."""
     q_prev, k_prev, lse_prev = jax.lax.stop_gradient(prev)
 
     def stats(q0, logits, lse):
-        logits, lse = jax.lax.stop_gradient((logits, lse))
         n, m = logits.shape[2:]
-        logp = logits - lse[..., None]                     # masked -> ~-1e30
-        p = jnp.exp(logp)                                  # exactly 0 where masked
         logp_prev = (attention_scores(q_prev[:, q0:q0 + n], k_prev[:, :m])
                      - lse_prev[:, :, q0:q0 + n, None])
-        entropy = -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1)
-        kl = jnp.sum(jnp.where(p > 0, p * (logp - logp_prev), 0.0), axis=-1)
-        visible = jnp.sum(p > 0, axis=-1).astype(jnp.float32)
-        return jnp.stack([entropy, kl, lse / jnp.log(jnp.maximum(visible, 2.0))], axis=-1)
+        return row_features(logits, lse, logp_prev)
     return stats
 
 
