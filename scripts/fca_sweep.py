@@ -275,7 +275,8 @@ def _met(v) -> str:
 def render_table(data: dict, command: str) -> str:
     """table.md: per family, one line per (size, steps) with ΔNLL and 95% CIs over the three
     seeds, retention and the paper's two prespecified criteria; the MUDD / FeatureGate ratio;
-    the bits/byte table at the longest setting; what has not finished."""
+    every finished run's test bits/byte (dense and layer_static at the longest setting);
+    what has not finished."""
     rows = data["rows"]
     out = [f"# FCA trend sweep\n\nMade by `{command}`. ΔNLL in nats/token, mean over seeds "
            f"(each seed one unit) with its 95% checkpoint-level bootstrap CI; audit protocol: "
@@ -320,17 +321,20 @@ def render_table(data: dict, command: str) -> str:
         f"{PAPER['mudd']['conditions'][c] / PAPER['feature_gate']['conditions'][c]:.3g}"
         if c in PAPER["feature_gate"]["conditions"] else "—" for c in CONDITIONS)
     out += [f"| paper: 1.4B / 76M | | {paper_ratio} |", ""]
-    longest = [r for r in rows if r["size"] == "tiny" and r["steps"] == 5000]
-    out += ["## Test bits/byte at the longest setting (tiny, 5000 steps)\n",
-            "| variant | " + " | ".join(f"seed {s}" for s in data["seeds"]) + " | mean |",
-            "|---" * (len(data["seeds"]) + 2) + "|"]
-    for r in longest:
+    out += ["## Test bits/byte of every finished training run\n",
+            "(the longest setting, tiny at 5000 steps, holds dense and layer_static beside "
+            "FeatureGate and MUDD)\n",
+            "| size | variant | steps | tokens | " +
+            " | ".join(f"seed {s}" for s in data["seeds"]) + " | mean | device |",
+            "|---" * (len(data["seeds"]) + 6) + "|"]
+    for r in rows:
+        if not r["test_bpb"]:
+            continue
         vals = [r["test_bpb"].get(s) for s in data["seeds"]]
-        done = [v for v in vals if v is not None]
-        out.append(f"| {r['variant']} | " + " | ".join("—" if v is None else f"{v:.4f}"
-                                                     for v in vals) +
-                   f" | {sum(done) / len(done):.4f} |" if done else
-                   f"| {r['variant']} | " + " | ".join("—" for _ in vals) + " | — |")
+        mean = sum(r["test_bpb"].values()) / len(r["test_bpb"])
+        out.append(f"| {r['size']} | {r['variant']} | {r['steps']} | {r['tokens']:,} | " +
+                   " | ".join("—" if v is None else f"{v:.4f}" for v in vals) +
+                   f" | {mean:.4f} | {', '.join(r['devices'])} |")
     left = [r["name"] for r in rows if (r["audited"] and r["audit"] is None) or
             len(r["test_bpb"]) < len(data["seeds"])]
     out += ["", "Not finished yet: " + (", ".join(left) if left else "nothing") + "."]
@@ -374,6 +378,8 @@ def plot_family(data: dict, variant: str):
     colors = dict(zip(CONDITIONS, ("C0", "C1", "C2", "C3", "C4", "C5")))
     markers = {"tiny": "o", "large": "s"}
     rows = [r for r in data["rows"] if r["variant"] == variant and r["audit"]]
+    if not rows:
+        ax.text(0.5, 0.5, "no audited row yet", transform=ax.transAxes, ha="center")
     for size, marker in markers.items():
         pts = sorted((r for r in rows if r["size"] == size), key=lambda r: r["tokens"])
         if not pts:
@@ -426,9 +432,9 @@ def write_report(runs: pathlib.Path, out: pathlib.Path, argv) -> None:
     if not runs.is_dir():
         raise SystemExit(f"fca_sweep.py: error: --runs={runs} does not exist")
     data = collect(runs)
-    if not any(r["audit"] for r in data["rows"]):
-        raise SystemExit(f"fca_sweep.py: error: no finished audit under {runs}/audit yet; "
-                         "run the sweep first (`--plan` lists what is left)")
+    if not any(r["test_bpb"] for r in data["rows"]):
+        raise SystemExit(f"fca_sweep.py: error: no finished run under {runs} yet; run the "
+                         "sweep first (`--plan` lists what is left)")
     command = "python scripts/fca_sweep.py " + " ".join(argv)
     data = dict(data, command=command, generated=time.strftime("%Y-%m-%d %H:%M:%S"),
                 ratios=ratios(data["rows"]))

@@ -55,7 +55,7 @@ def test_order_resume_and_report(tmp_path):
         "train tiny_feature_gate_400 seed 0", "train tiny_feature_gate_400 seed 1",
         "train tiny_feature_gate_400 seed 2", "audit tiny_feature_gate_400"]
     runs.mkdir()
-    with pytest.raises(SystemExit, match="no finished audit"):
+    with pytest.raises(SystemExit, match="no finished run"):
         sweep.main([f"--runs={runs}", "--report", f"--out={tmp_path / 'out'}"])
     for row, scale in zip(rows[:2], (0.01, 0.1)):
         for seed in sweep.SEEDS:
@@ -77,4 +77,5 @@ def test_order_resume_and_report(tmp_path):
     assert "| tiny | 400 | 1,638,400 | 2.5100 | +0.01 [+0, +0.02] |" in md
     assert "| 90.0% [85.0%, 95.0%] | not met | not met | cpu (cpu) |" in md
     assert "paper: FeatureGate 76M" in md and "Not finished yet: tiny_feature_gate_1500" in md
+    assert "| tiny | mudd | 400 | 1,638,400 | 2.5000 | 2.5100 | 2.5200 | 2.5100 | cpu (cpu) |" in md
     assert not list(tmp_path.glob(".out.tmp-*"))   # written atomically, nothing left behind
