@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent("""
     model = build(c.model.to_dict()); tx = loop.make_optimizer(c.train)
     state = loop.init_state(c, model, jax.random.key(0))
     batch = np.random.default_rng(0).integers(0, 256, (8, 32)).astype(np.int32)
-    mesh = sharding.make_mesh(1)
+    mesh = sharding.make_mesh()
     rep = sharding.replicated(mesh)
     state = jax.device_put(state, rep)
     step = jax.jit(loop.make_train_step(model, tx),
@@ -45,15 +45,16 @@ SCRIPT = textwrap.dedent("""
             "batch_shards": len(jax.device_put(batch, sharding.batch_sharding(mesh)).addressable_shards)}}
     if n % 2 == 0:
         # Expert and tensor parallelism: an MoE model's experts and MLP columns split over the
-        # "model" axis (2 ways), the batch over "data"; its loss equals the replicated one.
+        # "tensor" axis (2 ways), the batch over "data"; its loss equals the replicated one.
         from dynjax.models.transformer import ModelConfig
         cfg = ModelConfig(family="moe", variant="moe", d_model=32, n_heads=2, n_layers=2,
                           d_ff=64, moe_num_experts=4, scan_layers=True)
         moe_model = build(cfg)
         params = moe_model.init(jax.random.key(0), batch)
-        mesh2 = sharding.make_mesh(2)
+        import ml_collections
+        mesh2 = sharding.make_mesh(ml_collections.ConfigDict(dict(mesh=dict(data=-1, tensor=2))))
         rules = [r for r in sharding.DEFAULT_RULES if r[0] not in ("expert", "mlp")]
-        rules += [("expert", "model"), ("mlp", "model")]
+        rules += [("expert", "tensor"), ("mlp", "tensor")]
         shard = sharding.param_shardings(moe_model.logical_axes(batch), mesh2, rules)
         sharded = jax.device_put(params, shard)
         wi = [a for path, a in jax.tree_util.tree_flatten_with_path(sharded)[0]
@@ -93,10 +94,10 @@ def test_data_parallel_step_matches_single_device(tmp_path):
     # reduction-order noise of near-zero gradients up to ~lr/10 in a few coordinates
     np.testing.assert_allclose(p8[1], p1[1], rtol=0, atol=3e-4)
     assert np.mean(np.isclose(p8[1], p1[1], rtol=1e-5, atol=1e-6)) > 0.999
-    # MoE with experts and MLP columns sharded over a 2-way "model" axis (expert parallelism)
-    assert "model" in info8["wi_spec"]
+    # MoE with experts and MLP columns sharded over a 2-way "tensor" axis (expert parallelism)
+    assert "tensor" in info8["wi_spec"]
     layers, experts, d, f = info8["wi_shape"]
-    # one mesh axis shards one dimension of a tensor: the experts take "model", so the expert
+    # one mesh axis shards one dimension of a tensor: the experts take "tensor", so the expert
     # kernels keep their MLP columns whole
     assert info8["wi_shard_shape"] == [layers, experts // 2, d, f]
     np.testing.assert_allclose(info8["moe_loss_sharded"], info8["moe_loss_replicated"],

@@ -281,6 +281,30 @@ class GatedMLP:
     def mac_sums(self, opens, weight_masks=None, valid=None):
         return macs_lib.mac_sums(self.dims, opens, weight_masks, self.controllers(), valid)
 
+    def logical_axes(self, x):
+        """Logical axis names of every parameter (a pytree of PartitionSpec), as the LM
+        families give them: a layer's input features are ``embed`` (split by FSDP), its
+        units ``mlp`` (split by tensor parallelism); controllers and the class outputs,
+        too small to split, stay whole."""
+        return jax.tree_util.tree_map_with_path(
+            lambda path, _: _logical_spec(tuple(getattr(k, "key", k) for k in path),
+                                          bool(self.cfg.gate_hidden)),
+            jax.eval_shape(self.init, jax.random.key(0), x))
+
+
+def _logical_spec(path, gate_has_hidden: bool) -> jax.sharding.PartitionSpec:
+    P = jax.sharding.PartitionSpec
+    module, leaf = path[-2], path[-1]
+    if module == "dense":                     # layer_l/dense: (inputs, units)
+        return P("embed", "mlp") if leaf == "kernel" else P("mlp")
+    if module == "out":                       # (last layer's units, classes)
+        return P("mlp", None) if leaf == "kernel" else P(None)
+    reads_layer_input = module in ("router", "hidden") or (
+        module == "logits" and not gate_has_hidden)
+    if leaf == "kernel":
+        return P("embed" if reads_layer_input else None, None)
+    return P(None)
+
 
 def gate_penalty(coeffs):
     """sum_l (1/n_l) sum_i mean_batch(p_i^l): the expected open fraction, summed over layers."""

@@ -187,6 +187,33 @@ def _param_table(cfg: Config):
     return rows
 
 
+def logical_axes(params):
+    """Logical axis names of every parameter (a pytree of PartitionSpec, the LM families'
+    names): attention columns ``heads`` and FFN columns ``mlp`` (tensor parallelism), the
+    model width ``embed`` (FSDP), the vocabulary ``vocab``; the DA controllers and the
+    per-head q/k norms stay whole."""
+    P = jax.sharding.PartitionSpec
+    by_name = {("wq", "w"): P("embed", "heads"), ("wk", "w"): P("embed", "heads"),
+               ("wv", "w"): P("embed", "heads"), ("wo", "w"): P("heads", "embed"),
+               ("wq", "b"): P("heads"), ("wk", "b"): P("heads"), ("wv", "b"): P("heads"),
+               ("wo", "b"): P("embed"), ("w1", "w"): P("embed", "mlp"),
+               ("w2", "w"): P("mlp", "embed"), ("w1", "b"): P("mlp"), ("w2", "b"): P("embed"),
+               ("da", "w1"): P("embed", None), ("da", "w2"): P(None, None),
+               ("da", "bias"): P(None, None), ("attn", "q_norm"): P(None),
+               ("attn", "k_norm"): P(None)}
+
+    def spec(path, leaf):
+        names = tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path)
+        if names == ("embed",):
+            return P("vocab", "embed")
+        if names == ("lm_head",):
+            return P("embed", "vocab")
+        if names[-2:] in by_name:
+            return by_name[names[-2:]]
+        return P("embed")                     # every LayerNorm's scale and bias
+    return jax.tree_util.tree_map_with_path(spec, params)
+
+
 # Non-parameter buffers a PyTorch state dict may carry; they are recomputed here.
 _IGNORED_BUFFERS = ("freqs_cis", "causal_mask", "kv_cache", "inv_freq", "k_cache", "v_cache")
 

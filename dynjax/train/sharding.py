@@ -26,13 +26,9 @@ AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
 # logical axis -> mesh axis. "layers" (the scanned layer axis) is never sharded: a scan
-# slices one layer per iteration. Activation axes ("length", "act_embed", ...) keep
-# activations' feature dimensions whole under FSDP and split them under TP.
-_REPLICATED = (("batch", BATCH_AXES), ("length", None), ("layers", None), ("embed", None),
-               ("act_embed", None), ("heads", None), ("act_heads", None), ("kv", None),
-               ("mlp", None), ("act_mlp", None), ("vocab", None), ("expert", None),
-               ("in", None), ("units", None), ("classes", None), ("stream", None),
-               ("source", None))
+# slices one layer per iteration.
+_REPLICATED = (("batch", BATCH_AXES), ("layers", None), ("embed", None), ("heads", None),
+               ("kv", None), ("mlp", None), ("vocab", None), ("expert", None))
 
 
 def _preset(**overrides):
@@ -43,12 +39,10 @@ PRESETS = {
     # pure data parallelism: every parameter replicated
     "dp": _preset(),
     # FSDP: parameters and optimizer state split along their embedding (or input) axis
-    "fsdp": _preset(embed="fsdp", units="fsdp"),
+    "fsdp": _preset(embed="fsdp"),
     # tensor parallelism (Megatron): heads, MLP columns and the vocabulary split over "tensor"
-    "tp": _preset(heads="tensor", act_heads="tensor", mlp="tensor", act_mlp="tensor",
-                  vocab="tensor"),
-    "fsdp_tp": _preset(embed="fsdp", units="fsdp", heads="tensor", act_heads="tensor",
-                       mlp="tensor", act_mlp="tensor", vocab="tensor"),
+    "tp": _preset(heads="tensor", mlp="tensor", vocab="tensor"),
+    "fsdp_tp": _preset(embed="fsdp", heads="tensor", mlp="tensor", vocab="tensor"),
     # expert parallelism: MoE experts over "tensor" (each device holds whole experts)
     "ep": _preset(expert="tensor"),
 }
