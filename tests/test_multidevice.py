@@ -1,5 +1,8 @@
-"""A data-parallel step on 8 simulated CPU devices equals the single-device step, and an
-MoE model sharded over experts and MLP columns computes the replicated model's loss.
+"""A data-parallel step on 8 simulated CPU devices equals the single-device step, an
+MoE model sharded over experts and MLP columns computes the replicated model's loss, and
+every family (gates, mod, moe, mudd, gated_mlp, muddpythia) under FSDP, TP and FSDP+TP on a
+(data 2, fsdp 2, tensor 2) mesh has the unsharded model's loss and gradients, with its
+parameters split as their logical axes say.
 
 Runs in a subprocess: the device count must be set before JAX starts. Multi-device CPU
 simulation can deadlock in collectives on 2 cores when steps are pipelined, so the script
@@ -15,12 +18,74 @@ import numpy as np
 from tests.conftest import ROOT
 
 SCRIPT = textwrap.dedent("""
-    import sys, json, numpy as np, jax
+    import os, sys, json, numpy as np, jax
     sys.path.insert(0, {root!r})
     from tests.conftest import tiny_config
     from dynjax.models import build
     from dynjax.train import loop, sharding
     import optax
+    def sharded_families():
+        # FSDP, TP and FSDP+TP on a (data 2, fsdp 2, tensor 2) mesh, for every family: loss
+        # and gradients against the unsharded model, and every parameter's shard shape
+        from dynjax.models import muddpythia
+        from dynjax.models.gated_mlp import GatedMLP
+        from dynjax.models.transformer import ModelConfig
+        import ml_collections
+        mesh = sharding.make_mesh(ml_collections.ConfigDict(
+            dict(mesh=dict(data=2, fsdp=2, tensor=2))))
+        tokens = np.random.default_rng(1).integers(0, 256, (8, 32)).astype(np.int32)
+        lm = dict(d_model=32, n_heads=2, n_layers=2, d_ff=64, scan_layers=True)
+        cases = {{}}
+        for fam, var, extra in (("gates", "feature_gate", {{}}), ("mod", "mod", {{}}),
+                                ("moe", "moe", dict(moe_num_experts=4)), ("mudd", "mudd", {{}})):
+            m = build(ModelConfig(family=fam, variant=var, **lm, **extra))
+            def lm_loss(p, t, m=m):
+                logits, _, aux = m.apply(p, t, with_aux=True)
+                return loop.next_token_nll(logits, t).mean() + sum(aux.values(), 0.0)
+            cases[fam] = (lm_loss, jax.jit(m.init)(jax.random.key(0), tokens),
+                          m.logical_axes(tokens), tokens)
+        x = np.random.default_rng(2).normal(size=(8, 16)).astype(np.float32)
+        y = np.arange(8) % 10
+        mlp = GatedMLP(dict(in_dim=16, n_classes=10, hidden=(64, 64), variant="dgate",
+                            gate_hidden=8))
+        cases["gated_mlp"] = (
+            lambda p, b: optax.softmax_cross_entropy_with_integer_labels(
+                mlp.apply(p, b["x"], gates_open=False)[0], b["y"]).mean(),
+            jax.jit(mlp.init)(jax.random.key(0), x), mlp.logical_axes(x), {{"x": x, "y": y}})
+        ref = np.load(os.path.join({root!r}, "tests", "data", "muddpythia_tiny.npz"))
+        mcfg, mparams = muddpythia.from_state_dict(
+            {{k[len("params/"):]: ref[k] for k in ref.files if k.startswith("params/")}})
+        cases["muddpythia"] = (
+            lambda p, t: loop.next_token_nll(muddpythia.apply(mcfg, p, t)[0], t).mean(),
+            mparams, muddpythia.logical_axes(mparams), tokens)
+        out = {{}}
+        for fam, (loss, params, specs, batch) in cases.items():
+            want_l, want_g = jax.jit(jax.value_and_grad(loss))(params, batch)
+            for preset in ("fsdp", "tp", "fsdp_tp"):
+                shard = sharding.param_shardings(specs, mesh, sharding.PRESETS[preset])
+                p = jax.device_put(params, shard)
+                b = jax.device_put(batch, sharding.batch_sharding(mesh))
+                l, g = jax.jit(jax.value_and_grad(loss), out_shardings=(
+                    sharding.replicated(mesh), shard))(p, b)
+                jax.block_until_ready(g)
+                # a parameter's shard shape: its shape divided by the mesh axes its spec names
+                expected = lambda a, sh: [d // int(np.prod([mesh.shape[ax] for ax in (
+                    s if isinstance(s, tuple) else (s,)) if ax])) for d, s in zip(
+                    a.shape, tuple(sh.spec) + (None,) * (a.ndim - len(sh.spec)))]
+                shapes_ok = all(list(a.addressable_shards[0].data.shape) == expected(a, sh)
+                                for a, sh in zip(jax.tree.leaves(p), jax.tree.leaves(shard)))
+                split = sum(a.addressable_shards[0].data.size < a.size for a in jax.tree.leaves(p))
+                out[f"{{fam}}/{{preset}}"] = {{
+                    "loss": float(l), "loss_ref": float(want_l), "shapes_ok": shapes_ok,
+                    "split": split, "params": len(jax.tree.leaves(p)),
+                    "grad_max_diff": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                                         for a, b in zip(jax.tree.leaves(g),
+                                                         jax.tree.leaves(want_g))),
+                    "grad_scale": max(float(np.max(np.abs(np.asarray(b))))
+                                      for b in jax.tree.leaves(want_g))}}
+        return out
+
+
     n = jax.device_count()
     c = tiny_config("feature_gate")
     model = build(c.model.to_dict()); tx = loop.make_optimizer(c.train)
@@ -66,6 +131,8 @@ SCRIPT = textwrap.dedent("""
         info["wi_spec"] = str(wi.sharding.spec)
         info["wi_shard_shape"] = list(wi.addressable_shards[0].data.shape)
         info["wi_shape"] = list(wi.shape)
+    if n == 8:
+        info["families"] = sharded_families()
     print(json.dumps(info))
 """)
 
@@ -102,3 +169,13 @@ def test_data_parallel_step_matches_single_device(tmp_path):
     assert info8["wi_shard_shape"] == [layers, experts // 2, d, f]
     np.testing.assert_allclose(info8["moe_loss_sharded"], info8["moe_loss_replicated"],
                                rtol=1e-5)
+    # FSDP, TP and FSDP+TP for every family: the replicated model's loss and gradients, and
+    # parameters really split as their logical axes say
+    fams = info8["families"]
+    assert {k.split("/")[0] for k in fams} == {"gates", "mod", "moe", "mudd", "gated_mlp",
+                                               "muddpythia"}
+    for name, r in fams.items():
+        assert r["shapes_ok"], name
+        assert r["split"] > 0, name
+        np.testing.assert_allclose(r["loss"], r["loss_ref"], rtol=1e-5, err_msg=name)
+        assert r["grad_max_diff"] <= 1e-5 * max(r["grad_scale"], 1.0), (name, r)
