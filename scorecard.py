@@ -6,6 +6,8 @@ it, and does it really execute less?
 Writes DIR/scorecard.json, DIR/scorecard.md and DIR/scorecard_<i>.png (three panels), and
 each audited run's audit under DIR/<i>/audit. Library: ``dynjax/scorecard.py``.
 """
+import sys
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -29,7 +31,7 @@ def main(argv):
     def score():
         cards = [scorecard.score_run(r, flags.FLAGS.config, f"{out}/{i}")
                  for i, r in enumerate(runs)]
-        scorecard.write(cards, out)
+        scorecard.write(cards, out, "python scorecard.py " + " ".join(sys.argv[1:]))
         return cards
     cards = errors.run_program("scorecard.py", score,
                                errors=(audit_run.AuditError, audit_run.ReplayError,

@@ -263,8 +263,9 @@ def plot(card: dict):
     return fig
 
 
-def write(cards: list, out_dir) -> None:
-    """scorecard.json, scorecard.md and one figure per checkpoint, each written atomically."""
+def write(cards: list, out_dir, command: str = "") -> None:
+    """scorecard.json ({command, cards}), scorecard.md and one figure per checkpoint, each
+    written atomically."""
     from pathlib import Path
 
     from dynjax.audit.report import _atomic_write, _save_fig, to_jsonable
@@ -272,8 +273,8 @@ def write(cards: list, out_dir) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     clean = to_jsonable(cards)
-    _atomic_write(out / "scorecard.json",
-                  lambda f: f.write(json.dumps(clean, indent=1, allow_nan=False).encode()))
+    _atomic_write(out / "scorecard.json", lambda f: f.write(json.dumps(
+        {"command": command, "cards": clean}, indent=1, allow_nan=False).encode()))
     _atomic_write(out / "scorecard.md", lambda f: f.write(render_markdown(clean).encode()))
     for i, card in enumerate(clean):
         _save_fig(plot(card), out / f"scorecard_{i}.png")
