@@ -2,8 +2,8 @@
 
     python scripts/mod_routing_report.py RUN_DIR [--windows 64] [--out FILE]
 
-Router and predictor accuracy against training-time top-k membership on test windows, and
-how often decode-mode routing (router threshold, predictor) disagrees with top-k. JSON out.
+Precision, recall and F1 of the router and predictor rules against top-k membership on test
+windows (base rate beside them), on the top-k forward and the causal forward. JSON out.
 """
 import argparse
 import json
