@@ -268,13 +268,12 @@ def write(cards: list, out_dir, command: str = "") -> None:
     written atomically."""
     from pathlib import Path
 
-    from dynjax.audit.report import _atomic_write, _save_fig, to_jsonable
-    import json
+    from dynjax.audit.report import _save_fig, to_jsonable
+    from dynjax.train.metrics import write_json_atomic, write_text_atomic
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     clean = to_jsonable(cards)
-    _atomic_write(out / "scorecard.json", lambda f: f.write(json.dumps(
-        {"command": command, "cards": clean}, indent=1, allow_nan=False).encode()))
-    _atomic_write(out / "scorecard.md", lambda f: f.write(render_markdown(clean).encode()))
+    write_json_atomic(out / "scorecard.json", {"command": command, "cards": clean})
+    write_text_atomic(out / "scorecard.md", render_markdown(clean))
     for i, card in enumerate(clean):
         _save_fig(plot(card), out / f"scorecard_{i}.png")
