@@ -3,8 +3,9 @@
     python scorecard.py --config=configs/scorecard.py --out=DIR RUN_DIR [RUN_DIR ...]
 
 Thresholds (fixed before looking at results):
-- variation: "varies" when more than ``varies_min_nonlayer_share`` of some coefficient's
-  variance is not explained by layer identity (example, token, their interaction);
+- variation: "varies" when more than ``varies_min_input_share`` of some coefficient's
+  variance is left after removing its static profile (the mean over examples and tokens of
+  each layer / stream / source / expert cell), i.e. varies with input and position;
 - dependence: "function depends on it" when the cross-input or static-profile ΔNLL has a
   95% CI lower bound above ``depends_min_dnll`` nats per token;
 - execution: "executes less" when both the compiled-FLOP ratio and the forward latency
@@ -26,6 +27,6 @@ def get_config():
     c.latency_batches = (1, 8)     # the paper measured batch 8
     c.latency_repeats = 5
     c.thresholds = ml_collections.ConfigDict(dict(
-        varies_min_nonlayer_share=0.05, depends_min_dnll=0.01, executes_less_max_ratio=0.9,
+        varies_min_input_share=0.05, depends_min_dnll=0.01, executes_less_max_ratio=0.9,
         latency_batch=8))
     return c

@@ -44,9 +44,32 @@ def dense_twin(cfg: ModelConfig) -> ModelConfig:
 
 # ------------------------------------------------------------------------------ panels
 
-def variation(audit: dict, coeffs: dict, cfg: ModelConfig) -> dict:
-    """Variance shares from the audit, ranges and routing summaries from recorded coeffs."""
-    out = {"variance": audit.get("variance", {}), "ranges": {}}
+INPUT_AXES = ("example", "token")
+
+
+def input_share(x, names) -> float:
+    """Share of a coefficient leaf's variance left after removing its static profile (the
+    mean over examples and tokens of each layer / stream / source / expert cell): what
+    varies with the input and position. Static structure (a layer profile, an expert or
+    source pattern, their interactions) counts as not varying."""
+    x = np.asarray(x, np.float64)
+    axes = tuple(i for i, n in enumerate(names) if n in INPUT_AXES)
+    total = float(np.sum((x - x.mean()) ** 2))
+    if total == 0.0 or not axes:
+        return 0.0
+    return float(np.sum((x - x.mean(axis=axes, keepdims=True)) ** 2)) / total
+
+
+def variation(audit: dict, coeffs: dict, cfg: ModelConfig, schema=None) -> dict:
+    """Variance shares from the audit, each leaf's input-varying share and range, and
+    routing summaries, from recorded coeffs."""
+    from dynjax.coeffs import is_axes
+    out = {"variance": audit.get("variance", {}), "ranges": {}, "input_share": {}}
+    if schema is not None:
+        pairs = zip(jax.tree_util.tree_flatten_with_path(coeffs)[0],
+                    jax.tree.leaves(schema, is_leaf=is_axes))
+        out["input_share"] = {jax.tree_util.keystr(path): input_share(x, axes.names)
+                              for (path, x), axes in pairs}
     for name, leaf in coeffs.items():
         leaves = leaf if isinstance(leaf, list) else [leaf]
         vals = np.concatenate([np.asarray(v, np.float64).ravel() for v in leaves])
@@ -62,12 +85,6 @@ def variation(audit: dict, coeffs: dict, cfg: ModelConfig) -> dict:
         out["routing_entropy_nats"] = float(ent.mean())
         out["routing_entropy_max_nats"] = float(np.log(p.shape[-1]))
     return out
-
-
-def nonlayer_share(var: dict) -> float:
-    """Largest share of coefficient variance NOT explained by layer identity, over leaves."""
-    shares = [1.0 - v.get("layer", 0.0) for v in var.values() if np.isfinite(v.get("layer", 0.0))]
-    return float(max(shares)) if shares else float("nan")
 
 
 def dependence(audit: dict) -> dict:
@@ -126,10 +143,10 @@ def verdicts(card: dict, th) -> dict:
     if var is None:
         out["variation"] = "no coefficients: nothing varies"
     else:
-        share = nonlayer_share(var["variance"])
-        out["variation"] = (f"varies (up to {share:.1%} of the variance is not layer identity)"
-                            if share >= th.varies_min_nonlayer_share else
-                            f"nearly static (layer identity explains {1 - share:.1%})")
+        share = max(var["input_share"].values(), default=float("nan"))
+        out["variation"] = (f"varies (up to {share:.1%} of the variance is not its static "
+                            "profile)" if share >= th.varies_min_input_share else
+                            f"nearly static (its static profile explains {1 - share:.1%})")
     dep = card.get("dependence")
     if dep is None:
         out["dependence"] = "no coefficients: nothing to depend on"
@@ -181,7 +198,7 @@ def score_run(run_dir: str, config, out_dir, log=print) -> dict:
                                             out=str(Path(out_dir) / "audit"), progress=False,
                                             log=log)
         _, coeffs = jax.jit(model.apply)(params, jnp.asarray(windows))
-        card["variation"] = variation(audit, coeffs, cfg)
+        card["variation"] = variation(audit, coeffs, cfg, model.schema)
         card["dependence"] = dependence(audit)
     log(f"{run_dir}: timing against its dense twin")
     card["execution"] = execution_panel(cfg, params, windows, tuple(config.latency_batches),

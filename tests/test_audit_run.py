@@ -311,3 +311,19 @@ def test_scorecard_reuses_the_audit_and_flop_report_numbers(fg_run, fg_audit, tm
     scorecard.write([card], tmp_path / "out")
     assert {p.name for p in (tmp_path / "out").iterdir()} == {
         "scorecard.json", "scorecard.md", "scorecard_0.png"}
+
+
+def test_scorecard_input_share_counts_only_what_varies_with_input():
+    """A layer profile, an expert pattern or their interaction is static (share 0); a part
+    that changes with the example is what varies, in proportion to its sum of squares."""
+    from dynjax import scorecard
+    layer = np.arange(3.0)[:, None, None, None]                # (layer, example, token, expert)
+    expert = np.array([0.0, 2.0])[None, None, None, :]
+    static = np.broadcast_to(layer * expert + layer, (3, 4, 5, 2))
+    names = ("layer", "example", "token", "expert")
+    assert scorecard.input_share(static, names) == 0.0
+    example = np.array([-1.0, 1.0, -1.0, 1.0])[None, :, None, None]
+    x = static + example
+    ss = lambda a: np.sum((a - a.mean()) ** 2)
+    assert scorecard.input_share(x, names) == pytest.approx(
+        ss(np.broadcast_to(example, x.shape)) / ss(x), rel=1e-12)
