@@ -114,14 +114,14 @@ class Given(NamedTuple):
     values: Any
     replay: Any
 
-    def part(self, fn) -> "Given":
-        """The same flag with ``fn(values)`` (a layer's slice, a leaf): None stays None."""
-        return Given(None if self.values is None else fn(self.values), self.replay)
 
-    def stacked(self, n: int) -> "Given":
-        """The flag broadcast to (n,), so ``nn.scan`` / ``jax.lax.scan`` can slice it per layer
-        alongside the per-layer values."""
-        return Given(self.values, jnp.broadcast_to(self.replay, (n,)))
+def part(given: "Given | None", fn, layers: int | None = None) -> "Given | None":
+    """The same flag with ``fn(values)`` (a layer's slice, one leaf); None stays None. With
+    ``layers`` the flag is broadcast to (layers,), so a layer scan slices it with the values."""
+    if given is None:
+        return None
+    replay = given.replay if layers is None else jnp.broadcast_to(given.replay, (layers,))
+    return Given(None if given.values is None else fn(given.values), replay)
 
 
 def recording(values=None) -> Given:

@@ -210,8 +210,7 @@ class MLP(nn.Module):
         key = coeff_key(cfg)
         recorded, opens = [], []
         for l, n in enumerate(cfg.hidden):
-            layer_given = None if given is None or not key else given.part(
-                lambda v, l=l: v[key][l])
+            layer_given = coeffs_lib.part(given, lambda v, l=l: v[key][l]) if key else None
             x, c, g = HiddenLayer(cfg, n, name=f"layer_{l}")(x, layer_given, tau, theta,
                                                                gates_open, train)
             recorded.append(c)

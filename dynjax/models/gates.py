@@ -177,10 +177,9 @@ class GatedDecoder(nn.Module):
         if cfg.variant in ("uniform", "layer_static"):
             static = jnp.broadcast_to(self.static_gate()[:, None, None], (n_layers, B, T))
         prev = uniform_attention(cfg, B, T) if cfg.variant == "feature_gate" else None
-        if given is not None and gated:
-            given = given.part(lambda c: c["gate"]).stacked(n_layers)
+        given = coeffs_lib.part(given, lambda c: c["gate"], n_layers) if gated else None
         layers = scan_layers(GateLayer, cfg, n_layers)
-        (h, _, _), recorded = layers((h, positions, prev), (given if gated else None, static))
+        (h, _, _), recorded = layers((h, positions, prev), (given, static))
         logits = Head(cfg, name="head")(h)
         return logits, ({} if recorded is None else {"gate": recorded})
 

@@ -216,11 +216,6 @@ def membership(idx, valid, seq_len):
     return jnp.any((idx[:, :, None] == jnp.arange(seq_len)) & valid[:, :, None], axis=1)
 
 
-def _part(given, fn):
-    """``given.part(fn)``, or None when nothing is given."""
-    return None if given is None else given.part(fn)
-
-
 class Router(nn.Module):
     @nn.compact
     def __call__(self, h):
@@ -282,7 +277,8 @@ class ModLayer(nn.Module):
         computed = {"router": Router(name="router")(h)}
         if cfg.mod_route == "predictor":
             computed["predictor"] = pred
-        coeffs = coeffs_lib.site(computed, _part(given, lambda v: {k: v[k] for k in computed}))
+        own = coeffs_lib.part(given, lambda v: {k: v[k] for k in computed})  # not "moe"
+        coeffs = coeffs_lib.site(computed, own)
         scores = coeffs["router"]
         top_idx, top_valid = top_k_slots(scores, capacity(cfg, T))
         asked = (coeffs["predictor"] if cfg.mod_route == "predictor" else scores) > 0
@@ -290,7 +286,8 @@ class ModLayer(nn.Module):
             idx, valid = top_idx, top_valid
         else:  # causal: the tokens that ask, up to the slot budget
             idx, valid = first_k_slots(asked, decode_slots(cfg, T))
-        run = (lambda x, p: block(x, p, _part(given, lambda v: v["moe"]))) if staged else block
+        run = (lambda x, p: block(x, p, coeffs_lib.part(given, lambda v: v["moe"]))) \
+            if staged else block
         h, extra = routed_update(run, h, positions, scores, idx, valid,
                                  lambda r: router_weight(cfg, r))
         target = jax.lax.stop_gradient(membership(top_idx, top_valid, T))
@@ -319,7 +316,7 @@ class ModGroup(nn.Module):
         h, positions = carry
         outs = []
         for j, routed in enumerate(self.pattern):
-            given = _part(xs, lambda v, i=len(outs): jax.tree.map(lambda a: a[i], v))
+            given = coeffs_lib.part(xs, lambda v, i=len(outs): jax.tree.map(lambda a: a[i], v))
             h, out = ModLayer(self.cfg, routed, name=f"sub_{j}")(h, positions, given)
             if routed:
                 outs.append(out)
@@ -336,9 +333,9 @@ class ModDecoder(nn.Module):
         B, T = tokens.shape
         h, positions = embed_tokens(cfg, tokens)
         n_groups, pattern = layout(cfg)
-        xs = None if given is None or cfg.variant == "dense" else given.part(
-            lambda v: jax.tree.map(lambda a: a.reshape((n_groups, -1) + a.shape[1:]), v)
-        ).stacked(n_groups)
+        xs = None if cfg.variant == "dense" else coeffs_lib.part(
+            given, lambda v: jax.tree.map(lambda a: a.reshape((n_groups, -1) + a.shape[1:]), v),
+            n_groups)
         (h, _), out = scan_layers(ModGroup, cfg, n_groups, pattern=pattern)((h, positions), xs)
         logits = Head(cfg, name="head")(h)
         if out is None:

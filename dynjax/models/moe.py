@@ -240,7 +240,7 @@ class MoeDecoder(nn.Module):
         cfg = self.cfg
         B, T = tokens.shape
         h, positions = embed_tokens(cfg, tokens)
-        xs = None if given is None else given.part(lambda v: v["router"]).stacked(cfg.n_layers)
+        xs = coeffs_lib.part(given, lambda v: v["router"], cfg.n_layers)
         (h, _), (probs, aux, stats) = scan_layers(MoeLayer, cfg, cfg.n_layers)((h, positions), xs)
         for name, value in aux.items():  # already weighted; mean over layers
             self.sow("aux_loss", name, value.mean())

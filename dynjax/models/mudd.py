@@ -153,7 +153,7 @@ class MuddDecoder(nn.Module):
         streams, sources, used = (x0,) * 4, [x0], []
         layer_cls = nn.remat(MuddLayer) if cfg.remat else MuddLayer
         for i in range(cfg.n_layers):
-            layer_given = None if given is None else given.part(lambda v, i=i: v["mix"][i])
+            layer_given = coeffs_lib.part(given, lambda v, i=i: v["mix"][i])
             streams, sources, coef = layer_cls(cfg, i, name=f"layer_{i}")(
                 streams, sources, positions, layer_given)
             used.append(coef)

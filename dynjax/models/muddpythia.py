@@ -503,7 +503,7 @@ def forward(cfg: Config, params, input_ids, coeffs=None):
         hidden.append(x)
         dyn, coef = da_coefficients(cfg, p["da"], i, x)
         dynamic.append(dyn)
-        coef = coeffs_lib.site(coef, given.part(lambda v, i=i: v["mix"][i]))
+        coef = coeffs_lib.site(coef, coeffs_lib.part(given, lambda v, i=i: v["mix"][i]))
         sources = sources + [x]
         out = mix(coef, sources, dt)
         used.append(coef)
