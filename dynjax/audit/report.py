@@ -1,31 +1,9 @@
 """Write an FCA run's ``report.md``, ``results.json`` and PNG plots, atomically.
 
-The results dict (everything JSON-able; NumPy scalars/arrays are converted, NaN -> null)::
-
-    {
-      "title": "FCA: feature_gate, 7 checkpoints",
-      "unit": stats.UNIT_CHECKPOINT or stats.UNIT_WINDOWS,   # what the CIs resample
-      "replay": {"exact": True, "max_abs_dlogit": 0.0, "nll": 1.23, "nll_replay": 1.23},
-      "conditions": {                      # in table order; names as interventions.CONDITIONS
-        "cross_input": {                   # a stats summary dict (estimate = mean dNLL) plus:
-            "estimate": .., "ci_low": .., "ci_high": .., "level": .95, "n": .., "unit": ..,
-            "p": .., "p_holm": None,       # optional; Holm p where a family was corrected
-            "label": "Cross-input",        # optional display name (e.g. "LayerMean")
-            "retention": {summary},        # optional: stats.retention_ci(...) dict
-            "verdicts": {"practically_small": {"criterion": "...", "met": True}},  # optional
-            "per_unit": [..]},             # optional: per-checkpoint values
-        ...},
-      "effects": {"E_input": {summary + "p_holm"}, "E_token": {..}, "E_interaction": {..}},
-      "variance": {"['gate']": {"layer": .9, "example": .01, "token": .02, "residual": .07}},
-      "profiles": {"heatmap": [[..]] layer x position, mean over examples (and other axes),
-                   "layer_mean": [..] per layer, "global_mean": float},   # optional
-      "meta": {...}                        # seeds, config, checkpoint hashes, anything JSON-able
-    }
-
-Only "title", "unit", "replay" and "conditions" are required; missing sections are skipped.
-The output directory is assembled in a hidden temp directory beside it and renamed into
-place, each file inside written to a temp file and ``os.replace``d, so a failure at any
-point leaves either the old directory or nothing, never a half-written one.
+Reads the results dict :func:`dynjax.audit.summary.assemble_results` makes ("title",
+"unit", "replay" and "conditions" required; "effects", "variance", "profiles", "meta"
+optional; arrays become lists, NaN null). The directory is assembled beside the target
+and renamed into place, so a failure leaves the old directory or nothing, never half.
 """
 from __future__ import annotations
 
