@@ -49,11 +49,12 @@ def _mlp():
 
 def _muddpythia():
     import pathlib
+    from dynjax.loaders import muddpythia_hf
     from dynjax.models import muddpythia
     with np.load(pathlib.Path(__file__).parent / "data" / "muddpythia_tiny.npz") as z:
         sd = {k[len("params/"):]: z[k] for k in z.files if k.startswith("params/")}
         ids = jnp.asarray(z["input_ids"])
-    cfg, params = muddpythia.from_state_dict(sd)
+    cfg, params = muddpythia_hf.from_state_dict(sd)
     return (lambda p, x, c=None: muddpythia.apply(cfg, p, x, c)), muddpythia.schema(cfg), \
         params, ids
 
