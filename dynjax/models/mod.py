@@ -279,6 +279,10 @@ class ModLayer(nn.Module):
             computed["predictor"] = pred
         own = coeffs_lib.part(given, lambda v: {k: v[k] for k in computed})  # not "moe"
         coeffs = coeffs_lib.site(computed, own)
+        # Not for replay (one program either way): without this barrier XLA:CPU schedules
+        # the routed block differently and training moves in the last bits, so it stays to
+        # keep behaviour bitwise (scripts/check_digests.py: mod, mode_staged params).
+        h, coeffs = jax.lax.optimization_barrier((h, coeffs))
         scores = coeffs["router"]
         top_idx, top_valid = top_k_slots(scores, capacity(cfg, T))
         asked = (coeffs["predictor"] if cfg.mod_route == "predictor" else scores) > 0
