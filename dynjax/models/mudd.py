@@ -138,7 +138,10 @@ class MuddLayer(nn.Module):
         else:  # mudd_static: the bias is the coefficient
             coef = jnp.broadcast_to(bias[:, None, None, :], (C,) + x.shape[:2] + (S,))
         coef = coeffs_lib.site(coef.astype(jnp.float32), given)
-        sources = sources + [x]
+        # Not for replay (one program either way): without this barrier XLA:CPU fuses the
+        # static variant's broadcast bias into the mix and its training moves in the last
+        # bits, so it stays to keep behaviour bitwise (scripts/check_digests.py).
+        coef, sources = jax.lax.optimization_barrier((coef, sources + [x]))
         return tuple(mix(coef, sources, cfg.compute_dtype)), sources, coef
 
 
