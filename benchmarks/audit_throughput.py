@@ -29,7 +29,7 @@ from dynjax.audit.summary import audit_targets  # noqa: E402
 from dynjax.data import text  # noqa: E402
 from dynjax.measure.latency import paired_medians as median_times  # noqa: E402
 from dynjax.models import build  # noqa: E402
-from dynjax.train.metrics import write_json_atomic  # noqa: E402
+from dynjax.io import write_json_atomic  # noqa: E402
 
 
 def main():

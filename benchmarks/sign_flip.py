@@ -19,7 +19,7 @@ import scipy.stats
 
 sys.path.insert(0, ".")
 from dynjax.audit import stats  # noqa: E402
-from dynjax.train.metrics import write_json_atomic  # noqa: E402
+from dynjax.io import write_json_atomic  # noqa: E402
 
 
 def scipy_sign_flip(x, n_resamples, seed):

@@ -13,7 +13,7 @@ import pytest
 
 from dynjax.errors import CheckpointError, ConfigError
 from dynjax.train import checkpoint, loop
-from dynjax.train.metrics import read_jsonl
+from dynjax.io import read_jsonl
 from tests.conftest import ROOT, tiny_config
 
 

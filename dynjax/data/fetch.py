@@ -112,7 +112,7 @@ def offline_hint(root: Path) -> str:
 def fetch_all(root=None) -> int:
     """Fetch everything; print one message for what failed. 1 if required data is missing."""
     from dynjax.data import tabular
-    from dynjax.train.metrics import write_json_atomic
+    from dynjax.io import write_json_atomic
 
     root = data_dir(root)
     root.mkdir(parents=True, exist_ok=True)

@@ -41,7 +41,8 @@ from dynjax.measure import macs as macs_lib
 from dynjax.models.gated_mlp import GatedMLP, MLPConfig, gate_penalty
 from dynjax.train import checkpoint, distributed, sharding, sparse
 from dynjax.train.loop import check_train_config, make_optimizer
-from dynjax.train.metrics import JsonlWriter, write_json_atomic
+from dynjax.io import write_json_atomic
+from dynjax.train.metrics import JsonlWriter
 
 SPARSE_METHODS = ("none", "rigl", "prune")
 

@@ -28,7 +28,8 @@ from dynjax.models import build
 from dynjax.models.transformer import next_token_nll
 from dynjax.train import checkpoint, distributed, sharding
 from dynjax.train.evaluation import LN2, Evaluator
-from dynjax.train.metrics import JsonlWriter, write_json_atomic
+from dynjax.io import write_json_atomic
+from dynjax.train.metrics import JsonlWriter
 
 
 
