@@ -90,15 +90,14 @@ def train_run(config, workdir: str) -> None:
 
 def load_run(workdir: str):
     """``(apply_fn, params, inputs)`` of a run's final checkpoint: apply_fn(params, x, coeffs)."""
+    from dynjax import rundir
     from dynjax.audit import inputs
-    from dynjax.train import checkpoint
-    config = checkpoint.read_config(workdir)
+    config = rundir.read_config(workdir)
     if "family" in config.model:
-        _, model, params = checkpoint.load_params(workdir)
+        _, model, params = rundir.load_params(workdir)
         x = jnp.asarray(np.arange(2 * 32).reshape(2, 32) * 37 % 256, jnp.int32)
         return model.apply, params, x
-    model = inputs.classifier_model(config)
-    apply_fn, params, _, _ = inputs.load_classifier(workdir, config, model)
+    apply_fn, params, _, _ = inputs.load_classifier(workdir, config)
     return apply_fn, params, jax.random.normal(jax.random.key(7), (4, 784), jnp.float32)
 
 

@@ -18,7 +18,7 @@ import pytest
 from configs import audit_tiny, mlp_common
 from dynjax.audit import engine, interventions, run, summary
 from dynjax.data import text
-from dynjax.train import checkpoint
+from dynjax import rundir
 from tests.conftest import tiny_config
 
 W, T, R = 8, 32, 2          # windows (calibration and evaluation each), tokens, reassignments
@@ -145,7 +145,7 @@ def recorded(runs):
     cal = jnp.asarray(text.eval_windows(splits["validation"], T, W))
     out = {}
     for name in ("mod", "moe"):
-        _, model, params = checkpoint.load_params(runs[name])
+        _, model, params = rundir.load_params(runs[name])
         record = jax.jit(model.apply)
         out[name] = model, params, ev, record(params, ev)[1], record(params, cal)[1]
     return out

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from dynjax.errors import CheckpointError, ConfigError
+from dynjax import rundir
 from dynjax.train import checkpoint, loop
 from dynjax.io import read_jsonl
 from tests.conftest import ROOT, tiny_config
@@ -26,7 +27,7 @@ def straight_run(tmp_path_factory):
 
 
 def _params(run):
-    return checkpoint.load_params(run)[2]
+    return rundir.load_params(run)[2]
 
 
 def test_loss_falls_on_real_text(tmp_path):
