@@ -37,7 +37,7 @@ from dynjax.measure import execution as ex  # noqa: E402
 from dynjax.measure.latency import decode_timer, paired_medians  # noqa: E402
 from dynjax.models import build, mod  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402
-from dynjax.train.loop import init_state, make_optimizer, make_train_step  # noqa: E402
+from dynjax.train.lm import init_state, make_optimizer, make_train_step  # noqa: E402
 from dynjax.io import write_json_atomic  # noqa: E402
 
 

@@ -81,10 +81,7 @@ def mlp_config():
 
 # --- the adaptor: the only part a refactor may edit (how to train and load a run) ---------
 def train_run(config, workdir: str) -> None:
-    if "family" in config.model:
-        from dynjax.train.loop import train
-    else:
-        from dynjax.train.classify import train
+    from dynjax.train.loop import train
     train(config, workdir, progress=False)
 
 

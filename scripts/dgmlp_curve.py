@@ -3,7 +3,7 @@
     .venv/bin/python scripts/dgmlp_curve.py                       # MNIST (~30 min on 2 CPU cores)
     .venv/bin/python scripts/dgmlp_curve.py --dataset=fashion_mnist
 
-Trains (with ``train_mlp.py``, one run directory each under ``--runs``) DynamicGate at every
+Trains (with ``train.py``, one run directory each under ``--runs``) DynamicGate at every
 ``--lambdas`` value, magnitude pruning at every ``--densities`` value, and dense, dropout,
 Switch-MoE, RigL and DynamicGate + RigL once (each at its config's defaults); a run whose ``eval.json`` exists is not trained again, and an interrupted one
 resumes from its checkpoint. Then writes ``<out>.png`` (the curve), ``<out>.json`` (every point)
@@ -38,7 +38,7 @@ def train_missing(dataset: str, runs_dir: Path, runs) -> None:
         workdir = runs_dir / name
         if (workdir / "eval.json").exists():
             continue
-        cmd = [sys.executable, "train_mlp.py", f"--config={CONFIGS[dataset]}:{method}",
+        cmd = [sys.executable, "train.py", f"--config={CONFIGS[dataset]}:{method}",
                f"--workdir={workdir}", "--progress=false", *overrides]
         print("+", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)

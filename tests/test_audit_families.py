@@ -1,5 +1,5 @@
 """audit.py on routing and unit-gating families: MoD, MoE (train.py runs) and DynamicGate-MLP
-(a train_mlp.py run), each trained for a few steps once per module.
+(a classifier train.py run), each trained for a few steps once per module.
 
 Covers: exact replay and every condition through one engine (the per-window loss hook picks
 next-token NLL or label cross-entropy from the run's config); conditions that need a token
@@ -51,7 +51,7 @@ def lm_run(tmp, family, variant, **model):
 def runs(tmp_path_factory):
     """Tiny trained run directories: {"mod", "moe", "dgate"}."""
     from dynjax.data import tabular
-    from dynjax.train.classify import train
+    from dynjax.train.loop import train
 
     root = tmp_path_factory.mktemp("families")
     out = {"mod": lm_run(root / "mod", "mod", "mod", mod_capacity=0.25, mod_every=2),

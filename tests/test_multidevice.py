@@ -23,7 +23,8 @@ SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     from tests.conftest import tiny_config
     from dynjax.models import build
-    from dynjax.train import loop, sharding
+    from dynjax.models.transformer import next_token_nll
+    from dynjax.train import lm as lm_task, sharding
     import optax
     def sharded_families():
         # FSDP, TP and FSDP+TP on a (data 2, fsdp 2, tensor 2) mesh, for every family: loss
@@ -42,7 +43,7 @@ SCRIPT = textwrap.dedent("""
             m = build(ModelConfig(family=fam, variant=var, **lm, **extra))
             def lm_loss(p, t, m=m):
                 logits, _, aux = m.apply(p, t, with_aux=True)
-                return loop.next_token_nll(logits, t).mean() + sum(aux.values(), 0.0)
+                return next_token_nll(logits, t).mean() + sum(aux.values(), 0.0)
             cases[fam] = (lm_loss, jax.jit(m.init)(jax.random.key(0), tokens),
                           m.logical_axes(tokens), tokens)
         x = np.random.default_rng(2).normal(size=(8, 16)).astype(np.float32)
@@ -57,7 +58,7 @@ SCRIPT = textwrap.dedent("""
         mcfg, mparams = muddpythia.from_state_dict(
             {{k[len("params/"):]: ref[k] for k in ref.files if k.startswith("params/")}})
         cases["muddpythia"] = (
-            lambda p, t: loop.next_token_nll(muddpythia.apply(mcfg, p, t)[0], t).mean(),
+            lambda p, t: next_token_nll(muddpythia.apply(mcfg, p, t)[0], t).mean(),
             mparams, muddpythia.logical_axes(mparams), tokens)
         out = {{}}
         for fam, (loss, params, specs, batch) in cases.items():
@@ -89,17 +90,17 @@ SCRIPT = textwrap.dedent("""
 
     n = jax.device_count()
     c = tiny_config("feature_gate")
-    model = build(c.model.to_dict()); tx = loop.make_optimizer(c.train)
-    state = loop.init_state(c, model, jax.random.key(0))
+    model = build(c.model.to_dict()); tx = lm_task.make_optimizer(c.train)
+    state = lm_task.init_state(c, model, jax.random.key(0))
     batch = np.random.default_rng(0).integers(0, 256, (8, 32)).astype(np.int32)
     mesh = sharding.make_mesh()
     rep = sharding.replicated(mesh)
     state = jax.device_put(state, rep)
-    step = jax.jit(loop.make_train_step(model, tx),
+    step = jax.jit(lm_task.make_train_step(model, tx),
                    in_shardings=(rep, sharding.batch_sharding(mesh)), out_shardings=(rep, rep))
     def loss(p, t):
         logits, _ = model.apply(p, t)
-        return loop.next_token_nll(logits, t).mean()
+        return next_token_nll(logits, t).mean()
     grad = jax.jit(jax.grad(loss), in_shardings=(rep, sharding.batch_sharding(mesh)), out_shardings=rep)
     g = grad(state["params"], jax.device_put(batch, sharding.batch_sharding(mesh)))
     for _ in range(2):
@@ -125,7 +126,7 @@ SCRIPT = textwrap.dedent("""
         sharded = jax.device_put(params, shard)
         wi = [a for path, a in jax.tree_util.tree_flatten_with_path(sharded)[0]
               if "wi" in jax.tree_util.keystr(path)][0]
-        moe_loss = lambda p, t: loop.next_token_nll(moe_model.apply(p, t)[0], t).mean()
+        moe_loss = lambda p, t: next_token_nll(moe_model.apply(p, t)[0], t).mean()
         info["moe_loss_sharded"] = float(jax.jit(moe_loss)(sharded, jax.device_put(
             batch, sharding.batch_sharding(mesh2))))
         info["moe_loss_replicated"] = float(jax.jit(moe_loss)(params, batch))

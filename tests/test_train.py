@@ -208,11 +208,11 @@ def test_train_refuses_another_configs_run_directory(straight_run):
     (["--config.train.batch_size=0"], "train.batch_size=0 must be positive"),
     (["--config.data.dataset=cifar"], "unknown data.dataset='cifar'"),
 ], ids=["lambda", "batch", "dataset"])
-def test_train_mlp_config_errors_are_one_line(tmp_path, args, message):
+def test_classifier_config_errors_are_one_line(tmp_path, args, message):
     workdir = tmp_path / "run"
-    out = _cli(["train_mlp.py", "--config=configs/dgmlp_mnist.py:dgate", f"--workdir={workdir}",
+    out = _cli(["train.py", "--config=configs/dgmlp_mnist.py:dgate", f"--workdir={workdir}",
                 *args])
-    _assert_one_line_error(out, "train_mlp.py", message)
+    _assert_one_line_error(out, "train.py", message)
     assert not workdir.exists()
 
 
@@ -224,4 +224,4 @@ def test_audit_names_a_damaged_checkpoint(straight_run, tmp_path):
                 f"--checkpoints={run}"])
     _assert_one_line_error(out, "audit.py", f"checkpoint step 6 of run {run} cannot be "
                            "restored (")
-    assert f"re-run its train.py / train_mlp.py command with --workdir={run}" in out.stderr
+    assert f"re-run its train.py command with --workdir={run}" in out.stderr
