@@ -16,13 +16,11 @@ ratio <= 1.3. These machines are noisy: compare ratios from one run.
 import argparse
 import json
 import statistics
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, ".")
 from configs import tiny  # noqa: E402
 from dynjax.audit.engine import Settings  # noqa: E402
 from dynjax.audit.summary import audit_targets  # noqa: E402

@@ -38,7 +38,6 @@ import time
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, ".")
 from dynjax import decoding  # noqa: E402
 from dynjax.measure import execution as ex  # noqa: E402
 from dynjax.measure import latency  # noqa: E402

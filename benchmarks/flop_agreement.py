@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-sys.path.insert(0, ".")
 from dynjax.measure import execution  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402
 from dynjax.io import write_json_atomic  # noqa: E402

@@ -25,12 +25,10 @@ Prints JSON (and writes it to ``--out``).
 import argparse
 import dataclasses
 import json
-import sys
 
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, ".")
 from configs import mod_tiny  # noqa: E402
 from dynjax import decoding  # noqa: E402
 from dynjax.measure import execution as ex  # noqa: E402

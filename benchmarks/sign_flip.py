@@ -10,14 +10,12 @@ Carlo error. Peak memory from ``tracemalloc`` (NumPy allocations), time from
 """
 import argparse
 import json
-import sys
 import time
 import tracemalloc
 
 import numpy as np
 import scipy.stats
 
-sys.path.insert(0, ".")
 from dynjax.audit import stats  # noqa: E402
 from dynjax.io import write_json_atomic  # noqa: E402
 

@@ -37,8 +37,6 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 SEEDS = (0, 1, 2)
 BATCH, SEQ_LEN = 32, 128

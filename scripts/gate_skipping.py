@@ -15,7 +15,6 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, ".")
 from dynjax.audit.report import _save_fig  # noqa: E402
 from dynjax.data import text  # noqa: E402
 from dynjax.measure import skipping  # noqa: E402

@@ -31,7 +31,6 @@ from pathlib import Path
 
 import jax
 
-sys.path.insert(0, ".")
 from configs import mod_tiny  # noqa: E402
 from dynjax.data import text  # noqa: E402
 from dynjax.measure import execution, routing  # noqa: E402

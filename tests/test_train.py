@@ -11,10 +11,10 @@ import jax
 import numpy as np
 import pytest
 
-from dynjax.errors import CheckpointError, ConfigError
 from dynjax import rundir
-from dynjax.train import checkpoint, loop
+from dynjax.errors import CheckpointError, ConfigError
 from dynjax.io import read_jsonl
+from dynjax.train import checkpoint, lm, loop
 from tests.conftest import ROOT, tiny_config
 
 
@@ -52,6 +52,33 @@ def test_resume_equals_uninterrupted(straight_run, tmp_path):
     steps = [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "split" not in r]
     # the stopped run logged its last step (3); nothing is duplicated or lost on resume
     assert steps == [2, 3, 4, 6]
+
+
+def test_rundir_opens_the_params_alone_at_every_step(straight_run):
+    """dynjax.rundir restores the ``params`` subtree only (no optimizer built), bitwise the
+    train state's params at each saved step."""
+    run, _ = straight_run
+    assert rundir.steps(run) == [3, 6]
+    task = lm.Task(rundir.read_config(run))
+    target = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                          task.abstract, task.state_shardings)
+    mngr = checkpoint.manager(run, every=1, keep=10)
+    for step in (3, 6):
+        opened = rundir.load(run, step)
+        assert opened.step == step and opened.model.cfg == task.model.cfg
+        chex.assert_trees_all_equal(jax.device_get(opened.params),
+                                    jax.device_get(checkpoint.restore(mngr, target, step)["params"]))
+    assert rundir.load(run).step == 6
+
+
+def test_audit_and_rundir_import_no_training_code():
+    """Layers run one way: opening a run for the audit never imports the trainer."""
+    code = ("import sys, dynjax.rundir, dynjax.audit.inputs; "
+            "print(sorted(m for m in sys.modules if m.startswith('dynjax.train')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
 
 
 def test_run_directory_contents(straight_run):
@@ -219,7 +246,7 @@ def test_classifier_config_errors_are_one_line(tmp_path, args, message):
 def test_audit_names_a_damaged_checkpoint(straight_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(straight_run[0], run)
-    (run / "checkpoints" / "6" / "default" / "_METADATA").unlink()   # metadata lost
+    truncate_arrays(run / "checkpoints" / "6")                       # a copy cut short
     out = _cli(["audit.py", "--config=configs/audit_tiny.py", f"--out={tmp_path}/audit",
                 f"--checkpoints={run}"])
     _assert_one_line_error(out, "audit.py", f"checkpoint step 6 of run {run} cannot be "
