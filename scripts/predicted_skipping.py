@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -171,6 +172,7 @@ def main():
         "wall_s": round(time.time() - t0, 1),
         "note": "FLOPs: analytic matmuls per window (dynjax.measure.execution's conventions); "
                 "latency ratios are medians of interleaved calls on a shared CPU"}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     path = f"{args.out}/predicted_skipping.json"
     write_json_atomic(path, out)
     print(f"plain {curves['plain_bpb']:.4f}; MoD {mod_point['bpb']:.4f} at "
