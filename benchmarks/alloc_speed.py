@@ -73,7 +73,7 @@ def main():
     res["step_time_over_system"] = {n: res[n]["step_s"] / res["system"]["step_s"] for n in runs}
     print(json.dumps(res, indent=2))
     if args.out:
-        from dynjax.io import write_json_atomic
+        from dynjax.jsonio import write_json_atomic
         write_json_atomic(args.out, res)
 
 

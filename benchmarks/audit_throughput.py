@@ -22,12 +22,12 @@ import jax
 import jax.numpy as jnp
 
 from configs import tiny  # noqa: E402
-from dynjax.audit.engine import Settings  # noqa: E402
-from dynjax.audit.summary import audit_targets  # noqa: E402
+from dynjax.audit.run import audit_targets  # noqa: E402
+from dynjax.audit.settings import Settings  # noqa: E402
 from dynjax.data import text  # noqa: E402
 from dynjax.measure.latency import paired_medians as median_times  # noqa: E402
 from dynjax.models import build  # noqa: E402
-from dynjax.io import write_json_atomic  # noqa: E402
+from dynjax.jsonio import write_json_atomic  # noqa: E402
 
 
 def main():

@@ -13,7 +13,7 @@ import json
 
 from dynjax.measure import execution  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402
-from dynjax.io import write_json_atomic  # noqa: E402
+from dynjax.jsonio import write_json_atomic  # noqa: E402
 
 SIZE = dict(d_model=256, n_heads=4, n_layers=2, d_ff=1024, scan_layers=False)
 BATCH, SEQ = 1, 64

@@ -31,7 +31,7 @@ import numpy as np
 
 from dynjax.measure import macs
 from dynjax.models.gated_mlp import GatedMLP, MLPConfig, structured_forward
-from dynjax.io import write_json_atomic
+from dynjax.jsonio import write_json_atomic
 
 
 def median_latency(fn, *args, repeats: int) -> float:
@@ -68,7 +68,7 @@ def topk_margin(cfg, probs) -> float:
 
 def relmac(model, params, x):
     _, _, aux = model.apply(params, x, with_aux=True)
-    return macs.report(model.dims, model.mac_sums(aux["open"]), x.shape[0])["relmac"]
+    return macs.report(model.dims, macs.model_mac_sums(model, aux["open"]), x.shape[0])["relmac"]
 
 
 def main():

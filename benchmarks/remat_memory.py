@@ -15,7 +15,7 @@ import jax
 from configs import common  # noqa: E402
 from dynjax.models import build, gates  # noqa: E402
 from dynjax.models.transformer import next_token_nll  # noqa: E402
-from dynjax.io import write_json_atomic  # noqa: E402
+from dynjax.jsonio import write_json_atomic  # noqa: E402
 
 
 def measure(args, remat: bool, save_features: bool):

@@ -17,7 +17,7 @@ import numpy as np
 import scipy.stats
 
 from dynjax.audit import stats  # noqa: E402
-from dynjax.io import write_json_atomic  # noqa: E402
+from dynjax.jsonio import write_json_atomic  # noqa: E402
 
 
 def scipy_sign_flip(x, n_resamples, seed):

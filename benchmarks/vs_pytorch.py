@@ -40,7 +40,7 @@ from benchmarks.common import D, D_FF, HEADS, LAYERS, VOCAB, bench_config, dynja
 from benchmarks.mod_speed import paired_medians  # noqa: E402
 from configs import mod_tiny  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402
-from dynjax.io import write_json_atomic  # noqa: E402
+from dynjax.jsonio import write_json_atomic  # noqa: E402
 
 
 # ------------------------------------------------------------------------- PyTorch

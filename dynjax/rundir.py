@@ -86,16 +86,15 @@ def classifier_model_dict(config, in_dim: int, n_classes: int) -> dict:
 def model_of(config, splits=None):
     """The model a run trains. A classifier's input and class counts come from its data
     (``splits``, loaded when not given)."""
-    if not is_classifier(config):
-        from dynjax.models import build
+    from dynjax.models import build
 
+    if not is_classifier(config):
         return build(config.model.to_dict())
     from dynjax.data import tabular
-    from dynjax.models.gated_mlp import GatedMLP
 
     splits = load_classifier_data(config.data) if splits is None else splits
-    return GatedMLP(classifier_model_dict(config, splits["train"][0].shape[1],
-                                          tabular.num_classes(splits)))
+    return build(dict(classifier_model_dict(config, splits["train"][0].shape[1],
+                                            tabular.num_classes(splits)), family="gated_mlp"))
 
 
 def example_input(config, model) -> jax.Array:

@@ -286,7 +286,7 @@ def write(cards: list, out_dir, command: str = "") -> None:
     from pathlib import Path
 
     from dynjax.audit.report import _save_fig, to_jsonable
-    from dynjax.io import write_json_atomic, write_text_atomic
+    from dynjax.jsonio import write_json_atomic, write_text_atomic
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     clean = to_jsonable(cards)

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dynjax.io import atomic_write, write_json_atomic, write_text_atomic
+from dynjax.jsonio import atomic_write, write_json_atomic, write_text_atomic
 
 CONFIGS = {"mnist": "configs/dgmlp_mnist.py", "fashion_mnist": "configs/dgmlp_fashion.py",
            "pbmc68k": "configs/dgmlp_pbmc.py"}

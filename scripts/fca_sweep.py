@@ -158,7 +158,7 @@ def run_sweep(runs: pathlib.Path, budget_s: float | None, log=print) -> list:
     left. Each item is timed into RUNS/sweep_log.jsonl."""
     from dynjax.audit import run as audit_run
     from dynjax.train.loop import train
-    from dynjax.io import write_json_atomic
+    from dynjax.jsonio import write_json_atomic
 
     runs.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -425,7 +425,7 @@ def write_report(runs: pathlib.Path, out: pathlib.Path, argv) -> None:
     import tempfile
 
     from dynjax.audit.report import _move_into_place, _save_fig
-    from dynjax.io import write_json_atomic
+    from dynjax.jsonio import write_json_atomic
 
     if not runs.is_dir():
         raise SystemExit(f"fca_sweep.py: error: --runs={runs} does not exist")

@@ -19,7 +19,7 @@ from dynjax.audit.report import _save_fig  # noqa: E402
 from dynjax.data import text  # noqa: E402
 from dynjax.measure import skipping  # noqa: E402
 from dynjax import rundir  # noqa: E402
-from dynjax.io import write_json_atomic  # noqa: E402
+from dynjax.jsonio import write_json_atomic  # noqa: E402
 
 
 def curves_of(run_dir: str, n_windows: int) -> dict:

@@ -37,7 +37,7 @@ from dynjax.measure import execution, routing  # noqa: E402
 from dynjax.models import build  # noqa: E402
 from dynjax import rundir  # noqa: E402
 from dynjax.train.lm import init_state, make_optimizer, make_train_step  # noqa: E402
-from dynjax.io import write_json_atomic  # noqa: E402
+from dynjax.jsonio import write_json_atomic  # noqa: E402
 
 ARMS = {"dense": ("dense", {}),
         "mod": ("mod", {}),

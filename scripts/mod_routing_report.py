@@ -11,7 +11,7 @@ import json
 from dynjax.data import text
 from dynjax.measure import routing
 from dynjax import rundir
-from dynjax.io import write_json_atomic
+from dynjax.jsonio import write_json_atomic
 
 
 def main():

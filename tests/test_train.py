@@ -13,7 +13,7 @@ import pytest
 
 from dynjax import rundir
 from dynjax.errors import CheckpointError, ConfigError
-from dynjax.io import read_jsonl
+from dynjax.jsonio import read_jsonl
 from dynjax.train import checkpoint, lm, loop, optim
 from tests.conftest import ROOT, tiny_config
 

@@ -25,7 +25,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from dynjax import errors, rundir
-from dynjax.io import write_json_atomic
+from dynjax.jsonio import write_json_atomic
 from dynjax.train import checkpoint, classify, distributed, lm
 from dynjax.train.metrics import JsonlWriter
 

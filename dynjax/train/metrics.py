@@ -6,7 +6,7 @@ import pathlib
 
 import jax
 
-from dynjax.io import to_python, write_text_atomic
+from dynjax.jsonio import to_python, write_text_atomic
 
 
 class JsonlWriter:

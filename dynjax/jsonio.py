@@ -1,4 +1,4 @@
-"""Atomic file writes and JSON conversion: the one helper train, audit, scripts and
+"""Atomic file writes and JSON conversion: the one helper data, train, audit, scripts and
 benchmarks write their files with.
 
 A file is written to a temporary file beside it and ``os.replace``d, so a reader (or a
