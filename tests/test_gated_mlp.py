@@ -259,3 +259,33 @@ def test_gate_speed_topk_margin():
     assert gs.topk_margin(cfg, [p] * hidden) == 0.0
     batch = small("structured", capacity_mode="batch", keep_fraction=0.5).cfg
     assert gs.topk_margin(batch, [p] * hidden) == pytest.approx((0.55 - 0.5) / 0.55)
+
+
+def test_classify_feeds_each_step_its_own_batch(tmp_path):
+    """classify.train's step s trains on tabular.batches(seed, s): its final params equal
+    hand-made steps on batches 0..2, and differ from three steps on batch 0."""
+    config = mlp_common.base("dgate", "mnist5k")
+    config.model.update(hidden=(16,))
+    config.gate.update(warmup_steps=1, anneal_steps=2, ramp_steps=2)
+    config.train.update(steps=3, batch_size=32, warmup_steps=1, ckpt_every=3, eval_every=100,
+                        log_every=3)
+    config.eval.batch_size = 512
+    classify.train(config, str(tmp_path), progress=False)
+    from dynjax.audit import inputs
+    trained = inputs.load_classifier(str(tmp_path), config, inputs.classifier_model(config))[1]
+
+    config = classify.resolve_config(config)
+    (x, y) = classify.load_data(config.data)["train"]
+    model = inputs.classifier_model(config)
+    tx = classify.make_tx(config)
+    step_fn = classify.make_train_step(config, model, tx)
+
+    def params_after(steps):
+        state = classify.init_state(model, tx, jax.random.key(config.seed))
+        for s in steps:
+            state, _ = step_fn(state, *tabular.batches(x, y, 32, config.seed, s))
+        return state["params"]
+
+    chex.assert_trees_all_equal(params_after([0, 1, 2]), trained)
+    with pytest.raises(AssertionError):
+        chex.assert_trees_all_close(params_after([0, 0, 0]), trained, rtol=1e-4, atol=1e-6)

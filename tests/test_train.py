@@ -224,3 +224,29 @@ def test_audit_names_a_damaged_checkpoint(straight_run, tmp_path):
     _assert_one_line_error(out, "audit.py", f"checkpoint step 6 of run {run} cannot be "
                            "restored (")
     assert f"re-run its train.py / train_mlp.py command with --workdir={run}" in out.stderr
+
+
+def test_each_step_trains_on_its_own_batch(straight_run):
+    """The loop feeds step s the batch of (seed, s): its checkpoint at step 3 equals three
+    hand-made steps on batches 0, 1, 2, and not three steps on one batch (a loop reusing a
+    batch, or skipping one, would still resume bitwise; this catches it)."""
+    from dynjax.data import text as text_data
+    from dynjax.models import build
+
+    run, _ = straight_run
+    config = tiny_config("feature_gate")
+    model = build(config.model.to_dict())
+    step_fn = jax.jit(loop.make_train_step(model, loop.make_optimizer(config.train)))
+    split = text_data.load_splits(config.data.source)["train"]
+
+    def params_after(steps):
+        state = loop.init_state(config, model, jax.random.key(config.seed))
+        for s in steps:
+            state, _ = step_fn(state, text_data.train_batch(
+                split, config.data.seq_len, config.train.batch_size, config.seed, s))
+        return state["params"]
+
+    trained = checkpoint.load_params(run, step=3)[2]
+    chex.assert_trees_all_equal(params_after([0, 1, 2]), trained)
+    with pytest.raises(AssertionError):
+        chex.assert_trees_all_close(params_after([0, 0, 0]), trained, rtol=1e-4, atol=1e-6)
