@@ -178,7 +178,11 @@ ACTIVATIONS = textwrap.dedent(r"""
     ref, m1 = jax.jit(step)(state, batch)
     diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
                for a, b in zip(jax.tree.leaves(new["params"]), jax.tree.leaves(ref["params"])))
+    from dynjax import plan  # its per-device state: the compiled step's arguments
+    planned = plan.plan(c, dict(data=2, fsdp=2, tensor=2), rules)
     print(json.dumps({{"shapes": shapes, "loss": float(m["loss"]), "loss_ref": float(m1["loss"]),
+                      "arguments": compiled.memory_analysis().argument_size_in_bytes,
+                      "planned_state": planned["params"] + planned["optimizer"],
                       "param_diff": diff,
                       "constraints": len(re.findall("sharding_constraint", sharded.as_text()))}}))
 """)
@@ -241,10 +245,14 @@ def test_activations_are_sharded_under_fsdp_tp(tmp_path):
     """Under fsdp_tp the compiled step keeps activations split as the rules say: a layer's
     MLP and query projections run on 1/4 of the tokens (batch over data x fsdp) and 1/2 of
     the columns (tensor); without the constraints XLA gathers the batch over fsdp instead
-    (128 token rows). The step equals the one-device step within float tolerance."""
+    (128 token rows). The step equals the one-device step within float tolerance, and
+    dynjax.plan predicts its per-device arguments."""
     info, _ = _run(tmp_path, 8, script_text=ACTIVATIONS)
     assert info["constraints"] > 0
     tokens = 8 * 32 // 4
     assert info["shapes"] == {"mlp/up": [tokens, 64 // 2], "attn/query": [tokens, 32 // 2]}
     np.testing.assert_allclose(info["loss"], info["loss_ref"], rtol=1e-5)
     assert info["param_diff"] < 1e-5
+    # the memory plan's per-device parameters and optimizer state, plus the step counter and
+    # a quarter of the int32 batch, are exactly the compiled step's per-device arguments
+    assert info["arguments"] == info["planned_state"] + 4 + 8 * 32 * 4 // 4
