@@ -127,8 +127,9 @@ def plan(config, mesh_sizes: dict, rules) -> dict:
         "activations_no_remat": no_remat, "activations_remat": with_remat,
         "remat": bool(config.model.remat),
     }
-    out["total"] = (out["params"] + out["optimizer"] + out["gradients"]
-                    + (with_remat if out["remat"] else no_remat))
+    state = out["params"] + out["optimizer"] + out["gradients"]
+    out["total_no_remat"], out["total_remat"] = state + no_remat, state + with_remat
+    out["total"] = out["total_remat"] if out["remat"] else out["total_no_remat"]
     return out
 
 
@@ -148,27 +149,37 @@ def describe(p: dict, memory: dict) -> str:
              f"  gradients           {g(p['gradients'])}",
              f"  activations         {g(p['activations_no_remat'])}  (no remat)",
              f"                      {g(p['activations_remat'])}  (remat)",
-             f"  total ({used:8s})   {g(p['total'])} per device"]
-    lines += [f"  {name:6s} {size / GiB:6.1f} GiB: {'fits' if ok else 'does not fit'}"
-              for (name, size), ok in zip(memory.items(), fits(p["total"], memory).values())]
+             f"  total               {g(p['total_no_remat'])}  (no remat)",
+             f"                      {g(p['total_remat'])}  (remat; the config: {used})"]
+    verdict = lambda ok: "fits" if ok else "does not fit"
+    lines += [f"  {name:6s} {size / GiB:6g} GiB: {verdict(a)} without remat, {verdict(b)} "
+              "with it" for (name, size), a, b in zip(
+                  memory.items(), fits(p["total_no_remat"], memory).values(),
+                  fits(p["total_remat"], memory).values())]
     return "\n".join(lines)
 
 
 def main(argv):
-    from absl import flags
+    from absl import flags, logging
+
+    from dynjax import errors
     from dynjax.train.metrics import write_json_atomic
 
     del argv
+    logging.set_verbosity(logging.WARNING)  # no "Unable to initialize backend" notes
     f = flags.FLAGS
     config = f.config
-    rules = sharding.rules_of(dict(preset=f.preset)) if f.preset else \
-        sharding.rules_of(config.sharding)
     given = f["device-memory"].value
-    memory = {"given": parse_bytes(given)} if given else CHIPS
-    result = plan(config, parse_mesh(f.mesh), rules)
+    with errors.config_errors():  # bad input: one line, exit status 2
+        rules = sharding.rules_of(dict(preset=f.preset)) if f.preset else \
+            sharding.rules_of(config.sharding)
+        memory = {"given": parse_bytes(given)} if given else CHIPS
+        result = plan(config, parse_mesh(f.mesh), rules)
     result["preset"] = f.preset or config.sharding.preset
     result["device_memory"] = memory
     result["fits"] = fits(result["total"], memory)
+    result["fits_no_remat"] = fits(result["total_no_remat"], memory)
+    result["fits_remat"] = fits(result["total_remat"], memory)
     result["command"] = "python -m dynjax.plan " + " ".join(sys.argv[1:])
     print(describe(result, memory))
     if f.out:
