@@ -19,7 +19,7 @@ as not applicable for coefficients without one, and so are the factorial effects
 Writes DIR/results.json (every number, seeds, config, sha256 of each checkpoint's params),
 DIR/report.md and PNG plots, atomically; prints a verdict table. Override any config field
 with ``--config.reassignments=5``. Program: ``dynjax/audit/run.py``; engine:
-``dynjax/audit/engine.py``.
+``dynjax/audit/engine.py``; settings: ``dynjax/audit/settings.py``.
 """
 from dynjax._alloc import reexec  # the allocator setting, before JAX starts: dynjax/_alloc.py
 reexec(__name__)

@@ -24,8 +24,8 @@ import jax.numpy as jnp
 
 sys.path.insert(0, ".")
 from configs import tiny  # noqa: E402
-from dynjax.audit.engine import Settings  # noqa: E402
-from dynjax.audit.summary import audit_targets  # noqa: E402
+from dynjax.audit.run import audit_targets  # noqa: E402
+from dynjax.audit.settings import Settings  # noqa: E402
 from dynjax.data import text  # noqa: E402
 from dynjax.measure.latency import paired_medians as median_times  # noqa: E402
 from dynjax.models import build  # noqa: E402

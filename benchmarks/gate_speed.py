@@ -68,7 +68,7 @@ def topk_margin(cfg, probs) -> float:
 
 def relmac(model, params, x):
     _, _, aux = model.apply(params, x, with_aux=True)
-    return macs.report(model.dims, model.mac_sums(aux["open"]), x.shape[0])["relmac"]
+    return macs.report(model.dims, macs.model_mac_sums(model, aux["open"]), x.shape[0])["relmac"]
 
 
 def main():

@@ -103,11 +103,12 @@ def load_run(workdir: str):
 
 
 def muddpythia_digests() -> dict:
+    from dynjax.loaders import muddpythia_hf
     from dynjax.models import muddpythia
     with np.load(ROOT / "tests" / "data" / "muddpythia_tiny.npz") as z:
         ref = {k: z[k] for k in z.files}
     sd = {k[len("params/"):]: v for k, v in ref.items() if k.startswith("params/")}
-    cfg, params = muddpythia.from_state_dict(sd)
+    cfg, params = muddpythia_hf.from_state_dict(sd)
     ids = jnp.asarray(ref["input_ids"])
     apply = jax.jit(lambda p, x, c: muddpythia.apply(cfg, p, x, c))
     return forward_digests(apply, params, ids)

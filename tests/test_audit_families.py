@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from configs import audit_tiny, mlp_common
-from dynjax.audit import engine, interventions, run, summary
+from dynjax.audit import interventions, run, settings, summary
 from dynjax.data import text
 from dynjax.train import checkpoint
 from tests.conftest import tiny_config
@@ -153,7 +153,7 @@ def recorded(runs):
 
 def conditioned(cache, calib, schema):
     """{condition: coefficients of the whole evaluation set} as the engine builds them."""
-    key = engine.reassignment_keys(0, R)[0]
+    key = settings.reassignment_keys(0, R)[0]
     return {n: interventions.apply_condition(n, cache, schema, key=key, calib=calib)
             for n in interventions.CONDITIONS}
 

@@ -15,7 +15,8 @@ import pytest
 
 from configs import audit_tiny
 from dynjax.audit import interventions, run, stats
-from dynjax.audit.engine import AuditError, Engine, ReplayError, Settings, params_sha256
+from dynjax.audit.engine import Engine
+from dynjax.audit.settings import AuditError, ReplayError, Settings, params_sha256
 from dynjax.audit.per_checkpoint import audit_checkpoint
 from dynjax.audit.summary import summarize
 from dynjax.coeffs import Axes

@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from dynjax.audit import report, stats, variance
+from dynjax.audit import per_checkpoint, report, stats, variance
 from dynjax.coeffs import Axes
 
 
@@ -135,7 +135,8 @@ def results_fixture():
             "effects": effects,
             "variance": variance.decompose_coeffs({"gate": gate},
                                                   {"gate": Axes(("layer", "example", "token"))}),
-            "profiles": report.coefficient_profiles(gate, ("layer", "example", "token")),
+            "profiles": per_checkpoint.coefficient_profiles(
+                {"gate": gate}, {"gate": Axes(("layer", "example", "token"))}),
             "meta": {"seeds": [1, 2, 3], "note": np.float64(np.nan)}}
 
 
@@ -210,7 +211,7 @@ SCHEMA = {"gate": Axes(("layer", "example", "token"))}
 def test_retention_ratio_of_means_and_mean_of_ratios_known_answer():
     """S = (1, 2, 3), R = (2, 4, 12): ratio of means 1 - 6/18 = 2/3 (primary, what the
     criterion reads); mean of per-checkpoint ratios 1 - (1/2 + 1/2 + 1/4)/3 = 7/12."""
-    from dynjax.audit.engine import Settings
+    from dynjax.audit.settings import Settings
     from dynjax.audit.summary import summarize
 
     r = stats.retention_ci([1.0, 2.0, 3.0], [2.0, 4.0, 12.0], n_resamples=999)
@@ -230,7 +231,7 @@ def test_retention_ratio_of_means_and_mean_of_ratios_known_answer():
 
 
 def test_few_checkpoints_warn_and_report_the_p_floor(capsys):
-    from dynjax.audit.engine import Settings
+    from dynjax.audit.settings import Settings
     from dynjax.audit.summary import summarize
 
     s = Settings(reassignments=2, n_resamples=999)
@@ -252,7 +253,7 @@ def test_few_checkpoints_warn_and_report_the_p_floor(capsys):
 def test_configured_bootstrap_resamples_are_used(monkeypatch):
     """Every checkpoint-level interval (conditions, effects, retention) resamples
     Settings.n_resamples times, the count results.json records."""
-    from dynjax.audit.engine import Settings
+    from dynjax.audit.settings import Settings
     from dynjax.audit.summary import summarize
 
     seen, real = [], stats.scipy.stats.bootstrap

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from dynjax import decoding
-from dynjax.measure import routing
-from dynjax.models import build, moe
+from dynjax.measure import execution, routing
+from dynjax.models import build
 from dynjax.models.transformer import ModelConfig
 
 B, T, P = 2, 12, 5
@@ -57,7 +57,7 @@ def run_everything(cfg, fwd, params):
     step, _, _ = decoding.decode_step(cfg, params, cache, TOKENS[:, P], jnp.full((B,), P))
     out = decoding.generate(cfg, params, TOKENS[:, :P], T - P)
     stats = (routing.routing_stats(fwd, params, TOKENS) if cfg.family == "mod" else
-             moe.moe_stats(fwd, params, TOKENS) if cfg.family == "moe" else {})
+             execution.moe_stats(fwd, params, TOKENS) if cfg.family == "moe" else {})
     return dict(full=full, coeffs=coeffs, cached=cached, info=info, prefill=pre, step=step,
                 generated=out, again=fwd.apply(params, out)[0], stats=stats)
 

@@ -55,6 +55,6 @@ def test_executed_blocks_of_integrated_mode_count_only_blocks_whose_ffn_ran():
     ran = np.asarray(sown["moe_stats"]["stats"][0]["ffn_ran"])
     np.testing.assert_array_equal(ran.sum(0), np.ones((2, 16)))
     counts = ex.executed_blocks(m, params, tokens)            # the model's own routing
-    stats = ex.moe.moe_stats(m, params, tokens)
+    stats = ex.moe_stats(m, params, tokens)
     np.testing.assert_array_equal(counts, np.asarray(stats["ffn_ran"]).sum(0))
     assert counts.max() <= 2 and counts.shape == (2, 16)

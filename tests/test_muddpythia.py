@@ -13,6 +13,7 @@ import pytest
 
 from dynjax import coeffs as coeffs_lib
 from dynjax.models import muddpythia
+from dynjax.loaders import muddpythia_hf
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "muddpythia_tiny.npz")
 TOL = 1e-5
@@ -45,7 +46,7 @@ def state_dict(ref):
 
 @pytest.fixture(scope="module")
 def model(state_dict):
-    return muddpythia.from_state_dict(state_dict)
+    return muddpythia_hf.from_state_dict(state_dict)
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +67,9 @@ def test_config_inferred_from_shapes(model):
 
 def test_config_rules_match_official_sizes(model):
     cfg, _ = model
-    hf = muddpythia.Config.from_hf(TINY_HF_CONFIG)
+    hf = muddpythia_hf.config_from_hf(TINY_HF_CONFIG)
     assert (hf.ffn_widths, hf.da_widths) == (cfg.ffn_widths, cfg.da_widths)
-    big = muddpythia.Config.from_hf({"n_layer": 24, "dim": 2048, "n_head": 16,
+    big = muddpythia_hf.config_from_hf({"n_layer": 24, "dim": 2048, "n_head": 16,
                                      "vocab_size": 50432, "intermediate_size": None})
     assert big.ffn_widths[:3] == (4096, 4480, 4864) and big.ffn_widths[-1] == 12288
     assert big.da_widths == (64,) * 14 + (128,) * 10
@@ -108,9 +109,9 @@ def test_replay_is_bitwise_equal_to_record_under_jit(state_dict, ref, dtype):
     if dtype == "bfloat16":   # a bf16 checkpoint (like the released one) computes in bf16
         import ml_dtypes
         sd = {k: v.astype(ml_dtypes.bfloat16) for k, v in state_dict.items()}
-        cfg, params = muddpythia.from_state_dict(sd)
+        cfg, params = muddpythia_hf.from_state_dict(sd)
     else:
-        cfg, params = muddpythia.from_state_dict(state_dict, dtype=dtype)
+        cfg, params = muddpythia_hf.from_state_dict(state_dict, dtype=dtype)
     assert cfg.dtype == dtype and params["embed"].dtype == jnp.dtype(dtype)
     ids = jnp.asarray(ref["input_ids"])
     logits, coeffs = muddpythia.apply_jit(cfg, params, ids)
@@ -166,23 +167,23 @@ def test_bad_state_dicts_raise_value_error_naming_the_parameter(state_dict):
     missing = dict(state_dict)
     del missing["layers.2.attention_norms.1.bias"]
     with pytest.raises(ValueError, match=r"layers\.2\.attention_norms\.1\.bias"):
-        muddpythia.from_state_dict(missing)
+        muddpythia_hf.from_state_dict(missing)
 
     wrong = dict(state_dict)
     wrong["dense_bs.1"] = np.zeros((4, 4), np.float32)
     with pytest.raises(ValueError, match=r"dense_bs\.1"):
-        muddpythia.from_state_dict(wrong)
+        muddpythia_hf.from_state_dict(wrong)
 
     extra = dict(state_dict)
     extra["layers.0.attention.wqkv.weight"] = np.zeros((192, 64), np.float32)
     with pytest.raises(ValueError, match=r"wqkv"):
-        muddpythia.from_state_dict(extra)
+        muddpythia_hf.from_state_dict(extra)
 
     with pytest.raises(ValueError, match=r"layers\.0\.feed_forward\.w1\.weight"):
-        muddpythia.from_state_dict(state_dict, config={**TINY_HF_CONFIG, "intermediate_size": 512})
+        muddpythia_hf.from_state_dict(state_dict, config={**TINY_HF_CONFIG, "intermediate_size": 512})
 
     with pytest.raises(ValueError, match="stack_hidden"):
-        muddpythia.from_state_dict(state_dict, config={**TINY_HF_CONFIG, "stack_hidden": True})
+        muddpythia_hf.from_state_dict(state_dict, config={**TINY_HF_CONFIG, "stack_hidden": True})
 
 
 def test_bad_coeffs_raise_value_error(model, ref):
@@ -194,7 +195,7 @@ def test_bad_coeffs_raise_value_error(model, ref):
 
 
 def test_state_dict_round_trip(model, state_dict):
-    back = muddpythia.to_state_dict(*model)
+    back = muddpythia_hf.to_state_dict(*model)
     assert set(back) == set(state_dict)
     for k, v in state_dict.items():
         np.testing.assert_array_equal(back[k], v, err_msg=k)
@@ -208,7 +209,7 @@ def test_load_hf_dir_reproduces_logits(tmp_path, state_dict, ref):
     half = len(names) // 2
     save_file({k: state_dict[k] for k in names[:half]}, str(tmp_path / "model-00001-of-00002.safetensors"))
     save_file({k: state_dict[k] for k in names[half:]}, str(tmp_path / "model-00002-of-00002.safetensors"))
-    cfg, params, tokenizer = muddpythia.load_hf_dir(str(tmp_path))
+    cfg, params, tokenizer = muddpythia_hf.load_hf_dir(str(tmp_path))
     assert tokenizer is None and cfg.block_size == 64 and cfg.dtype == "float32"
     logits, _ = muddpythia.apply_jit(cfg, params, jnp.asarray(ref["input_ids"]))
     assert _max_err(logits, ref["logits"]) < TOL
@@ -218,4 +219,4 @@ def test_load_hf_dir_reproduces_logits(tmp_path, state_dict, ref):
         import tokenizers  # noqa: F401
     except ImportError:   # without the package, the error says how to get it
         with pytest.raises(ImportError, match="pip install tokenizers"):
-            muddpythia.load_hf_dir(str(tmp_path))
+            muddpythia_hf.load_hf_dir(str(tmp_path))

@@ -29,6 +29,7 @@ SCRIPT = textwrap.dedent("""
     def sharded_families():
         # FSDP, TP and FSDP+TP on a (data 2, fsdp 2, tensor 2) mesh, for every family: loss
         # and gradients against the unsharded model, and every parameter's shard shape
+        from dynjax.loaders import muddpythia_hf
         from dynjax.models import muddpythia
         from dynjax.models.gated_mlp import GatedMLP
         from dynjax.models.activation_sharding import traced_under
@@ -56,7 +57,7 @@ SCRIPT = textwrap.dedent("""
                 mlp.apply(p, b["x"], gates_open=False)[0], b["y"]).mean(),
             jax.jit(mlp.init)(jax.random.key(0), x), mlp.logical_axes(x), {{"x": x, "y": y}})
         ref = np.load(os.path.join({root!r}, "tests", "data", "muddpythia_tiny.npz"))
-        mcfg, mparams = muddpythia.from_state_dict(
+        mcfg, mparams = muddpythia_hf.from_state_dict(
             {{k[len("params/"):]: ref[k] for k in ref.files if k.startswith("params/")}})
         cases["muddpythia"] = (
             lambda p, t: loop.next_token_nll(muddpythia.apply(mcfg, p, t)[0], t).mean(),

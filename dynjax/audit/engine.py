@@ -1,39 +1,17 @@
 """The Frozen-Controller Audit engine: record, exact replay, the forwards of every condition.
 
-Family-agnostic: it needs only ``apply_fn(params, inputs, coeffs=None) -> (logits, coeffs)``
-(record when ``coeffs`` is None, replay otherwise), the coefficient schema and a
-:class:`Task` (the per-window loss hook), so residual gates, MUDD, MoD / MoE / MoDE routing,
-DynamicGate-MLP classifiers and any later family audit through the same code. It also holds
-what the other audit modules share (windows, :class:`Settings`, the errors), so it imports
-none of them: per_checkpoint.py runs it on one checkpoint, summary.py does the statistics,
-inputs.py loads checkpoints and windows, run.py is audit.py's program.
-
-A *window* is one unit of evaluation: a token window of a language model (loss: mean
-next-token NLL), or one labelled example of a classifier (loss: cross-entropy of its label).
-Windows are a pytree of arrays with a leading window axis; calibration windows come from
-the validation split, evaluation windows from the test split.
-
-Three kinds of compiled program do all the work (each compiled once per model and shape):
-
-- ``forward``  the model's jitted apply: rows of windows -> logits, coefficients (record,
-               the controller runs), or rows + coefficients -> logits (replay, it does not);
-               the per-window NLL is a small separate program on the logits;
-- ``reassign`` the *whole* cached evaluation set -> R_c reassigned copies for every
-               randomized condition at once, vmapped over keys, so a derangement is global
-               over all evaluation windows, never per batch;
-- ``take``     one batch of rows out of those copies: (reassignment, window) pairs flattened
-               into the batch, so the R reassignments run as ordinary batched forwards.
-
-Every NLL, Correct included, comes from the one compiled replay program, so a condition
-that leaves the coefficients unchanged gives ΔNLL = 0 bit for bit. The replay of the cached
-coefficients is checked against the record, bitwise by default, before any intervention:
-no intervention result is valid without it.
+Family-agnostic: it needs only ``apply_fn(params, inputs, coeffs=None) -> (logits, coeffs)``,
+the coefficient schema and a :class:`~dynjax.audit.settings.Task`. Three compiled programs
+per model and shape do the work: the model's jitted apply (record and replay are one
+program, so unmodified replay is bitwise equal to record), ``reassign`` (the whole cached
+evaluation set -> R reassigned copies, so a derangement is global, never per batch) and
+``take`` (one batch of (reassignment, window) rows). Every NLL, Correct included, comes from
+the replay program, so a condition that changes nothing gives ΔNLL = 0 bit for bit.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import math
 from typing import Callable
 
@@ -42,171 +20,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from dynjax import coeffs as coeffs_lib
-from dynjax.audit import interventions, stats
+from dynjax.audit import interventions
+from dynjax.audit.settings import LM, AuditError, Settings, Task, n_windows
 from dynjax.coeffs import is_axes
-from dynjax.models.transformer import next_token_nll
-
-# Conditions that act on the ``token`` axis. Without one (a classifier's unit gates) they
-# would only repeat another condition bit for bit (token_shuffle = correct, cross_shuffle =
-# cross_input, layer_position_mean = static_profile) and the factorial effects would be
-# zeros by construction, so they are skipped and reported as not applicable instead.
-TOKEN_CONDITIONS = {
-    "token_shuffle": "no coefficient has a token axis: it would equal Correct",
-    "cross_shuffle": "no coefficient has a token axis: it would equal Cross-input",
-    "layer_position_mean": "no coefficient has a token axis: it would equal the static "
-                           "profile (LayerMean)",
-}
-
-
-class AuditError(ValueError):
-    """Bad input to the audit; the message names the fix."""
-
-
-class ReplayError(RuntimeError):
-    """Replay of the cached coefficients did not reproduce the record."""
-
-
-# --------------------------------------------------------------------- the loss hook
-
-@dataclasses.dataclass(frozen=True)
-class Task:
-    """The per-window loss hook: what a window is and how the fixed model is scored on it.
-
-    ``prepare`` casts a host pytree of windows (leading window axis) to its dtypes,
-    ``inputs(batch)`` is what the model's apply gets and ``loss(logits, batch)`` the
-    per-window loss (rows,) in nats. It runs as its own small program on the logits, never
-    inside the model's forward (that could change XLA's fusion and break bitwise replay).
-    """
-
-    name: str
-    prepare: Callable
-    inputs: Callable
-    loss: Callable
-    description: str
-
-
-def _next_token_loss(logits, tokens):
-    return next_token_nll(logits, tokens).mean(axis=-1)
-
-
-def _label_loss(logits, batch):
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return -jnp.take_along_axis(logp, batch["y"][:, None], axis=-1)[:, 0]
-
-
-LM = Task("next_token", lambda w: np.asarray(w, np.int32), lambda b: b, _next_token_loss,
-          "mean next-token NLL of a token window (nats)")
-CLASSIFY = Task("classification",
-                lambda w: {"x": np.asarray(w["x"], np.float32), "y": np.asarray(w["y"], np.int32)},
-                lambda b: b["x"], _label_loss,
-                "cross-entropy of an example's label (nats); a window is one example")
-
-
-def n_windows(windows) -> int:
-    return int(jax.tree.leaves(windows)[0].shape[0])
 
 
 def _rows(windows, idx):
     """Rows ``idx`` (a slice or an index array) of every leaf."""
     return jax.tree.map(lambda a: a[idx], windows)
-
-
-def window_spec(windows):
-    """ShapeDtypeStructs of one window (no window axis): what a compiled program sees."""
-    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), windows)
-
-
-def windows_sha256(windows) -> str:
-    h = hashlib.sha256()
-    for a in jax.tree.leaves(windows):
-        h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """Everything that changes an audit's numbers; saved into results.json."""
-
-    conditions: tuple[str, ...] = tuple(interventions.CONDITIONS)
-    reassignments: int = 20         # R paired reassignments per randomized condition (paper: 20)
-    seed: int = 0                   # reassignment r uses jax.random.split(key(seed), R)[r]
-    batch_size: int = 64            # rows per forward: windows, or (reassignment, window) pairs
-    max_reassign_bytes: int = 1 << 30  # reassigned copies of the cache held at once
-    replay_atol: float = 0.0        # 0: replay must be bitwise equal to record
-    level: float = 0.95
-    n_resamples: int = 9999         # bootstrap resamples
-    stats_seed: int = 0
-    criteria: stats.Criteria = stats.Criteria()
-    variance: bool = True
-    per_window: bool = True         # keep every per-window ΔNLL in results.json
-
-    def __post_init__(self):
-        names = tuple(self.conditions)
-        object.__setattr__(self, "conditions", names)
-        unknown = [n for n in names if n not in interventions.CONDITIONS]
-        if unknown:
-            raise AuditError(f"unknown condition(s) {unknown}; choose from "
-                             f"{list(interventions.CONDITIONS)}")
-        if "correct" not in names:
-            raise AuditError("the conditions must include 'correct' (every ΔNLL is against it)")
-        if self.reassignments < 1 or self.batch_size < 1:
-            raise AuditError("reassignments and batch_size must be positive")
-        if self.replay_atol < 0:
-            raise AuditError("replay_atol must be >= 0 (0 demands bitwise replay)")
-
-    @classmethod
-    def from_config(cls, c) -> "Settings":
-        """From an audit ConfigDict (configs/audit_tiny.py's fields)."""
-        conds = c.conditions
-        if isinstance(conds, str):
-            conds = tuple(interventions.CONDITIONS) if conds == "all" else \
-                tuple(s.strip() for s in conds.split(",") if s.strip())
-        conds = tuple(n for n in interventions.CONDITIONS if n in conds) + \
-            tuple(n for n in conds if n not in interventions.CONDITIONS)  # registry order
-        return cls(conditions=conds, reassignments=int(c.reassignments), seed=int(c.seed),
-                   batch_size=int(c.batch_size), max_reassign_bytes=int(c.max_reassign_bytes),
-                   replay_atol=float(c.replay_atol), level=float(c.stats.level),
-                   n_resamples=int(c.stats.n_resamples), stats_seed=int(c.stats.seed),
-                   criteria=stats.Criteria(float(c.criteria.small_nll_upper),
-                                           float(c.criteria.high_retention_lower)),
-                   variance=bool(c.variance), per_window=bool(c.per_window))
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["criteria"] = dataclasses.asdict(self.criteria)
-        return d
-
-
-def applicable(settings: Settings, schema) -> tuple[Settings, dict]:
-    """``(settings to run, {skipped condition: why})``: :data:`TOKEN_CONDITIONS` are skipped
-    when no coefficient leaf has a ``token`` axis (see there)."""
-    if any("token" in ax for ax in jax.tree.leaves(schema, is_leaf=is_axes)):
-        return settings, {}
-    skipped = {n: TOKEN_CONDITIONS[n] for n in settings.conditions if n in TOKEN_CONDITIONS}
-    keep = tuple(n for n in settings.conditions if n not in skipped)
-    return dataclasses.replace(settings, conditions=keep), skipped
-
-
-def not_applicable_row(reason: str, label: str) -> dict:
-    """A report row with no numbers: the condition was not run, and the row says why."""
-    return {"estimate": None, "ci_low": None, "ci_high": None, "p": None, "label": label,
-            "not_applicable": reason, "note": f"not applicable: {reason}"}
-
-
-def reassignment_keys(seed: int, n: int):
-    """The R keys every randomized condition shares (so the 2x2 factorial is paired)."""
-    return jax.random.split(jax.random.key(seed), n)
-
-
-def params_sha256(params) -> str:
-    """sha256 over every parameter's path, dtype, shape and bytes (order-independent of dicts)."""
-    h = hashlib.sha256()
-    flat = jax.tree_util.tree_flatten_with_path(params)[0]
-    for path, leaf in sorted(flat, key=lambda pl: jax.tree_util.keystr(pl[0])):
-        a = np.asarray(jax.device_get(leaf))
-        h.update(f"{jax.tree_util.keystr(path)}|{a.dtype}|{a.shape}|".encode())
-        h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()
 
 
 def _chunks(n: int, rows: int):
@@ -222,8 +43,6 @@ def _chunks(n: int, rows: int):
         done = start + rows
     return out
 
-
-# ------------------------------------------------------------------------------- engine
 
 @dataclasses.dataclass
 class Recording:
@@ -326,7 +145,7 @@ def _max_abs_diff(a, b, keep):
 _max_abs_diff_jit = jax.jit(_max_abs_diff)
 
 
-def _keys_per_chunk(R: int, group_bytes: int, budget: int) -> int:
+def keys_per_chunk(R: int, group_bytes: int, budget: int) -> int:
     """Reassignments materialised at once: as many as ``budget`` bytes allow, in even chunks
     (fewer distinct shapes to compile)."""
     per = max(1, min(R, int(budget // max(group_bytes, 1))))
@@ -467,7 +286,7 @@ class Engine:
         windows = self.task.prepare(windows)
         W, R = n_windows(windows), int(keys.shape[0])
         cache_bytes = sum(a.nbytes for a in jax.tree.leaves(rec.coeffs))
-        per = _keys_per_chunk(R, cache_bytes * len(names), max_reassign_bytes)
+        per = keys_per_chunk(R, cache_bytes * len(names), max_reassign_bytes)
         out = {n: np.empty((R, W), np.float32) for n in names}
         reassign = self.programs.reassign(names)
         for k0 in range(0, R, per):
@@ -491,7 +310,7 @@ class Engine:
             del stacks
         return out
 
-    def forward_count(self, n_eval: int, n_calib: int, settings: "Settings",
+    def forward_count(self, n_eval: int, n_calib: int, settings: Settings,
                       cache_bytes: int) -> int:
         """Forward calls one checkpoint's audit makes (the progress bar's total)."""
         n = lambda m: len(_chunks(m, self.rows))
@@ -501,6 +320,6 @@ class Engine:
         total += n(n_eval) * (len(names) - len(group))
         if group:
             R = settings.reassignments
-            per = _keys_per_chunk(R, cache_bytes * len(group), settings.max_reassign_bytes)
+            per = keys_per_chunk(R, cache_bytes * len(group), settings.max_reassign_bytes)
             total += len(group) * sum(n(min(per, R - k0) * n_eval) for k0 in range(0, R, per))
         return total

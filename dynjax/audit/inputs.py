@@ -1,11 +1,7 @@
-"""Inputs of an audit: checkpoints and windows, from disk.
-
-Loads train.py / train_mlp.py run directories as audit targets (apply_fn, schema, params,
-info), the calibration and evaluation windows of their data, and a local MUDDPythia
-checkpoint with its text, memory plan and tokenizer. Kept apart from the engine so that
-file formats and data sources stay out of it; every failure is an :class:`AuditError`
-that names the fix.
-"""
+"""An audit's inputs from disk: run directories or a MUDDPythia HF directory as targets
+(apply_fn, schema, params, info), and calibration / evaluation windows of their data.
+Kept apart from the engine so file formats stay out of it; failures are AuditErrors that
+name the fix."""
 from __future__ import annotations
 
 import functools
@@ -17,7 +13,8 @@ import jax
 import numpy as np
 
 from dynjax.audit import interventions
-from dynjax.audit.engine import AuditError, Settings, _keys_per_chunk, params_sha256
+from dynjax.audit.engine import keys_per_chunk
+from dynjax.audit.settings import AuditError, Settings, params_sha256
 from dynjax.coeffs import is_axes
 
 
@@ -50,13 +47,13 @@ def _tabular(dataset: str, data_dir, tfds_input_key=None, tfds_label_key="label"
 def classifier_model(config):
     """The GatedMLP of a train_mlp.py run (input and class counts come from its dataset)."""
     from dynjax.data import tabular
-    from dynjax.models.gated_mlp import GatedMLP
+    from dynjax.models import build
     from dynjax.train import classify
 
     splits = _tabular(config.data.dataset, config.data.get("data_dir"),
                       *classify.tfds_keys(config.data))
-    return GatedMLP(classify.model_dict(config, splits["train"][0].shape[1],
-                                         tabular.num_classes(splits)))
+    return build(dict(classify.model_dict(config, splits["train"][0].shape[1],
+                                          tabular.num_classes(splits)), family="gated_mlp"))
 
 
 def load_classifier(run_dir, config, model):
@@ -264,19 +261,20 @@ def muddpythia_windows(data_cfg, tokenizer, vocab_size: int, seq_len: int, n_cal
 def muddpythia_plan(path: str, dtype: str, seq_len: int, n_calib: int, n_eval: int,
                     settings: Settings, flops_per_second=None) -> dict:
     """Memory and time estimate of a MUDDPythia audit, from config.json alone (no weights)."""
+    from dynjax.loaders import muddpythia_hf
     from dynjax.models import muddpythia
 
     cfg_path = pathlib.Path(path) / "config.json"
     if not cfg_path.exists():
         return {}
-    cfg = muddpythia.Config.from_hf(json.loads(cfg_path.read_text()), dtype=dtype)
+    cfg = muddpythia_hf.config_from_hf(json.loads(cfg_path.read_text()), dtype=dtype)
     rows = min(settings.batch_size, n_calib, n_eval)
     est = muddpythia.memory_time_estimate(cfg, n_eval, seq_len, rows, flops_per_second)
     n_rand = sum(interventions.CONDITIONS[c].randomized for c in settings.conditions)
     n_det = sum(not interventions.CONDITIONS[c].randomized for c in settings.conditions) - 1
     replays = n_eval * (1 + n_det + n_rand * settings.reassignments)
     calib_cache = est["coeff_cache_bytes"] * n_calib // max(n_eval, 1)
-    per = _keys_per_chunk(settings.reassignments, est["coeff_cache_bytes"] * max(n_rand, 1),
+    per = keys_per_chunk(settings.reassignments, est["coeff_cache_bytes"] * max(n_rand, 1),
                           settings.max_reassign_bytes)
     plan = {
         "model": {"n_layer": cfg.n_layer, "dim": cfg.dim, "dtype": cfg.dtype,
@@ -319,13 +317,14 @@ def format_plan(plan: dict) -> str:
 
 def load_muddpythia_target(path: str, dtype: str):
     """(target, cfg, tokenizer) for a local MUDDPythia HF directory."""
-    from dynjax.models import muddpythia
+    from dynjax.loaders import muddpythia_hf
+    from dynjax.models import build
 
     if not pathlib.Path(path).is_dir():
         raise AuditError(f"MUDDPythia directory {path} does not exist; download the checkpoint "
                          "(config.json, *.safetensors, tokenizer.json) to a local folder first")
     try:
-        cfg, params, tokenizer = muddpythia.load_hf_dir(str(path), dtype=dtype)
+        cfg, params, tokenizer = muddpythia_hf.load_hf_dir(str(path), dtype=dtype)
     except FileNotFoundError as e:
         raise AuditError(f"{e}; the directory needs config.json and the *.safetensors "
                          "weights") from None
@@ -334,7 +333,7 @@ def load_muddpythia_target(path: str, dtype: str):
             "family": "muddpythia", "variant": "muddpythia", "dtype": cfg.dtype,
             "params_sha256": params_sha256(params),
             "n_params": int(sum(np.size(x) for x in jax.tree.leaves(params)))}
-    target = {"apply_fn": functools.partial(muddpythia.apply, cfg),
-              "schema": muddpythia.schema(cfg), "params": params, "info": info,
+    model = build(cfg)
+    target = {"apply_fn": model.apply, "schema": model.schema, "params": params, "info": info,
               "engine_key": ("muddpythia", cfg)}
     return target, cfg, tokenizer

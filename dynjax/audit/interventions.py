@@ -241,9 +241,11 @@ def structure_removed(coeffs: Coeffs, schema: Schema, calib: Coeffs | None = Non
 
 @dataclasses.dataclass(frozen=True)
 class Condition:
-    """A registry entry. Randomized: ``fn(coeffs, schema, key)``; else ``fn(coeffs, schema, calib)``."""
+    """A registry entry. Randomized: ``fn(coeffs, schema, key)``; else ``fn(coeffs, schema, calib)``.
+    ``label`` is its display name in tables and plots."""
 
     name: str
+    label: str
     fn: Callable
     randomized: bool
     doc: str
@@ -253,18 +255,19 @@ class Condition:
 
 
 CONDITIONS: dict[str, Condition] = {c.name: c for c in (
-    Condition("correct", correct, False, "cached coefficients in their own coordinates (CC)"),
-    Condition("cross_input", cross_input, True,
+    Condition("correct", "Correct", correct, False,
+              "cached coefficients in their own coordinates (CC)"),
+    Condition("cross_input", "Cross-input", cross_input, True,
               "global derangement across examples; multiset kept (DC)"),
-    Condition("token_shuffle", token_shuffle, True,
+    Condition("token_shuffle", "Token-shuffle", token_shuffle, True,
               "token positions permuted per layer, stream and example (CS)"),
-    Condition("cross_shuffle", cross_shuffle, True,
+    Condition("cross_shuffle", "Cross+shuffle", cross_shuffle, True,
               "cross_input and token_shuffle with paired draws (DS)"),
-    Condition("layer_position_mean", layer_position_mean, False,
+    Condition("layer_position_mean", "Layer×PositionMean", layer_position_mean, False,
               "mean over calibration examples; layer, stream, position, source kept"),
-    Condition("static_profile", static_profile, False,
+    Condition("static_profile", "StaticProfile", static_profile, False,
               "mean over calibration examples and positions (LayerMean / StaticMixMean)"),
-    Condition("structure_removed", structure_removed, False,
+    Condition("structure_removed", "StructureRemoved", structure_removed, False,
               "GlobalMean (one scalar) or SourceUniformMean (signed source sum kept)"),
 )}
 

@@ -18,8 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from dynjax.audit import interventions, variance
-from dynjax.audit.engine import (AuditError, Engine, Recording, ReplayError, Settings,
-                                 n_windows, reassignment_keys)
+from dynjax.audit.engine import Engine, Recording
+from dynjax.audit.settings import (AuditError, ReplayError, Settings, n_windows,
+                                   reassignment_keys)
 from dynjax.coeffs import is_axes
 
 def replay_message(rec: Recording, atol: float) -> str:

@@ -1,31 +1,9 @@
 """Write an FCA run's ``report.md``, ``results.json`` and PNG plots, atomically.
 
-The results dict (everything JSON-able; NumPy scalars/arrays are converted, NaN -> null)::
-
-    {
-      "title": "FCA: feature_gate, 7 checkpoints",
-      "unit": stats.UNIT_CHECKPOINT or stats.UNIT_WINDOWS,   # what the CIs resample
-      "replay": {"exact": True, "max_abs_dlogit": 0.0, "nll": 1.23, "nll_replay": 1.23},
-      "conditions": {                      # in table order; names as interventions.CONDITIONS
-        "cross_input": {                   # a stats summary dict (estimate = mean dNLL) plus:
-            "estimate": .., "ci_low": .., "ci_high": .., "level": .95, "n": .., "unit": ..,
-            "p": .., "p_holm": None,       # optional; Holm p where a family was corrected
-            "label": "Cross-input",        # optional display name (e.g. "LayerMean")
-            "retention": {summary},        # optional: stats.retention_ci(...) dict
-            "verdicts": {"practically_small": {"criterion": "...", "met": True}},  # optional
-            "per_unit": [..]},             # optional: per-checkpoint values
-        ...},
-      "effects": {"E_input": {summary + "p_holm"}, "E_token": {..}, "E_interaction": {..}},
-      "variance": {"['gate']": {"layer": .9, "example": .01, "token": .02, "residual": .07}},
-      "profiles": {"heatmap": [[..]] layer x position, mean over examples (and other axes),
-                   "layer_mean": [..] per layer, "global_mean": float},   # optional
-      "meta": {...}                        # seeds, config, checkpoint hashes, anything JSON-able
-    }
-
-Only "title", "unit", "replay" and "conditions" are required; missing sections are skipped.
-The output directory is assembled in a hidden temp directory beside it and renamed into
-place, each file inside written to a temp file and ``os.replace``d, so a failure at any
-point leaves either the old directory or nothing, never a half-written one.
+Reads the results dict :func:`dynjax.audit.summary.assemble_results` makes ("title",
+"unit", "replay" and "conditions" required; "effects", "variance", "profiles", "meta"
+optional; arrays become lists, NaN null). The directory is assembled beside the target
+and renamed into place, so a failure leaves the old directory or nothing, never half.
 """
 from __future__ import annotations
 
@@ -42,28 +20,16 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-LABELS = {"correct": "Correct", "cross_input": "Cross-input", "token_shuffle": "Token-shuffle",
-          "cross_shuffle": "Cross+shuffle", "layer_position_mean": "Layer×PositionMean",
-          "static_profile": "StaticProfile", "structure_removed": "StructureRemoved"}
+from dynjax.audit.interventions import CONDITIONS
+
 PLOTS = ("delta_nll.png", "coeff_heatmap.png", "depth_profile.png")
 
 
 # ---------------------------------------------------------------------------- data helpers
 
-def coefficient_profiles(x, names) -> dict:
-    """The ``profiles`` section from one coefficient array with ``layer`` and ``token`` axes.
-
-    heatmap: mean over every axis but layer and token; layer_mean: also over tokens;
-    global_mean: the mean of everything.
-    """
-    x = np.asarray(x, dtype=np.float64)
-    names = tuple(names)
-    li, ti = names.index("layer"), names.index("token")
-    others = tuple(i for i in range(x.ndim) if i not in (li, ti))
-    heat = x.mean(axis=others) if others else x
-    if li > ti:
-        heat = heat.T
-    return {"heatmap": heat, "layer_mean": heat.mean(axis=1), "global_mean": float(x.mean())}
+def _label(name: str) -> str:
+    """A condition's display name (a row's own ``label``, e.g. LayerMean, comes first)."""
+    return CONDITIONS[name].label if name in CONDITIONS else name
 
 
 def to_jsonable(obj):
@@ -135,7 +101,7 @@ def render_markdown(results: dict, plots: list[str]) -> str:
         ret_txt = "" if not ret else f"{_num(ret['estimate'], pct)} {_ci(ret, pct)}" + (
             f"; mean of ratios {_num(ret['mean_of_ratios'], pct)}"
             if "mean_of_ratios" in ret else "")
-        lines.append(f"| {row.get('label') or LABELS.get(name, name)} | {_num(row['estimate'])} "
+        lines.append(f"| {row.get('label') or _label(name)} | {_num(row['estimate'])} "
                      f"| {_ci(row)} | {_p(row.get('p'))} | {_p(row.get('p_holm'))} "
                      f"| {ret_txt} | {_verdicts(row)} |")
     if r.get("effects"):
@@ -180,7 +146,7 @@ def report_notes(results: dict) -> list[str]:
             notes.append(f"{where}: {ck['note']}")
         for cond, leaves in (ck.get("constant_along") or {}).items():
             label = (results.get("conditions", {}).get(cond) or {}).get("label") or \
-                LABELS.get(cond, cond)
+                _label(cond)
             for leaf, axes in leaves.items():
                 notes.append(f"{where}: under {label}, `{leaf}` is constant "
                              f"along {', '.join(axes)}: top-k ties break by lowest index, so "
@@ -200,7 +166,7 @@ def plot_delta_nll(results: dict) -> Figure:
     ax = fig.add_subplot()
     y = np.arange(len(rows))
     ax.errorbar(est, y, xerr=err, fmt="o", capsize=3)
-    ax.set_yticks(y, [r.get("label") or LABELS.get(n, n) for n, r in rows])
+    ax.set_yticks(y, [r.get("label") or _label(n) for n, r in rows])
     ax.invert_yaxis()
     if len(est) and np.all(est > 0):
         ax.set_xscale("log")

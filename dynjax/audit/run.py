@@ -1,10 +1,8 @@
-"""The audit.py program and the audit package's entry point: config in, report out.
+"""The audit's driver and audit.py's program: config in, report out.
 
-:func:`audit_from_config` ties the modules together: inputs.py (checkpoints and windows),
-engine.py and per_checkpoint.py (record, exact replay, every condition), summary.py
-(statistics, the results dict), report.py (report.md, plots); :func:`verdict_table` prints
-the outcome. :class:`AuditError` and :class:`ReplayError`, defined in engine.py where they
-are raised, are importable from here too.
+:func:`audit_from_config` ties inputs.py (checkpoints, windows), the engine (per checkpoint),
+summary.py (statistics) and report.py together; :func:`audit_targets` audits several
+checkpoints on the same windows; :func:`verdict_table` prints the outcome.
 """
 from __future__ import annotations
 
@@ -13,13 +11,16 @@ from typing import Sequence
 
 import numpy as np
 
-from dynjax.audit.engine import CLASSIFY, LM, AuditError, ReplayError, Settings
+from dynjax.audit.engine import Engine, schema_signature
 from dynjax.audit.inputs import (_opt, _resolve_seq_len, classifier_windows, family_variant,
                                  format_plan, is_classifier_run, load_muddpythia_target,
                                  load_run_targets, muddpythia_plan, muddpythia_windows,
                                  run_windows)
+from dynjax.audit.per_checkpoint import audit_checkpoint
 from dynjax.audit.report import replay_status
-from dynjax.audit.summary import audit_targets
+from dynjax.audit.settings import (CLASSIFY, LM, AuditError, ReplayError, Settings, Task,
+                                   applicable, n_windows, window_spec, windows_sha256)
+from dynjax.audit.summary import assemble_results
 from dynjax.train import distributed
 
 __all__ = ["AuditError", "ReplayError", "audit_from_config", "verdict_table"]
@@ -94,6 +95,60 @@ def audit_from_config(config, run_dirs: Sequence[str] = (), muddpythia_dir: str 
     if out and distributed.is_main():
         report.write_report(results, out)
     return results
+
+
+def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings: Settings,
+                  title: str, meta: dict | None = None, progress: bool = True,
+                  engines: dict | None = None, task: Task = LM) -> dict:
+    """Audit every target (one checkpoint each) on the same windows; the results dict.
+
+    A target is ``{"apply_fn", "schema", "params", "info": {...}}``; targets that share an
+    ``engine_key`` share one compiled Engine (pass ``engines``, a dict, to keep them across
+    calls). ``task`` says what a window is and how it is scored (:data:`LM`, :data:`CLASSIFY`).
+    Conditions that cannot apply to the schema are skipped and reported (:func:`applicable`).
+    """
+    from tqdm.auto import tqdm
+
+    eval_windows, calib_windows = task.prepare(eval_windows), task.prepare(calib_windows)
+    spec = window_spec(eval_windows)
+    if window_spec(calib_windows) != spec:
+        raise AuditError(f"calibration windows have shapes {window_spec(calib_windows)} but "
+                         f"evaluation windows {spec}; use one seq_len / input size")
+    if len({schema_signature(t["schema"]) for t in targets}) > 1:
+        raise AuditError("the checkpoints have different coefficient schemas; audit one "
+                         "model family and variant per run")
+    settings, skipped = applicable(settings, targets[0]["schema"])
+    n_eval, n_calib = n_windows(eval_windows), n_windows(calib_windows)
+    rows = min(settings.batch_size, n_eval, n_calib)
+    engines = {} if engines is None else engines
+    engine_of = []
+    for t in targets:
+        key = (t.get("engine_key", id(t)), rows, str(spec), task.name)
+        if key not in engines:
+            engines[key] = Engine(t["apply_fn"], t["schema"], rows, spec, task)
+        engine_of.append(engines[key])
+    total = 0
+    for t, eng in zip(targets, engine_of):
+        total += eng.forward_count(n_eval, n_calib, settings, eng.cache_bytes(t["params"], n_eval))
+    bar = tqdm(total=total, desc="audit forwards", unit="fwd", disable=not progress,
+               mininterval=1)
+    ckpts = []
+    try:
+        for t, eng in zip(targets, engine_of):
+            bar.set_postfix_str(t["info"].get("name", ""))
+            ckpts.append(audit_checkpoint(eng, t["params"], calib_windows, eval_windows,
+                                          settings, bar=bar))
+    finally:
+        bar.close()
+    meta = dict(meta or {})
+    shapes = {"seq_len": int(spec.shape[0])} if task is LM else {
+        "window_shapes": jax.tree.map(lambda s: list(s.shape), spec)}
+    meta["windows"] = {**shapes, "calibration": n_calib, "evaluation": n_eval,
+                       "calibration_sha256": windows_sha256(calib_windows),
+                       "evaluation_sha256": windows_sha256(eval_windows),
+                       **meta.get("windows", {})}
+    return assemble_results(title, ckpts, [t["info"] for t in targets], settings,
+                            targets[0]["schema"], meta, not_applicable=skipped, task=task)
 
 
 # ------------------------------------------------------------------------------ printing

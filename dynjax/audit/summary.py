@@ -1,12 +1,8 @@
-"""Statistics: per-checkpoint audits in, the report's results dict out.
+"""Statistics: per-checkpoint audits in, the results dict that report.py writes out.
 
-Everything inferential lives here, apart from the engine that produces the numbers: CIs
-over checkpoints or over windows, sign-flip p-values, retention, the prespecified criteria,
-the 2x2 factorial effects with Holm, and the results dict report.write_report reads::
-
-    sections = summarize([ckpt, ...], Settings(), model.schema)  # conditions, effects
-
-:func:`audit_targets` audits several checkpoints on the same windows and returns that dict.
+Everything inferential, apart from the engine that produces the numbers: CIs over
+checkpoints or over windows, sign-flip p-values, retention, the prespecified criteria and
+the 2x2 factorial effects with Holm.
 """
 from __future__ import annotations
 
@@ -16,11 +12,7 @@ import jax
 import numpy as np
 
 from dynjax.audit import interventions, stats
-from dynjax.audit.engine import (LM, AuditError, Engine, Settings, Task, applicable,
-                                 n_windows, not_applicable_row, reassignment_keys,
-                                 schema_signature, window_spec, windows_sha256)
-from dynjax.audit.per_checkpoint import audit_checkpoint
-from dynjax.audit.report import LABELS
+from dynjax.audit.settings import LM, Settings, Task, not_applicable_row, reassignment_keys
 from dynjax.coeffs import is_axes
 
 RANDOMIZED_2X2 = ("cross_input", "token_shuffle", "cross_shuffle")
@@ -31,7 +23,7 @@ def condition_labels(schema) -> dict:
     """Display names: the paper's LayerMean / GlobalMean for gates, StaticMixMean /
     SourceUniformMean where coefficients mix source layers (MUDD)."""
     mixing = any("source" in ax for ax in jax.tree.leaves(schema, is_leaf=is_axes))
-    labels = dict(LABELS)
+    labels = {name: c.label for name, c in interventions.CONDITIONS.items()}
     labels["static_profile"] = "StaticMixMean" if mixing else "LayerMean"
     labels["structure_removed"] = "SourceUniformMean" if mixing else "GlobalMean"
     return labels
@@ -225,60 +217,6 @@ def assemble_results(title: str, checkpoints: Sequence[dict], infos: Sequence[di
                      "device": jax.devices()[0].device_kind},
     }
     return results
-
-
-def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings: Settings,
-                  title: str, meta: dict | None = None, progress: bool = True,
-                  engines: dict | None = None, task: Task = LM) -> dict:
-    """Audit every target (one checkpoint each) on the same windows; the results dict.
-
-    A target is ``{"apply_fn", "schema", "params", "info": {...}}``; targets that share an
-    ``engine_key`` share one compiled Engine (pass ``engines``, a dict, to keep them across
-    calls). ``task`` says what a window is and how it is scored (:data:`LM`, :data:`CLASSIFY`).
-    Conditions that cannot apply to the schema are skipped and reported (:func:`applicable`).
-    """
-    from tqdm.auto import tqdm
-
-    eval_windows, calib_windows = task.prepare(eval_windows), task.prepare(calib_windows)
-    spec = window_spec(eval_windows)
-    if window_spec(calib_windows) != spec:
-        raise AuditError(f"calibration windows have shapes {window_spec(calib_windows)} but "
-                         f"evaluation windows {spec}; use one seq_len / input size")
-    if len({schema_signature(t["schema"]) for t in targets}) > 1:
-        raise AuditError("the checkpoints have different coefficient schemas; audit one "
-                         "model family and variant per run")
-    settings, skipped = applicable(settings, targets[0]["schema"])
-    n_eval, n_calib = n_windows(eval_windows), n_windows(calib_windows)
-    rows = min(settings.batch_size, n_eval, n_calib)
-    engines = {} if engines is None else engines
-    engine_of = []
-    for t in targets:
-        key = (t.get("engine_key", id(t)), rows, str(spec), task.name)
-        if key not in engines:
-            engines[key] = Engine(t["apply_fn"], t["schema"], rows, spec, task)
-        engine_of.append(engines[key])
-    total = 0
-    for t, eng in zip(targets, engine_of):
-        total += eng.forward_count(n_eval, n_calib, settings, eng.cache_bytes(t["params"], n_eval))
-    bar = tqdm(total=total, desc="audit forwards", unit="fwd", disable=not progress,
-               mininterval=1)
-    ckpts = []
-    try:
-        for t, eng in zip(targets, engine_of):
-            bar.set_postfix_str(t["info"].get("name", ""))
-            ckpts.append(audit_checkpoint(eng, t["params"], calib_windows, eval_windows,
-                                          settings, bar=bar))
-    finally:
-        bar.close()
-    meta = dict(meta or {})
-    shapes = {"seq_len": int(spec.shape[0])} if task is LM else {
-        "window_shapes": jax.tree.map(lambda s: list(s.shape), spec)}
-    meta["windows"] = {**shapes, "calibration": n_calib, "evaluation": n_eval,
-                       "calibration_sha256": windows_sha256(calib_windows),
-                       "evaluation_sha256": windows_sha256(eval_windows),
-                       **meta.get("windows", {})}
-    return assemble_results(title, ckpts, [t["info"] for t in targets], settings,
-                            targets[0]["schema"], meta, not_applicable=skipped, task=task)
 
 
 def summarize_stored(results: dict) -> dict | None:

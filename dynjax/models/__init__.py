@@ -1,39 +1,54 @@
-"""Model families, each a pure function of (params, tokens, coeffs) with a coefficient schema.
+"""Every model family, built by one function with one interface.
 
-``build(cfg)`` returns a :class:`Model`:
-
-    model = build(ModelConfig(...))
-    params = model.init(key, tokens)
-    logits, coeffs = model.apply(params, tokens)                 # record
-    logits2, _     = model.apply(params, tokens, coeffs=coeffs)  # replay, controller not run
+``build(cfg)`` returns a model with ``init(key, inputs)``, ``apply(params, inputs,
+coeffs=None) -> (logits, coeffs)`` (record without coeffs, replay with them), ``schema`` (the
+coefficients' named axes) and ``logical_axes(inputs)`` (each parameter's sharding names), so
+training, decoding, measuring and the audit never ask which family they hold.
 """
 from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Mapping
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from dynjax import coeffs as coeffs_lib
-from dynjax.models import gates, mod, moe, mudd
+from dynjax.models import gated_mlp, gates, mod, moe, mudd, muddpythia
 from dynjax.models.transformer import ModelConfig
 
-# family name -> (module class, schema function, variant names)
-FAMILIES = {"gates": (gates.GatedDecoder, gates.schema, gates.VARIANTS),
-            "mod": (mod.ModDecoder, mod.schema, mod.VARIANTS),
-            "moe": (moe.MoeDecoder, moe.schema, moe.VARIANTS),
-            "mudd": (mudd.MuddDecoder, mudd.schema, mudd.VARIANTS)}
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """How to build one family: its config type, the model made from it, its variants."""
+
+    config: type
+    make: Callable
+    variants: tuple
+
+
+def _decoder(module_cls, schema_fn):
+    return lambda cfg: Model(cfg, module_cls, schema_fn)
+
+
+FAMILIES = {
+    "gates": Family(ModelConfig, _decoder(gates.GatedDecoder, gates.schema), gates.VARIANTS),
+    "mod": Family(ModelConfig, _decoder(mod.ModDecoder, mod.schema), mod.VARIANTS),
+    "moe": Family(ModelConfig, _decoder(moe.MoeDecoder, moe.schema), moe.VARIANTS),
+    "mudd": Family(ModelConfig, _decoder(mudd.MuddDecoder, mudd.schema), mudd.VARIANTS),
+    "gated_mlp": Family(gated_mlp.MLPConfig, gated_mlp.GatedMLP, gated_mlp.VARIANTS),
+    "muddpythia": Family(muddpythia.Config, muddpythia.MuddPythia, ("muddpythia",)),
+}
 
 
 class Model:
-    """A Linen module applied functionally; params are a plain (unboxed) pytree."""
+    """A decoder's Linen module applied functionally; params are a plain (unboxed) pytree."""
 
-    def __init__(self, cfg: ModelConfig):
-        if cfg.family not in FAMILIES:
-            raise ValueError(f"unknown model.family={cfg.family!r}; known: {sorted(FAMILIES)}")
-        module_cls, schema_fn, variants = FAMILIES[cfg.family]
-        if cfg.variant not in variants:
+    def __init__(self, cfg: ModelConfig, module_cls, schema_fn):
+        if cfg.variant not in FAMILIES[cfg.family].variants:
             raise ValueError(f"unknown model.variant={cfg.variant!r} for family "
-                             f"{cfg.family!r}; choose one of {list(variants)}")
+                             f"{cfg.family!r}; choose one of {list(FAMILIES[cfg.family].variants)}")
         if cfg.variant == "fixed_depth" and not 0 < cfg.fixed_depth <= cfg.n_layers:
             raise ValueError(f"model.fixed_depth={cfg.fixed_depth} must be in "
                              f"1..n_layers={cfg.n_layers} for the fixed_depth variant")
@@ -67,7 +82,38 @@ class Model:
         return logits, coeffs, aux
 
 
-def build(cfg) -> Model:
-    if not isinstance(cfg, ModelConfig):
-        cfg = ModelConfig.from_dict(cfg)
-    return Model(cfg)
+def family_of(cfg) -> str:
+    """The family a config (a dict or any family's config object) describes."""
+    if isinstance(cfg, Mapping):
+        return cfg.get("family", "gates")
+    if isinstance(cfg, ModelConfig):
+        return cfg.family
+    for name, fam in FAMILIES.items():
+        if isinstance(cfg, fam.config):
+            return name
+    raise TypeError(f"build() takes a dict or a family's config, not {type(cfg).__name__}")
+
+
+def _config_from_dict(config_cls, d):
+    if hasattr(config_cls, "from_dict"):
+        return config_cls.from_dict(d)
+    known = {f.name for f in dataclasses.fields(config_cls)}
+    if set(d) - known:
+        raise ValueError(f"unknown model config field(s) {sorted(set(d) - known)}; known "
+                         f"fields: {sorted(known)}")
+    return config_cls(**d)
+
+
+def build(cfg):
+    """The model a config describes: a dict (``family`` picks the family, default "gates";
+    ``to_dict()`` of a ConfigDict works) or a family's config object."""
+    family = family_of(cfg)
+    if family not in FAMILIES:
+        raise ValueError(f"unknown model.family={family!r}; known: {sorted(FAMILIES)}")
+    fam = FAMILIES[family]
+    if isinstance(cfg, Mapping):
+        d = dict(cfg)
+        if fam.config is not ModelConfig:
+            d.pop("family", None)
+        cfg = _config_from_dict(fam.config, d)
+    return fam.make(cfg)

@@ -38,7 +38,6 @@ import jax
 import jax.numpy as jnp
 
 from dynjax.coeffs import Axes
-from dynjax.measure import macs as macs_lib
 
 VARIANTS = ("dense", "dropout", "dgate", "structured", "moe")
 UNIT_AXES = Axes(("example", "unit"))
@@ -228,7 +227,7 @@ class GatedMLP:
 
     ``apply(params, x, coeffs=None, tau=, theta=, gates_open=, train=, rng=)`` returns
     ``(logits, coeffs)``; with ``with_aux=True`` ``(logits, coeffs, aux)`` where ``aux`` has
-    ``open`` (the per-layer 0/1 open masks, for :mod:`dynjax.measure.macs`) and ``losses``
+    ``open`` (the per-layer 0/1 open masks, for :func:`dynjax.measure.macs.model_mac_sums`) and ``losses``
     (sown auxiliary losses, already weighted). ``tau``/``theta`` default to the config's
     inference values and may be traced scalars, so one compiled step serves a schedule.
     """
@@ -243,19 +242,6 @@ class GatedMLP:
     @property
     def dims(self):
         return [self.cfg.in_dim, *self.cfg.hidden, self.cfg.n_classes]
-
-    def controllers(self):
-        """(r, m_l) per weight matrix for :func:`dynjax.measure.macs.mac_sums`."""
-        cfg = self.cfg
-        if cfg.variant == "dgate":
-            ctrl = [(cfg.gate_hidden, n) for n in cfg.hidden]
-        elif cfg.variant == "structured":
-            ctrl = [(cfg.gate_hidden, n // cfg.block_size) for n in cfg.hidden]
-        elif cfg.variant == "moe":
-            ctrl = [(0, cfg.n_experts) for _ in cfg.hidden]
-        else:
-            ctrl = [None] * len(cfg.hidden)
-        return ctrl + [None]
 
     def init(self, key, x):
         return self.module.init({"params": key, "dropout": key}, x, None, self.cfg.tau,
@@ -277,9 +263,6 @@ class GatedMLP:
                   for path, v in jax.tree_util.tree_flatten_with_path(
                       sown.get("aux_loss", {}), is_leaf=lambda t: isinstance(t, tuple))[0]}
         return logits, coeffs, {"open": opens, "losses": losses}
-
-    def mac_sums(self, opens, weight_masks=None, valid=None):
-        return macs_lib.mac_sums(self.dims, opens, weight_masks, self.controllers(), valid)
 
     def logical_axes(self, x):
         """Logical axis names of every parameter (a pytree of PartitionSpec), as the LM

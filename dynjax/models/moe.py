@@ -16,7 +16,7 @@ Routing (``moe_routing``), both with static shapes (one-hot dispatch / combine t
   whether a route is kept depends only on earlier tokens (causal).
   A (token, expert) pair that finds the buffer full is DROPPED: that expert contributes
   nothing for the token; if all its choices drop, the token's FFN update is exactly 0
-  (it keeps the residual). Reported as ``dropped`` in ``moe_stats``.
+  (it keeps the residual). Reported as ``dropped`` in ``dynjax.measure.execution.moe_stats``.
 - ``expert_choice`` (Zhou et al. 2022): each expert takes its top-C tokens by p_e, so
   load is balanced by construction; a token no expert chose is dropped.
 
@@ -247,9 +247,3 @@ class MoeDecoder(nn.Module):
         self.sow("moe_stats", "stats", stats)
         return Head(cfg, name="head")(h), {"router": probs}
 
-
-def moe_stats(model, params, tokens):
-    """Per layer: fraction of token-expert assignments dropped, fraction routed to the
-    no-op expert (integrated MoDE), and each expert's load (fraction of tokens)."""
-    _, sown = model.module.apply({"params": params}, tokens, None, mutable=["moe_stats"])
-    return sown["moe_stats"]["stats"][0]

@@ -14,7 +14,7 @@ block) a weight on each of the ``S_i = i + 2`` sources ``X_0 .. X_{i+1}``. The n
 streams are ``sum_s A_i[c, ..., s] * X_s``. Those coefficients are what dynjax records and
 replays:
 
-    cfg, params = from_state_dict(state_dict)           # official PyTorch names
+    cfg, params = muddpythia_hf.from_state_dict(sd)      # dynjax.loaders: official names
     logits, coeffs = apply(cfg, params, ids)             # record: the DA MLPs run
     logits2, _ = apply(cfg, params, ids, coeffs=coeffs)  # replay: the DA MLPs do not run
 
@@ -27,11 +27,9 @@ QK RMS norm is applied before rotary, and every norm uses eps = 1e-5.
 from __future__ import annotations
 
 import dataclasses
-import glob
-import json
 import math
-import os
-from typing import Any, Mapping, Optional
+import zlib
+from typing import Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -44,15 +42,6 @@ F32 = jnp.float32
 # --------------------------------------------------------------------------------------------
 # Config
 # --------------------------------------------------------------------------------------------
-
-# Architecture switches of the official config that this file implements. A config.json that
-# sets any of them differently describes another model, so loading it fails loudly.
-_SUPPORTED_SWITCHES = {
-    "use_qk_norm": True, "use_parallel_residual": True, "use_linear_bias": True,
-    "dense": True, "dynamic_dense": True, "dense_type": "qkvr", "sepln": True,
-    "expand_last": True, "round64": True, "stack_hidden": False, "tie_word_embeddings": False,
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class Config:
@@ -91,65 +80,22 @@ class Config:
         """S_i: sources mixed after block i: the embedding and the outputs of blocks 0..i."""
         return i + 2
 
-    @staticmethod
-    def ffn_width_rule(intermediate_size: int, n_layer: int, i: int) -> int:
-        """Official depth-growing FFN width: from 0.5x to 1.5x the base, rounded to 128."""
-        return int(round(intermediate_size * (i / (n_layer - 1) + 0.5) / 128) * 128)
-
-    @staticmethod
-    def da_width_rule(n_streams: int, n_sources: int, last: bool) -> int:
-        """Official DA hidden width (round64): always rounds *up past* a multiple of 64."""
-        return (n_streams * n_sources * (4 if last else 1) // 64 + 1) * 64
-
-    @classmethod
-    def from_hf(cls, hf: Mapping[str, Any], dtype: str = "float32") -> "Config":
-        """Build from an official ``config.json`` dict (gpt-fast style field names)."""
-        for key, want in _SUPPORTED_SWITCHES.items():
-            if key in hf and hf[key] != want:
-                raise ValueError(f"config {key}={hf[key]!r} is not supported (this "
-                                 f"implementation covers {key}={want!r})")
-        try:
-            n_layer, dim, n_head = int(hf["n_layer"]), int(hf["dim"]), int(hf["n_head"])
-            vocab = int(hf["vocab_size"])
-        except KeyError as e:
-            raise ValueError(f"config lacks the field {e.args[0]!r}") from None
-        n_local = hf.get("n_local_heads", -1)
-        if n_local not in (-1, None, n_head):
-            raise ValueError(f"config n_local_heads={n_local} (grouped-query attention) is "
-                             "not supported")
-        head_dim = dim // n_head                      # the official code overwrites head_dim
-        base_ffn = hf.get("intermediate_size") or 4 * dim
-        last = n_layer - 1
-        return cls(
-            n_layer=n_layer, dim=dim, n_head=n_head, head_dim=head_dim,
-            rotary_dims=int(head_dim * float(hf.get("rotary_pct", 0.25))),
-            vocab_size=vocab,
-            ffn_widths=tuple(cls.ffn_width_rule(base_ffn, n_layer, i) for i in range(n_layer)),
-            da_widths=tuple(cls.da_width_rule(4 if i < last else 1, i + 2, i == last)
-                            for i in range(n_layer)),
-            rope_base=float(hf.get("rope_base", 10000.0)),
-            norm_eps=float(hf.get("norm_eps", 1e-5)),
-            block_size=int(hf.get("block_size", 2048)),
-            dtype=dtype)
-
 
 def schema(cfg: Config):
     """Named axes of the coefficient pytree: one (stream, example, token, source) leaf per layer."""
     return {"mix": [Axes(("stream", "example", "token", "source")) for _ in range(cfg.n_layer)]}
 
 
-SCHEMA_FOR = schema
-
-
 # --------------------------------------------------------------------------------------------
-# Official parameter names <-> params pytree
+# Parameters: the official names and the params pytree
 # --------------------------------------------------------------------------------------------
 
-def _param_table(cfg: Config):
+def param_table(cfg: Config):
     """(official name, path in our pytree, official shape, transpose?) for every parameter.
 
     Linear weights are stored (out, in) officially and (in, out) here, so ``x @ w`` reads
-    like the math. This one table drives loading, validation and export.
+    like the math. This one table drives initialisation and the official checkpoints' I/O
+    (:mod:`dynjax.loaders.muddpythia_hf`).
     """
     D, V, hd = cfg.dim, cfg.vocab_size, cfg.head_dim
     rows = [("tok_embeddings.weight", ("embed",), (V, D), False)]
@@ -187,6 +133,37 @@ def _param_table(cfg: Config):
     return rows
 
 
+def params_from_table(cfg: Config, leaf):
+    """The params pytree with ``leaf(name, path, shape, transpose)`` at every
+    :func:`param_table` row (``shape`` is ours: transposed where ``transpose``); layers and
+    norm indices become lists."""
+    params: dict = {}
+    for name, path, shape, transpose in param_table(cfg):
+        node = params
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = leaf(name, path, shape[::-1] if transpose else shape, transpose)
+    params["layers"] = [params["layers"][i] for i in range(cfg.n_layer)]
+    for layer in params["layers"]:
+        layer["attn_norms"] = [layer["attn_norms"][j] for j in sorted(layer["attn_norms"])]
+    return params
+
+
+def init(cfg: Config, key):
+    """Fresh parameters: weights N(0, 0.02), norms 1, biases 0, and each DA bias 1 on the
+    newest source only, so an untrained model starts as a plain residual stack."""
+    def leaf(name, path, shape, _):
+        if path[-1] in ("scale", "q_norm", "k_norm"):
+            return jnp.ones(shape, cfg.dtype)
+        if path[-2:] == ("da", "bias"):
+            return jnp.zeros(shape, cfg.dtype).at[:, -1].set(1)
+        if path[-1] in ("b", "bias"):
+            return jnp.zeros(shape, cfg.dtype)
+        k = jax.random.fold_in(key, zlib.crc32(name.encode()))
+        return (0.02 * jax.random.normal(k, shape)).astype(cfg.dtype)
+    return params_from_table(cfg, leaf)
+
+
 def logical_axes(params):
     """Logical axis names of every parameter (a pytree of PartitionSpec, the LM families'
     names): attention columns ``heads`` and FFN columns ``mlp`` (tensor parallelism), the
@@ -212,144 +189,6 @@ def logical_axes(params):
             return by_name[names[-2:]]
         return P("embed")                     # every LayerNorm's scale and bias
     return jax.tree_util.tree_map_with_path(spec, params)
-
-
-# Non-parameter buffers a PyTorch state dict may carry; they are recomputed here.
-_IGNORED_BUFFERS = ("freqs_cis", "causal_mask", "kv_cache", "inv_freq", "k_cache", "v_cache")
-
-
-def _to_numpy(x) -> np.ndarray:
-    """numpy / jax / torch-like tensor -> numpy, without importing torch."""
-    if isinstance(x, np.ndarray):
-        return x
-    if hasattr(x, "detach"):           # torch tensor
-        x = x.detach().cpu()
-        try:
-            return x.numpy()
-        except TypeError:              # torch bfloat16 has no numpy dtype
-            return x.float().numpy()
-    if hasattr(x, "numpy") and not isinstance(x, jax.Array):
-        return np.asarray(x.numpy())
-    return np.asarray(x)
-
-
-def _infer_config(sd: Mapping[str, np.ndarray], dtype: str) -> Config:
-    """Read the architecture off the parameter shapes (rope settings take official defaults)."""
-    def shape(name):
-        if name not in sd:
-            raise ValueError(f"state dict lacks the parameter {name!r}")
-        return sd[name].shape
-
-    V, D = shape("tok_embeddings.weight")
-    n_layer = 0
-    while f"layers.{n_layer}.attention.wq.weight" in sd:
-        n_layer += 1
-    if n_layer == 0:
-        raise ValueError("state dict lacks the parameter 'layers.0.attention.wq.weight'")
-    hd = shape("layers.0.attention.q_norm.weight")[0]
-    if D % hd:
-        raise ValueError(f"parameter 'layers.0.attention.q_norm.weight' has size {hd}, "
-                         f"which does not divide dim {D}")
-    return Config(
-        n_layer=n_layer, dim=D, n_head=D // hd, head_dim=hd, rotary_dims=int(hd * 0.25),
-        vocab_size=V,
-        ffn_widths=tuple(shape(f"layers.{i}.feed_forward.w1.weight")[0] for i in range(n_layer)),
-        da_widths=tuple(shape(f"dynamic_dense.{i}.w1.weight")[0] for i in range(n_layer)),
-        dtype=dtype)
-
-
-def from_state_dict(state_dict: Mapping[str, Any], config: Optional[Mapping[str, Any]] = None,
-                    dtype: Optional[str] = None, strict: bool = True):
-    """Official PyTorch state dict -> (Config, params).
-
-    ``config`` is the official config.json as a dict; without it the architecture is inferred
-    from shapes and the rope settings take the official defaults (base 10000, 25% rotary).
-    ``dtype`` defaults to bfloat16 if every float parameter is bfloat16, else float32.
-    Missing, misshapen or (with ``strict``) unknown parameters raise ValueError naming them.
-    A common prefix such as ``model.`` before ``tok_embeddings.weight`` is stripped.
-    """
-    sd = {str(k): v for k, v in state_dict.items()}
-    if "tok_embeddings.weight" not in sd:
-        prefixes = {k[: -len("tok_embeddings.weight")] for k in sd
-                    if k.endswith(".tok_embeddings.weight")}
-        if len(prefixes) == 1:
-            p = prefixes.pop()
-            sd = {k[len(p):]: v for k, v in sd.items() if k.startswith(p)}
-    sd = {k: _to_numpy(v) for k, v in sd.items()}
-    if dtype is None:
-        kinds = {a.dtype.name for a in sd.values()
-                 if a.dtype.name in ("float16", "float32", "float64", "bfloat16")}
-        dtype = "bfloat16" if kinds == {"bfloat16"} else "float32"
-    cfg = Config.from_hf(config, dtype) if config is not None else _infer_config(sd, dtype)
-
-    params: dict = {}
-    seen = set()
-    for name, path, want, transpose in _param_table(cfg):
-        if name not in sd:
-            raise ValueError(f"state dict lacks the parameter {name!r} (expected shape {want})")
-        a = sd[name]
-        if tuple(a.shape) != want:
-            raise ValueError(f"parameter {name!r} has shape {tuple(a.shape)}, expected {want}")
-        seen.add(name)
-        a = jnp.asarray(a.T if transpose else a, dtype=cfg.dtype)
-        node = params
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = a
-    if strict:
-        unknown = sorted(k for k in sd if k not in seen
-                         and not any(b in k for b in _IGNORED_BUFFERS))
-        if unknown:
-            raise ValueError(f"state dict has unexpected parameter(s) {unknown[:8]}"
-                             + (" ..." if len(unknown) > 8 else ""))
-    # Lists, not int-keyed dicts, for the layer and norm indices.
-    params["layers"] = [params["layers"][i] for i in range(cfg.n_layer)]
-    for layer in params["layers"]:
-        layer["attn_norms"] = [layer["attn_norms"][j] for j in sorted(layer["attn_norms"])]
-    return cfg, params
-
-
-def to_state_dict(cfg: Config, params) -> dict[str, np.ndarray]:
-    """params -> official names and layouts (the inverse of :func:`from_state_dict`)."""
-    out = {}
-    for name, path, _, transpose in _param_table(cfg):
-        a = params
-        for key in path:
-            a = a[key]
-        a = np.asarray(a)
-        out[name] = np.ascontiguousarray(a.T if transpose else a)
-    return out
-
-
-def load_hf_dir(path: str, dtype: Optional[str] = None):
-    """A local HF checkpoint directory -> (cfg, params, tokenizer or None). No torch needed.
-
-    Reads config.json, every ``*.safetensors`` file (numpy API) and, if present,
-    tokenizer.json (needs the ``tokenizers`` package).
-    """
-    cfg_path = os.path.join(path, "config.json")
-    hf = None
-    if os.path.exists(cfg_path):
-        with open(cfg_path) as f:
-            hf = json.load(f)
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors file in {path}")
-    from safetensors.numpy import load_file
-    sd = {}
-    for fn in files:
-        sd.update(load_file(fn))
-    cfg, params = from_state_dict(sd, config=hf, dtype=dtype)
-    tokenizer = None
-    tok_path = os.path.join(path, "tokenizer.json")
-    if os.path.exists(tok_path):
-        try:
-            from tokenizers import Tokenizer
-        except ImportError as e:
-            raise ImportError(f"{tok_path} needs the 'tokenizers' package: "
-                              "pip install tokenizers") from e
-        tokenizer = Tokenizer.from_file(tok_path)
-    return cfg, params, tokenizer
 
 
 # --------------------------------------------------------------------------------------------
@@ -528,6 +367,24 @@ apply_jit = jax.jit(apply, static_argnums=0)
 forward_jit = jax.jit(forward, static_argnums=0)
 
 
+class MuddPythia:
+    """The registry's interface (``dynjax.models.build``) over the functions above."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.schema = schema(cfg)
+
+    def init(self, key, tokens):
+        del tokens  # the shapes follow from the config alone
+        return init(self.cfg, key)
+
+    def apply(self, params, tokens, coeffs=None):
+        return apply(self.cfg, params, tokens, coeffs)
+
+    def logical_axes(self, tokens):
+        return logical_axes(jax.eval_shape(self.init, jax.random.key(0), tokens))
+
+
 # --------------------------------------------------------------------------------------------
 # Size estimates
 # --------------------------------------------------------------------------------------------
@@ -542,7 +399,7 @@ def memory_time_estimate(cfg: Config, n_windows: int, seq_len: int, batch: int,
     Each replay forward costs ``replay_flops_per_window`` (the DA MLPs do not run).
     """
     item = jnp.dtype(cfg.dtype).itemsize
-    n_params = sum(math.prod(shape) for _, _, shape, _ in _param_table(cfg))
+    n_params = sum(math.prod(shape) for _, _, shape, _ in param_table(cfg))
     D, T, V, L = cfg.dim, seq_len, cfg.vocab_size, cfg.n_layer
     cs = [cfg.n_streams(i) * cfg.n_sources(i) for i in range(L)]
 

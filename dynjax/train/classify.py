@@ -154,7 +154,7 @@ def make_eval_step(model, mesh=None):
                                      gates_open=sched["gates_open"], with_aux=True)
         v = valid.astype(jnp.float32)
         nll = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-        sums = model.mac_sums(aux["open"], weight_masks, v)
+        sums = macs_lib.model_mac_sums(model, aux["open"], weight_masks, v)
         return {"correct": jnp.sum((jnp.argmax(logits, -1) == y) * v), "nll": jnp.sum(nll * v),
                 **sums}
     if mesh is None:

@@ -1,31 +1,13 @@
-"""A JSONL metric writer (process 0 only) and atomic JSON files."""
+"""A JSONL metric writer (process 0 only); the JSON file helpers, from dynjax.jsonio."""
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 
 import jax
-import numpy as np
 
-
-def to_python(x):
-    """Arrays and numpy scalars to plain JSON values."""
-    if isinstance(x, dict):
-        return {k: to_python(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [to_python(v) for v in x]
-    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
-        x = np.asarray(x)
-        return x.item() if x.ndim == 0 else x.tolist()
-    return x
-
-
-def write_json_atomic(path, obj) -> None:
-    path = pathlib.Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(to_python(obj), indent=1, sort_keys=True))
-    os.replace(tmp, path)
+from dynjax.jsonio import (read_jsonl, to_python, write_json_atomic,  # noqa: F401
+                           write_text_atomic)
 
 
 class JsonlWriter:
@@ -44,14 +26,3 @@ class JsonlWriter:
         if self.active:
             with self.path.open("a") as f:
                 f.write(json.dumps(to_python(record)) + "\n")
-
-
-def write_text_atomic(path, text: str) -> None:
-    path = pathlib.Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def read_jsonl(path):
-    return [json.loads(line) for line in pathlib.Path(path).read_text().splitlines() if line.strip()]

@@ -1,0 +1,171 @@
+"""What an audit is asked to do: the task (what a window is and its loss), the settings
+that change its numbers, the conditions that apply to a schema, and the audit's errors.
+Shared by every audit module; it imports none of them."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dynjax.audit import interventions, stats
+from dynjax.coeffs import is_axes
+from dynjax.models.transformer import next_token_nll
+
+# Conditions that act on the ``token`` axis. Without one (a classifier's unit gates) they
+# would only repeat another condition bit for bit (token_shuffle = correct, cross_shuffle =
+# cross_input, layer_position_mean = static_profile) and the factorial effects would be
+# zeros by construction, so they are skipped and reported as not applicable instead.
+TOKEN_CONDITIONS = {
+    "token_shuffle": "no coefficient has a token axis: it would equal Correct",
+    "cross_shuffle": "no coefficient has a token axis: it would equal Cross-input",
+    "layer_position_mean": "no coefficient has a token axis: it would equal the static "
+                           "profile (LayerMean)",
+}
+
+
+class AuditError(ValueError):
+    """Bad input to the audit; the message names the fix."""
+
+
+class ReplayError(RuntimeError):
+    """Replay of the cached coefficients did not reproduce the record."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """The per-window loss hook: what a window is and how the fixed model is scored on it.
+
+    ``prepare`` casts a host pytree of windows (leading window axis) to its dtypes,
+    ``inputs(batch)`` is what the model's apply gets and ``loss(logits, batch)`` the
+    per-window loss (rows,) in nats. It runs as its own small program on the logits, never
+    inside the model's forward (that could change XLA's fusion and break bitwise replay).
+    """
+
+    name: str
+    prepare: Callable
+    inputs: Callable
+    loss: Callable
+    description: str
+
+
+def _next_token_loss(logits, tokens):
+    return next_token_nll(logits, tokens).mean(axis=-1)
+
+
+def _label_loss(logits, batch):
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.take_along_axis(logp, batch["y"][:, None], axis=-1)[:, 0]
+
+
+LM = Task("next_token", lambda w: np.asarray(w, np.int32), lambda b: b, _next_token_loss,
+          "mean next-token NLL of a token window (nats)")
+CLASSIFY = Task("classification",
+                lambda w: {"x": np.asarray(w["x"], np.float32), "y": np.asarray(w["y"], np.int32)},
+                lambda b: b["x"], _label_loss,
+                "cross-entropy of an example's label (nats); a window is one example")
+
+
+def n_windows(windows) -> int:
+    return int(jax.tree.leaves(windows)[0].shape[0])
+
+
+def window_spec(windows):
+    """ShapeDtypeStructs of one window (no window axis): what a compiled program sees."""
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), windows)
+
+
+def windows_sha256(windows) -> str:
+    h = hashlib.sha256()
+    for a in jax.tree.leaves(windows):
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything that changes an audit's numbers; saved into results.json."""
+
+    conditions: tuple[str, ...] = tuple(interventions.CONDITIONS)
+    reassignments: int = 20         # R paired reassignments per randomized condition (paper: 20)
+    seed: int = 0                   # reassignment r uses jax.random.split(key(seed), R)[r]
+    batch_size: int = 64            # rows per forward: windows, or (reassignment, window) pairs
+    max_reassign_bytes: int = 1 << 30  # reassigned copies of the cache held at once
+    replay_atol: float = 0.0        # 0: replay must be bitwise equal to record
+    level: float = 0.95
+    n_resamples: int = 9999         # bootstrap resamples
+    stats_seed: int = 0
+    criteria: stats.Criteria = stats.Criteria()
+    variance: bool = True
+    per_window: bool = True         # keep every per-window ΔNLL in results.json
+
+    def __post_init__(self):
+        names = tuple(self.conditions)
+        object.__setattr__(self, "conditions", names)
+        unknown = [n for n in names if n not in interventions.CONDITIONS]
+        if unknown:
+            raise AuditError(f"unknown condition(s) {unknown}; choose from "
+                             f"{list(interventions.CONDITIONS)}")
+        if "correct" not in names:
+            raise AuditError("the conditions must include 'correct' (every ΔNLL is against it)")
+        if self.reassignments < 1 or self.batch_size < 1:
+            raise AuditError("reassignments and batch_size must be positive")
+        if self.replay_atol < 0:
+            raise AuditError("replay_atol must be >= 0 (0 demands bitwise replay)")
+
+    @classmethod
+    def from_config(cls, c) -> "Settings":
+        """From an audit ConfigDict (configs/audit_tiny.py's fields)."""
+        conds = c.conditions
+        if isinstance(conds, str):
+            conds = tuple(interventions.CONDITIONS) if conds == "all" else \
+                tuple(s.strip() for s in conds.split(",") if s.strip())
+        conds = tuple(n for n in interventions.CONDITIONS if n in conds) + \
+            tuple(n for n in conds if n not in interventions.CONDITIONS)  # registry order
+        return cls(conditions=conds, reassignments=int(c.reassignments), seed=int(c.seed),
+                   batch_size=int(c.batch_size), max_reassign_bytes=int(c.max_reassign_bytes),
+                   replay_atol=float(c.replay_atol), level=float(c.stats.level),
+                   n_resamples=int(c.stats.n_resamples), stats_seed=int(c.stats.seed),
+                   criteria=stats.Criteria(float(c.criteria.small_nll_upper),
+                                           float(c.criteria.high_retention_lower)),
+                   variance=bool(c.variance), per_window=bool(c.per_window))
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["criteria"] = dataclasses.asdict(self.criteria)
+        return d
+
+
+def applicable(settings: Settings, schema) -> tuple[Settings, dict]:
+    """``(settings to run, {skipped condition: why})``: :data:`TOKEN_CONDITIONS` are skipped
+    when no coefficient leaf has a ``token`` axis (see there)."""
+    if any("token" in ax for ax in jax.tree.leaves(schema, is_leaf=is_axes)):
+        return settings, {}
+    skipped = {n: TOKEN_CONDITIONS[n] for n in settings.conditions if n in TOKEN_CONDITIONS}
+    keep = tuple(n for n in settings.conditions if n not in skipped)
+    return dataclasses.replace(settings, conditions=keep), skipped
+
+
+def not_applicable_row(reason: str, label: str) -> dict:
+    """A report row with no numbers: the condition was not run, and the row says why."""
+    return {"estimate": None, "ci_low": None, "ci_high": None, "p": None, "label": label,
+            "not_applicable": reason, "note": f"not applicable: {reason}"}
+
+
+def reassignment_keys(seed: int, n: int):
+    """The R keys every randomized condition shares (so the 2x2 factorial is paired)."""
+    return jax.random.split(jax.random.key(seed), n)
+
+
+def params_sha256(params) -> str:
+    """sha256 over every parameter's path, dtype, shape and bytes (order-independent of dicts)."""
+    h = hashlib.sha256()
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    for path, leaf in sorted(flat, key=lambda pl: jax.tree_util.keystr(pl[0])):
+        a = np.asarray(jax.device_get(leaf))
+        h.update(f"{jax.tree_util.keystr(path)}|{a.dtype}|{a.shape}|".encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
