@@ -163,7 +163,7 @@ def main(argv):
     from absl import flags, logging
 
     from dynjax import errors
-    from dynjax.train.metrics import write_json_atomic
+    from dynjax.jsonio import write_json_atomic
 
     del argv
     logging.set_verbosity(logging.WARNING)  # no "Unable to initialize backend" notes
