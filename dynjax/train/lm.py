@@ -15,6 +15,7 @@ import optax
 
 from dynjax.data import text as text_data
 from dynjax.models import build
+from dynjax.models.activation_sharding import traced_under
 from dynjax.models.transformer import next_token_nll
 from dynjax.train import distributed, families, sharding
 from dynjax.train.evaluation import LN2, Evaluator
@@ -72,7 +73,7 @@ class Task:
         self.config = config = resolve_config(config)
         self.model = build(config.model.to_dict())
         self.mesh = mesh = sharding.make_mesh(config.sharding)
-        rules = sharding.rules_of(config.sharding)
+        self.rules = rules = sharding.rules_of(config.sharding)
         sharding.check_batch(config.train.batch_size, mesh)
         sharding.check_batch(config.eval.batch_size, mesh, "eval.batch_size")
         self.tx = tx = make_optimizer(config.train)
@@ -99,7 +100,8 @@ class Task:
         return init_state(self.config, self.model, key)
 
     def train_step(self):
-        return jax.jit(make_train_step(self.model, self.tx),
+        # activations keep the rules' layout too (dynjax.models.activation_sharding)
+        return jax.jit(traced_under(make_train_step(self.model, self.tx), self.mesh, self.rules),
                        in_shardings=(self.state_shardings, self.rows),
                        out_shardings=(self.state_shardings, sharding.replicated(self.mesh)),
                        donate_argnums=0)
