@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
+import jax
 import numpy as np
 
 from dynjax.audit.engine import Engine, schema_signature

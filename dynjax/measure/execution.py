@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dynjax.measure import routing
-from dynjax.models import build, mod
+from dynjax.models import build, mod, moe
 from dynjax.models.transformer import ModelConfig
 
 
