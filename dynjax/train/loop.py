@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from dynjax import errors
 from dynjax.data import text as text_data
 from dynjax.models import build
+from dynjax.models.activation_sharding import traced_under
 from dynjax.models.transformer import next_token_nll
 from dynjax.train import checkpoint, distributed, sharding
 from dynjax.train.evaluation import LN2, Evaluator
@@ -150,7 +151,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, progress: bool = True
     start = int(state["step"])
     n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(state["params"]))
 
-    step_fn = jax.jit(make_train_step(model, tx), in_shardings=(state_shardings, data_shard),
+    # activations keep the rules' layout too (dynjax.models.activation_sharding)
+    step_fn = jax.jit(traced_under(make_train_step(model, tx), mesh, rules),
+                      in_shardings=(state_shardings, data_shard),
                       out_shardings=(state_shardings, rep), donate_argnums=0)
     evaluator = Evaluator(model.cfg, config.eval.get("route"), mesh=mesh)
     val_windows = text_data.eval_windows(splits["validation"], dc.seq_len, config.eval.windows)
