@@ -12,7 +12,7 @@ bootstrap CIs, exact sign-flip p-values, Holm over the factorial effects, retent
 prespecified criteria. Each RUN_DIR (one seed) is one unit of inference.
 
 RUN_DIRs may be train.py runs (any family with coefficients: gates, MUDD, MoD, MoE, MoDE;
-windows are token windows, the loss their mean next-token NLL) or train_mlp.py runs
+windows are token windows, the loss their mean next-token NLL) or classifier runs
 (DynamicGate-MLP; a window is one labelled example, the loss its cross-entropy; validation
 examples calibrate, test examples evaluate). Conditions that need a token axis are reported
 as not applicable for coefficients without one, and so are the factorial effects.
@@ -32,7 +32,7 @@ from dynjax.train import distributed
 
 config_flags.DEFINE_config_file("config", "configs/audit_tiny.py", "configs/NAME.py",
                                 lock_config=True)
-flags.DEFINE_list("checkpoints", [], "run directories written by train.py or train_mlp.py "
+flags.DEFINE_list("checkpoints", [], "run directories written by train.py "
                   "(further run directories may follow as positional arguments)")
 flags.DEFINE_string("muddpythia", None, "a local MUDDPythia HF directory to audit instead")
 flags.DEFINE_string("out", None, "output directory: results.json, report.md, plots")

@@ -1,7 +1,10 @@
-"""Train a dynjax model: ``python train.py --config=configs/tiny.py:feature_gate --workdir=DIR``.
+"""Train any dynjax model: ``python train.py --config=configs/NAME.py[:ARG] --workdir=DIR``.
 
+Language models (``configs/tiny.py:feature_gate``, MoD, MoE, MUDD, ...) and classifiers
+(``configs/dgmlp_mnist.py:dgate``, ...) alike: the config decides (dynjax/train/loop.py).
 Override any field with ``--config.train.steps=500``. Re-running the same command resumes
-from the latest checkpoint in DIR. Prints the final validation and test bits per byte.
+from the latest checkpoint in DIR. Prints the final validation and test figures (bits per
+byte, or accuracy and RelMAC); the full evaluation is in DIR/eval.json.
 """
 from dynjax._alloc import reexec  # the allocator setting, before JAX starts: dynjax/_alloc.py
 reexec(__name__)
@@ -9,8 +12,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from dynjax import errors
-from dynjax.train import distributed
-from dynjax.train.loop import train
+from dynjax.train import distributed, loop
 
 config_flags.DEFINE_config_file("config", None, "configs/NAME.py[:ARG]", lock_config=True)
 flags.DEFINE_string("workdir", None, "run directory: checkpoints, metrics.jsonl, eval.json")
@@ -26,12 +28,10 @@ def main(argv):
     # many hosts: --coordinator_address/--num_processes/--process_id or --distributed
     errors.run_program("train.py", lambda: distributed.initialize_from_flags(flags))
     # a bad config, missing data, no restorable checkpoint: one line and exit status 2
-    result = errors.run_program("train.py", lambda: train(
+    result = errors.run_program("train.py", lambda: loop.train(
         flags.FLAGS.config, flags.FLAGS.workdir, progress=flags.FLAGS.progress))
-    for split in ("validation", "test"):
-        r = result[split]
-        mass = f", gate mass {r['gate_mass']:.4f}" if "gate_mass" in r else ""
-        print(f"{split}: {r['bpb']:.4f} bits/byte over {r['windows']} windows{mass}")
+    for line in loop.summary(flags.FLAGS.config, result):
+        print(line)
 
 
 if __name__ == "__main__":

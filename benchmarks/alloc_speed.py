@@ -1,6 +1,6 @@
 """Which C allocator setting dynjax's entry points should use: train-step time and page faults.
 
-    python benchmarks/alloc_speed.py --out results/alloc_speed.json [--rounds 2] [--steps 4]
+    python -m benchmarks.alloc_speed --out results/alloc_speed.json [--rounds 2] [--steps 4]
 
 The allocator is fixed when a process starts, so each setting runs in its own process (the
 dense benchmark model of ``benchmarks/common.py``, T=1024, batch 8, f32): ``system`` (glibc
@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, ".")
 from dynjax import _alloc  # noqa: E402
 
 def child(args):
@@ -59,9 +58,9 @@ def main():
             env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
             env = dict(_alloc.environment(name, env), DYNJAX_MALLOC="system",
                        PYTHONPATH=os.getcwd())
-            out = subprocess.run([sys.executable, __file__, "--child", "--steps", str(args.steps),
-                                  "--seq-len", str(args.seq_len), "--batch-size",
-                                  str(args.batch_size)], env=env, check=True,
+            out = subprocess.run([sys.executable, "-m", "benchmarks.alloc_speed", "--child",
+                                  "--steps", str(args.steps), "--seq-len", str(args.seq_len),
+                                  "--batch-size", str(args.batch_size)], env=env, check=True,
                                  capture_output=True, text=True).stdout
             runs[name].append(json.loads(out.strip().splitlines()[-1]))
     res = {"command": "python " + " ".join(sys.argv), "load_average_before": load_before,
@@ -74,7 +73,7 @@ def main():
     res["step_time_over_system"] = {n: res[n]["step_s"] / res["system"]["step_s"] for n in runs}
     print(json.dumps(res, indent=2))
     if args.out:
-        from dynjax.train.metrics import write_json_atomic
+        from dynjax.jsonio import write_json_atomic
         write_json_atomic(args.out, res)
 
 

@@ -16,20 +16,18 @@ ratio <= 1.3. These machines are noisy: compare ratios from one run.
 import argparse
 import json
 import statistics
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, ".")
 from configs import tiny  # noqa: E402
 from dynjax.audit.run import audit_targets  # noqa: E402
 from dynjax.audit.settings import Settings  # noqa: E402
 from dynjax.data import text  # noqa: E402
 from dynjax.measure.latency import paired_medians as median_times  # noqa: E402
 from dynjax.models import build  # noqa: E402
-from dynjax.train.metrics import write_json_atomic  # noqa: E402
+from dynjax.jsonio import write_json_atomic  # noqa: E402
 
 
 def main():

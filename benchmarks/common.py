@@ -4,7 +4,7 @@ import jax
 from configs import mod_tiny
 from dynjax.models import build
 from dynjax.models.transformer import ModelConfig
-from dynjax.train.loop import init_state, make_optimizer, make_train_step
+from dynjax.train.lm import init_state, make_optimizer, make_train_step
 
 D, HEADS, LAYERS, D_FF, VOCAB = 256, 4, 8, 1024, 256
 

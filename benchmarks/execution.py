@@ -38,13 +38,12 @@ import time
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, ".")
 from dynjax import decoding  # noqa: E402
 from dynjax.measure import execution as ex  # noqa: E402
 from dynjax.measure import latency  # noqa: E402
 from dynjax.models import build  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402
-from dynjax.train.metrics import write_json_atomic  # noqa: E402
+from dynjax.jsonio import write_json_atomic  # noqa: E402
 
 PRESETS = {"tiny": dict(config="tiny", seq_len=128, repeats=21),
            "76m": dict(config="featuregate_76m", seq_len=512, repeats=9)}

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-sys.path.insert(0, ".")
 from dynjax.measure import execution  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402
-from dynjax.train.metrics import write_json_atomic  # noqa: E402
+from dynjax.jsonio import write_json_atomic  # noqa: E402
 
 SIZE = dict(d_model=256, n_heads=4, n_layers=2, d_ff=1024, scan_layers=False)
 BATCH, SEQ = 1, 64

@@ -31,7 +31,7 @@ import numpy as np
 
 from dynjax.measure import macs
 from dynjax.models.gated_mlp import GatedMLP, MLPConfig, structured_forward
-from dynjax.train.metrics import write_json_atomic
+from dynjax.jsonio import write_json_atomic
 
 
 def median_latency(fn, *args, repeats: int) -> float:

@@ -25,20 +25,18 @@ Prints JSON (and writes it to ``--out``).
 import argparse
 import dataclasses
 import json
-import sys
 
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, ".")
 from configs import mod_tiny  # noqa: E402
 from dynjax import decoding  # noqa: E402
 from dynjax.measure import execution as ex  # noqa: E402
 from dynjax.measure.latency import decode_timer, paired_medians  # noqa: E402
 from dynjax.models import build, mod  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402
-from dynjax.train.loop import init_state, make_optimizer, make_train_step  # noqa: E402
-from dynjax.train.metrics import write_json_atomic  # noqa: E402
+from dynjax.train.lm import init_state, make_optimizer, make_train_step  # noqa: E402
+from dynjax.jsonio import write_json_atomic  # noqa: E402
 
 
 def decode_flops(cfg: ModelConfig, max_len: int, enter_fraction: float) -> float:
@@ -51,6 +49,18 @@ def decode_flops(cfg: ModelConfig, max_len: int, enter_fraction: float) -> float
         k = mod.capacity(cfg, max_len)
         total += len(ids) * (enter_fraction * per_block(k) + 2 * d)
     return float(total)
+
+
+def forced_route(cfg: ModelConfig, params, enter: bool):
+    """A copy of ``params`` whose predictor sends every token into every MoD block (or past
+    it): output weights zero, bias +-30. Only the decision changes, not the step's shapes."""
+    forced = jax.tree.map(lambda a: a, params)
+    for lp, routed in decoding.mod.layer_params(cfg, forced):
+        if routed:
+            out = lp["predictor"]["out"]
+            out["kernel"] = jnp.zeros_like(out["kernel"])
+            out["bias"] = jnp.full_like(out["bias"], 30.0 if enter else -30.0)
+    return forced
 
 
 def measure(variant, args):
@@ -98,14 +108,8 @@ def measure(variant, args):
         timers["decode_step_s"] = time_decode(params)
         out["decode_flops_analytic"] = decode_flops(cfg, T, 0.0)
         return out, timers
-    for name, bias in (("enter", 30.0), ("skip", -30.0)):
-        forced = jax.tree.map(lambda a: a, params)
-        for lp, routed in decoding.mod.layer_params(cfg, forced):
-            if routed:
-                lp["predictor"]["out"]["kernel"] = jnp.zeros_like(lp["predictor"]["out"]["kernel"])
-                lp["predictor"]["out"]["bias"] = jnp.full_like(lp["predictor"]["out"]["bias"],
-                                                               bias)
-        timers[f"decode_step_{name}_s"] = time_decode(forced)
+    for name in ("enter", "skip"):
+        timers[f"decode_step_{name}_s"] = time_decode(forced_route(cfg, params, name == "enter"))
     # The same step without lax.cond: every MoD block always runs, its result masked. Where
     # a conditional costs a host round trip (a guess for GPUs, to measure), this may win.
     timers["decode_step_masked_s"] = time_decode(params, "masked")

@@ -9,15 +9,13 @@ the load of a shared machine. Gradients of the three programs are compared too.
 """
 import argparse
 import json
-import sys
 
 import jax
 
-sys.path.insert(0, ".")
 from configs import common  # noqa: E402
 from dynjax.models import build, gates  # noqa: E402
 from dynjax.models.transformer import next_token_nll  # noqa: E402
-from dynjax.train.metrics import write_json_atomic  # noqa: E402
+from dynjax.jsonio import write_json_atomic  # noqa: E402
 
 
 def measure(args, remat: bool, save_features: bool):

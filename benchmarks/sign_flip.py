@@ -10,16 +10,14 @@ Carlo error. Peak memory from ``tracemalloc`` (NumPy allocations), time from
 """
 import argparse
 import json
-import sys
 import time
 import tracemalloc
 
 import numpy as np
 import scipy.stats
 
-sys.path.insert(0, ".")
 from dynjax.audit import stats  # noqa: E402
-from dynjax.train.metrics import write_json_atomic  # noqa: E402
+from dynjax.jsonio import write_json_atomic  # noqa: E402
 
 
 def scipy_sign_flip(x, n_resamples, seed):

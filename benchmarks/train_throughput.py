@@ -14,16 +14,14 @@ import ast
 import importlib
 import json
 import statistics
-import sys
 import time
 
 import jax
 
-sys.path.insert(0, ".")
 from dynjax.measure import mfu  # noqa: E402
 from dynjax.models import build  # noqa: E402
-from dynjax.train.loop import init_state, make_optimizer, make_train_step  # noqa: E402
-from dynjax.train.metrics import write_json_atomic  # noqa: E402
+from dynjax.train.lm import init_state, make_optimizer, make_train_step  # noqa: E402
+from dynjax.jsonio import write_json_atomic  # noqa: E402
 
 VARIANTS = ("dense", "uniform", "layer_static", "feature_gate", "fixed_depth2")
 

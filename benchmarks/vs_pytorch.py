@@ -1,7 +1,7 @@
 """dynjax against PyTorch on the same CPU: the same dense and MoD models, one run, interleaved.
 
     pip install -e '.[bench]'        # torch==2.13.0, the CPU build (or: pip install torch==2.13.0)
-    python benchmarks/vs_pytorch.py --out results/vs_pytorch.json
+    python -m benchmarks.vs_pytorch --out results/vs_pytorch.json
 
 Model (both frameworks): byte-level pre-norm decoder, 8 blocks, d=256, 4 heads, d_ff=1024,
 rotary positions, tanh-GELU MLP, RMSNorm, untied head; T=1024, batch 8, float32. ``mod``:
@@ -24,7 +24,6 @@ import platform
 import sys
 import time
 
-sys.path.insert(0, ".")
 from dynjax import _alloc  # noqa: E402
 
 _alloc.reexec(__name__)
@@ -41,7 +40,7 @@ from benchmarks.common import D, D_FF, HEADS, LAYERS, VOCAB, bench_config, dynja
 from benchmarks.mod_speed import paired_medians  # noqa: E402
 from configs import mod_tiny  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402
-from dynjax.train.metrics import write_json_atomic  # noqa: E402
+from dynjax.jsonio import write_json_atomic  # noqa: E402
 
 
 # ------------------------------------------------------------------------- PyTorch

@@ -1,4 +1,4 @@
-"""Frozen-Controller Audit of DynamicGate-MLP classifiers (train_mlp.py runs).
+"""Frozen-Controller Audit of DynamicGate-MLP classifiers (train.py runs of configs/dgmlp_*.py).
 
     python audit.py --config=configs/audit_dgmlp.py --out=results/dgmlp/audit_mnist_dgate \
         --checkpoints runs/curve_mnist/dgate_l0.5 runs/mnist_dgate_s1 runs/mnist_dgate_s2

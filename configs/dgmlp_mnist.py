@@ -1,7 +1,7 @@
 """DynamicGate-MLP and baselines on the full MNIST (55k train / 5k validation / 10k test).
 
     python -m dynjax.data.tabular fetch      # once
-    python train_mlp.py --config=configs/dgmlp_mnist.py:dgate --workdir=runs/mnist_dgate
+    python train.py --config=configs/dgmlp_mnist.py:dgate --workdir=runs/mnist_dgate
 
 Methods (the part after the colon): dense, dropout, dgate, structured, moe, prune, rigl,
 dgate_rigl. Override fields, e.g. ``--config.gate.lambda_g=1.0`` for the lambda_g sweep or

@@ -2,7 +2,7 @@
 765 genes, 10 cell types; stratified 490 / 104 / 106 split).
 
     python -m dynjax.data.tabular fetch      # once
-    python train_mlp.py --config=configs/dgmlp_pbmc.py:dgate_rigl --workdir=runs/pbmc_dgate_rigl
+    python train.py --config=configs/dgmlp_pbmc.py:dgate_rigl --workdir=runs/pbmc_dgate_rigl
 
 Methods: dense, dropout, dgate, structured, moe, prune, rigl, dgate_rigl.
 MLP 765-256-256-10, 1500 steps at batch 64 (~200 epochs: the training set is tiny).

@@ -1,7 +1,7 @@
 """DynamicGate-MLP and baselines on a TFDS dataset you have prepared (dynjax never downloads).
 
     tfds build cifar10 --data_dir=/data/tfds --file_format=array_record      # once, yourself
-    python train_mlp.py --config=configs/dgmlp_tfds.py:dgate,cifar10 \\
+    python train.py --config=configs/dgmlp_tfds.py:dgate,cifar10 \\
         --config.data.data_dir=/data/tfds --workdir=runs/cifar10_dgate
 
 The argument is METHOD,DATASET. Presets (hidden widths; any other TFDS name with an image or

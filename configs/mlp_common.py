@@ -3,7 +3,7 @@ import ml_collections
 
 from dynjax.models.gated_mlp import VARIANTS
 
-# name -> (model.variant, sparse.method): the methods train_mlp.py can run.
+# name -> (model.variant, sparse.method): the methods train.py can run on a classifier.
 METHODS = {"dense": ("dense", "none"), "dropout": ("dropout", "none"),
            "dgate": ("dgate", "none"), "structured": ("structured", "none"),
            "moe": ("moe", "none"), "prune": ("dense", "prune"), "rigl": ("dense", "rigl"),

@@ -4,7 +4,7 @@ XLA:CPU allocates its large temporaries afresh on every execution; above glibc's
 threshold each one is a fresh mapping whose 4 KB pages fault in one by one (about 0.9 M
 faults per d=256, T=1024 train step). ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` has malloc
 ask for transparent huge pages instead (70x fewer faults). glibc reads it only when a
-process starts, so ``train.py``, ``train_mlp.py``, ``audit.py`` and the benchmarks call
+process starts, so ``train.py``, ``audit.py`` and the benchmarks call
 ``reexec(__name__)`` before anything else: run as a program without the setting, they
 replace themselves with the same command line and the setting added.
 

@@ -1,6 +1,6 @@
 """The failures a user can fix, and the one way the programs report them.
 
-``train.py``, ``train_mlp.py`` and ``audit.py`` run their work through :func:`run_program`
+``train.py`` and ``audit.py`` run their work through :func:`run_program`
 and parse their flags with :func:`flags_parser`: a bad ``--config.*`` override, a config
 that cannot run, missing or corrupt data, or a checkpoint that cannot be restored ends in
 one line ``PROG: error: <problem and fix>`` on stderr and exit status 2 (argparse's code for

@@ -1,39 +1,64 @@
-"""JSON values and files written atomically (a reader sees the old file or the new one)."""
+"""Atomic file writes and JSON conversion: the one helper data, train, audit, scripts and
+benchmarks write their files with.
+
+A file is written to a temporary file beside it and ``os.replace``d, so a reader (or a
+run killed mid-write) sees the old file or the new one, never half of one. The temporary
+name is unique, so two writers of the same path do not trample each other's temp file.
+Low in the layer order: numpy only, no JAX import.
+"""
 from __future__ import annotations
 
 import json
 import os
 import pathlib
-
-import jax
-import numpy as np
+import tempfile
+from typing import Callable
 
 
 def to_python(x):
-    """Arrays and numpy scalars to plain JSON values."""
+    """Arrays (numpy or JAX) and numpy scalars to plain JSON values, recursively."""
     if isinstance(x, dict):
         return {k: to_python(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [to_python(v) for v in x]
-    if isinstance(x, (jax.Array, np.ndarray, np.generic)):
+    if hasattr(x, "__array__") and hasattr(x, "dtype"):
+        import numpy as np
+
         x = np.asarray(x)
         return x.item() if x.ndim == 0 else x.tolist()
     return x
 
 
-def write_json_atomic(path, obj) -> None:
+def atomic_write(path, write: Callable) -> None:
+    """``write(binary file object)`` into a temp file beside ``path``, then replace ``path``
+    with it (mode 0644: results are for everyone to read); the temp file goes on failure."""
     path = pathlib.Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(to_python(obj), indent=1, sort_keys=True))
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def write_text_atomic(path, text: str) -> None:
-    path = pathlib.Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: f.write(text.encode()))
 
 
-def read_jsonl(path):
-    return [json.loads(line) for line in pathlib.Path(path).read_text().splitlines() if line.strip()]
+def write_json_atomic(path, obj, **dumps) -> None:
+    """``obj`` (arrays converted) as JSON; ``dumps`` overrides json.dumps' indent=1,
+    sort_keys=True."""
+    dumps = {"indent": 1, "sort_keys": True, **dumps}
+    write_text_atomic(path, json.dumps(to_python(obj), **dumps))
+
+
+def read_json(path):
+    return json.loads(pathlib.Path(path).read_text())
+
+
+def read_jsonl(path) -> list:
+    return [json.loads(line) for line in pathlib.Path(path).read_text().splitlines()
+            if line.strip()]

@@ -180,11 +180,11 @@ def score_run(run_dir: str, config, out_dir, log=print) -> dict:
     variation and dependence, then the execution panel; verdicts by ``config.thresholds``."""
     from pathlib import Path
 
+    from dynjax import rundir
     from dynjax.audit import run as audit_run
     from dynjax.data import text
-    from dynjax.train import checkpoint
 
-    cfg_run, model, params = checkpoint.load_params(run_dir)
+    cfg_run, model, params = rundir.load_params(run_dir)
     cfg = model.cfg
     dc = cfg_run.data
     splits = text.load_splits(dc.source, dc.get("path"), dc.get("tfds_name"), dc.get("data_dir"))
@@ -286,7 +286,7 @@ def write(cards: list, out_dir, command: str = "") -> None:
     from pathlib import Path
 
     from dynjax.audit.report import _save_fig, to_jsonable
-    from dynjax.train.metrics import write_json_atomic, write_text_atomic
+    from dynjax.jsonio import write_json_atomic, write_text_atomic
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     clean = to_jsonable(cards)

@@ -81,24 +81,20 @@ def mlp_config():
 
 # --- the adaptor: the only part a refactor may edit (how to train and load a run) ---------
 def train_run(config, workdir: str) -> None:
-    if "family" in config.model:
-        from dynjax.train.loop import train
-    else:
-        from dynjax.train.classify import train
+    from dynjax.train.loop import train
     train(config, workdir, progress=False)
 
 
 def load_run(workdir: str):
     """``(apply_fn, params, inputs)`` of a run's final checkpoint: apply_fn(params, x, coeffs)."""
+    from dynjax import rundir
     from dynjax.audit import inputs
-    from dynjax.train import checkpoint
-    config = checkpoint.read_config(workdir)
+    config = rundir.read_config(workdir)
     if "family" in config.model:
-        _, model, params = checkpoint.load_params(workdir)
+        _, model, params = rundir.load_params(workdir)
         x = jnp.asarray(np.arange(2 * 32).reshape(2, 32) * 37 % 256, jnp.int32)
         return model.apply, params, x
-    model = inputs.classifier_model(config)
-    apply_fn, params, _, _ = inputs.load_classifier(workdir, config, model)
+    apply_fn, params, _, _ = inputs.load_classifier(workdir, config)
     return apply_fn, params, jax.random.normal(jax.random.key(7), (4, 784), jnp.float32)
 
 

@@ -3,7 +3,7 @@
     .venv/bin/python scripts/dgmlp_curve.py                       # MNIST (~30 min on 2 CPU cores)
     .venv/bin/python scripts/dgmlp_curve.py --dataset=fashion_mnist
 
-Trains (with ``train_mlp.py``, one run directory each under ``--runs``) DynamicGate at every
+Trains (with ``train.py``, one run directory each under ``--runs``) DynamicGate at every
 ``--lambdas`` value, magnitude pruning at every ``--densities`` value, and dense, dropout,
 Switch-MoE, RigL and DynamicGate + RigL once (each at its config's defaults); a run whose ``eval.json`` exists is not trained again, and an interrupted one
 resumes from its checkpoint. Then writes ``<out>.png`` (the curve), ``<out>.json`` (every point)
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from dynjax.jsonio import atomic_write, write_json_atomic, write_text_atomic
 
 CONFIGS = {"mnist": "configs/dgmlp_mnist.py", "fashion_mnist": "configs/dgmlp_fashion.py",
            "pbmc68k": "configs/dgmlp_pbmc.py"}
@@ -38,7 +38,7 @@ def train_missing(dataset: str, runs_dir: Path, runs) -> None:
         workdir = runs_dir / name
         if (workdir / "eval.json").exists():
             continue
-        cmd = [sys.executable, "train_mlp.py", f"--config={CONFIGS[dataset]}:{method}",
+        cmd = [sys.executable, "train.py", f"--config={CONFIGS[dataset]}:{method}",
                f"--workdir={workdir}", "--progress=false", *overrides]
         print("+", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True)
@@ -61,17 +61,6 @@ def collect(runs_dir: Path, runs) -> list[dict]:
                            validation_accuracy=ev["validation"]["accuracy"],
                            examples=t["examples"]))
     return points
-
-
-def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=path.suffix)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 LABELS = {"dense": "dense", "dropout": "dropout", "moe": "Switch-MoE (top-1)",
@@ -131,7 +120,7 @@ def plot(points, dataset: str, path: Path) -> None:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
-    _atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=150, format="png"))
+    atomic_write(path, lambda f: fig.savefig(f, dpi=150, format="png"))
     plt.close(fig)
 
 
@@ -163,9 +152,9 @@ def main(argv=None):
     points = collect(runs_dir, runs)
     out.parent.mkdir(parents=True, exist_ok=True)
     md = table(points, args.dataset)
-    _atomic_write(out.with_suffix(".json"), lambda tmp: Path(tmp).write_text(
-        json.dumps(dict(dataset=args.dataset, points=points), indent=1)))
-    _atomic_write(out.with_suffix(".md"), lambda tmp: Path(tmp).write_text(md))
+    write_json_atomic(out.with_suffix(".json"), dict(dataset=args.dataset, points=points),
+                      sort_keys=False)
+    write_text_atomic(out.with_suffix(".md"), md)
     plot(points, args.dataset, out.with_suffix(".png"))
     print(md)
     print(f"wrote {out}.png, .json, .md")

@@ -37,8 +37,6 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 SEEDS = (0, 1, 2)
 BATCH, SEQ_LEN = 32, 128
@@ -160,7 +158,7 @@ def run_sweep(runs: pathlib.Path, budget_s: float | None, log=print) -> list:
     left. Each item is timed into RUNS/sweep_log.jsonl."""
     from dynjax.audit import run as audit_run
     from dynjax.train.loop import train
-    from dynjax.train.metrics import write_json_atomic
+    from dynjax.jsonio import write_json_atomic
 
     runs.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -427,7 +425,7 @@ def write_report(runs: pathlib.Path, out: pathlib.Path, argv) -> None:
     import tempfile
 
     from dynjax.audit.report import _move_into_place, _save_fig
-    from dynjax.train.metrics import write_json_atomic
+    from dynjax.jsonio import write_json_atomic
 
     if not runs.is_dir():
         raise SystemExit(f"fca_sweep.py: error: --runs={runs} does not exist")

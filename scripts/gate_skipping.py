@@ -15,16 +15,15 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, ".")
 from dynjax.audit.report import _save_fig  # noqa: E402
 from dynjax.data import text  # noqa: E402
 from dynjax.measure import skipping  # noqa: E402
-from dynjax.train import checkpoint  # noqa: E402
-from dynjax.train.metrics import write_json_atomic  # noqa: E402
+from dynjax import rundir  # noqa: E402
+from dynjax.jsonio import write_json_atomic  # noqa: E402
 
 
 def curves_of(run_dir: str, n_windows: int) -> dict:
-    config, model, params = checkpoint.load_params(run_dir)
+    config, model, params = rundir.load_params(run_dir)
     dc = config.data
     splits = text.load_splits(dc.source, dc.get("path"), dc.get("tfds_name"), dc.get("data_dir"))
     windows = text.eval_windows(splits["test"], dc.seq_len, n_windows)

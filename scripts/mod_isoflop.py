@@ -31,14 +31,13 @@ from pathlib import Path
 
 import jax
 
-sys.path.insert(0, ".")
 from configs import mod_tiny  # noqa: E402
 from dynjax.data import text  # noqa: E402
 from dynjax.measure import execution, routing  # noqa: E402
 from dynjax.models import build  # noqa: E402
-from dynjax.train import checkpoint  # noqa: E402
-from dynjax.train.loop import init_state, make_optimizer, make_train_step  # noqa: E402
-from dynjax.train.metrics import write_json_atomic  # noqa: E402
+from dynjax import rundir  # noqa: E402
+from dynjax.train.lm import init_state, make_optimizer, make_train_step  # noqa: E402
+from dynjax.jsonio import write_json_atomic  # noqa: E402
 
 ARMS = {"dense": ("dense", {}),
         "mod": ("mod", {}),
@@ -78,7 +77,7 @@ def train(arm: str, steps: int, seed: int, runs: Path) -> dict:
 def routing_of(run_dir: Path, windows: int) -> dict:
     path = run_dir / "routing_report.json"
     if not path.exists():
-        config, model, params = checkpoint.load_params(run_dir)
+        config, model, params = rundir.load_params(run_dir)
         dc = config.data
         splits = text.load_splits(dc.source, dc.get("path"), dc.get("tfds_name"),
                                   dc.get("data_dir"))

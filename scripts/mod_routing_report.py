@@ -10,8 +10,8 @@ import json
 
 from dynjax.data import text
 from dynjax.measure import routing
-from dynjax.train import checkpoint
-from dynjax.train.metrics import write_json_atomic
+from dynjax import rundir
+from dynjax.jsonio import write_json_atomic
 
 
 def main():
@@ -20,7 +20,7 @@ def main():
     ap.add_argument("--windows", type=int, default=64)
     ap.add_argument("--out")
     args = ap.parse_args()
-    config, model, params = checkpoint.load_params(args.run_dir)
+    config, model, params = rundir.load_params(args.run_dir)
     if config.model.family != "mod":
         raise SystemExit(f"{args.run_dir} is a {config.model.family!r} run; this needs a MoD run")
     dc = config.data

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from dynjax.audit import report  # noqa: E402
 from dynjax.audit.summary import summarize_stored  # noqa: E402

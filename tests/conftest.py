@@ -6,7 +6,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)  # so tests can import configs/
+    sys.path.insert(0, ROOT)  # so tests can import tests.conftest (configs/ is installed too)
 
 
 def tiny_config(variant="feature_gate", **model_overrides):

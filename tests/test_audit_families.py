@@ -1,5 +1,5 @@
 """audit.py on routing and unit-gating families: MoD, MoE (train.py runs) and DynamicGate-MLP
-(a train_mlp.py run), each trained for a few steps once per module.
+(a classifier train.py run), each trained for a few steps once per module.
 
 Covers: exact replay and every condition through one engine (the per-window loss hook picks
 next-token NLL or label cross-entropy from the run's config); conditions that need a token
@@ -19,7 +19,7 @@ from configs import audit_tiny, mlp_common
 from dynjax.audit import interventions, run, settings, summary
 from dynjax.coeffs import replaying
 from dynjax.data import text
-from dynjax.train import checkpoint
+from dynjax import rundir
 from tests.conftest import tiny_config
 
 W, T, R = 8, 32, 2          # windows (calibration and evaluation each), tokens, reassignments
@@ -52,7 +52,7 @@ def lm_run(tmp, family, variant, **model):
 def runs(tmp_path_factory):
     """Tiny trained run directories: {"mod", "moe", "dgate"}."""
     from dynjax.data import tabular
-    from dynjax.train.classify import train
+    from dynjax.train.loop import train
 
     root = tmp_path_factory.mktemp("families")
     out = {"mod": lm_run(root / "mod", "mod", "mod", mod_capacity=0.25, mod_every=2),
@@ -146,7 +146,7 @@ def recorded(runs):
     cal = jnp.asarray(text.eval_windows(splits["validation"], T, W))
     out = {}
     for name in ("mod", "moe"):
-        _, model, params = checkpoint.load_params(runs[name])
+        _, model, params = rundir.load_params(runs[name])
         record = jax.jit(model.apply)
         out[name] = model, params, ev, record(params, ev)[1], record(params, cal)[1]
     return out

@@ -116,8 +116,8 @@ def test_results_and_report_files(fg_audit, fg_run):
     assert meta["settings"]["reassignments"] == R and len(meta["seeds"]["key_data"]) == R
     assert meta["config"]["criteria"] == {"small_nll_upper": 0.002, "high_retention_lower": 0.95}
     ck = meta["checkpoints"][0]
-    from dynjax.train import checkpoint
-    _, _, params = checkpoint.load_params(fg_run)
+    from dynjax import rundir
+    _, _, params = rundir.load_params(fg_run)
     assert ck["params_sha256"] == params_sha256(params)
     assert meta["windows"]["calibration"] == meta["windows"]["evaluation"] == W
     md = open(os.path.join(out, "report.md")).read()
@@ -169,9 +169,9 @@ def test_perturbed_replay_is_refused(constant_model, windows):
 def test_model_that_depends_on_its_coefficients(fg_run, windows):
     """Positive control: a model that reads its input bytes from a coefficient leaf. Giving it
     another window's coefficients must cost a lot; the trained gates alone cost little."""
-    from dynjax.train import checkpoint
+    from dynjax import rundir
 
-    _, model, params = checkpoint.load_params(fg_run)
+    _, model, params = rundir.load_params(fg_run)
 
     def apply(params, tokens, coeffs=None):
         if coeffs is None:
@@ -286,7 +286,7 @@ def test_scorecard_reuses_the_audit_and_flop_report_numbers(fg_run, fg_audit, tm
     from configs import scorecard as scorecard_config
     from dynjax import scorecard
     from dynjax.measure import execution
-    from dynjax.train import checkpoint
+    from dynjax import rundir
 
     res, _ = fg_audit
     config = scorecard_config.get_config()
@@ -301,7 +301,7 @@ def test_scorecard_reuses_the_audit_and_flop_report_numbers(fg_run, fg_audit, tm
     assert to_jsonable(card["dependence"]["retention"]) == \
         res["conditions"]["static_profile"]["retention"]
     assert to_jsonable(card["variation"]["variance"]) == res["variance"]
-    cfg = checkpoint.load_params(fg_run)[1].cfg
+    cfg = rundir.load_params(fg_run)[1].cfg
     ratio = (execution.flop_report(cfg, 1, T)["compiled_flops"]
              / execution.flop_report(scorecard.dense_twin(cfg), 1, T)["compiled_flops"])
     assert card["execution"]["flops_ratio_compiled"] == ratio

@@ -218,12 +218,12 @@ def test_tfds_text_source_for_language_models(tmp_path, monkeypatch):
 
 
 def test_train_and_audit_a_dynamic_gate_on_a_tfds_dataset(tfds_dir, tmp_path, monkeypatch):
-    """train_mlp.py's and audit.py's programs on a TFDS dataset with custom feature names."""
+    """train.py's and audit.py's programs on a TFDS dataset with custom feature names."""
     import json
 
     from configs import audit_tiny
     from dynjax.audit import run
-    from dynjax.train.classify import train
+    from dynjax.train.loop import train
 
     monkeypatch.setenv("DYNJAX_DATA", str(tmp_path / "cache"))
     c = dgmlp_tfds.get_config("dgate,dynjax_custom_keys")

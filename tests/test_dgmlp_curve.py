@@ -8,7 +8,7 @@ import pytest
 
 from configs import mlp_common
 from dynjax.data import tabular
-from dynjax.train import classify
+from dynjax.train import loop
 from tests.conftest import ROOT
 
 _spec = importlib.util.spec_from_file_location(
@@ -18,7 +18,7 @@ _spec.loader.exec_module(curve)
 
 
 def _set(config, override: str):
-    """Apply a ``--config.a.b=value`` override the way train_mlp.py's flags would."""
+    """Apply a ``--config.a.b=value`` override the way train.py's flags would."""
     path, value = override.removeprefix("--config.").split("=")
     *parents, leaf = path.split(".")
     node = config
@@ -41,7 +41,7 @@ def test_curve_report_from_real_runs(tmp_path):
         c.eval.batch_size = 500
         for o in overrides:
             _set(c, o)
-        classify.train(c, str(tmp_path / "runs" / name), progress=False)
+        loop.train(c, str(tmp_path / "runs" / name), progress=False)
     out = tmp_path / "out" / "curve"
     args = ["--dataset=mnist", "--lambdas=0.5", "--densities=0.3",
             f"--runs={tmp_path / 'runs'}", f"--out={out}", "--plot-only"]

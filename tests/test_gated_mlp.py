@@ -11,11 +11,12 @@ import optax
 import pytest
 
 from configs import mlp_common
+from dynjax import rundir
 from dynjax.data import tabular
 from dynjax.data.text import DataError
 from dynjax.measure import macs
 from dynjax.models.gated_mlp import GatedMLP, MLPConfig, structured_forward
-from dynjax.train import classify, sparse
+from dynjax.train import classify, loop, sparse
 
 X = jax.random.normal(jax.random.key(1), (16, 12))
 
@@ -59,7 +60,7 @@ def _train_open_rate(lambda_g, steps=90):
     config.model.update(hidden=(32, 32), gate_hidden=8, min_keep=0.0, tau=1.0)
     config.gate.update(warmup_steps=10, anneal_steps=20, ramp_steps=20, lambda_g=lambda_g)
     config.train.update(steps=steps, batch_size=32, lr=3e-3, warmup_steps=5)
-    model = GatedMLP(classify.model_dict(config, 12, 3))
+    model = GatedMLP(rundir.classifier_model_dict(config, 12, 3))
     tx = classify.make_tx(config)
     state = classify.init_state(model, tx, jax.random.key(0))
     step = classify.make_train_step(config, model, tx)
@@ -235,9 +236,9 @@ def test_classify_end_to_end_resumes(tmp_path):
     config.train.update(steps=30, batch_size=64, lr=3e-3, warmup_steps=5, ckpt_every=20,
                         eval_every=20, log_every=10)
     config.eval.batch_size = 256
-    first = classify.train(config, str(tmp_path / "a"), progress=False)
+    first = loop.train(config, str(tmp_path / "a"), progress=False)
     assert first["test"]["accuracy"] > 0.5 and 0 < first["test"]["relmac"] < 1.5
-    resumed = classify.train(ml_collections.ConfigDict(config.to_dict()), str(tmp_path / "a"),
+    resumed = loop.train(ml_collections.ConfigDict(config.to_dict()), str(tmp_path / "a"),
                              progress=False)
     assert resumed["test"] == first["test"]
 
@@ -262,7 +263,7 @@ def test_gate_speed_topk_margin():
 
 
 def test_classify_feeds_each_step_its_own_batch(tmp_path):
-    """classify.train's step s trains on tabular.batches(seed, s): its final params equal
+    """the loop's classifier step s trains on tabular.batches(seed, s): its final params equal
     hand-made steps on batches 0..2, and differ from three steps on batch 0."""
     config = mlp_common.base("dgate", "mnist5k")
     config.model.update(hidden=(16,))
@@ -270,13 +271,12 @@ def test_classify_feeds_each_step_its_own_batch(tmp_path):
     config.train.update(steps=3, batch_size=32, warmup_steps=1, ckpt_every=3, eval_every=100,
                         log_every=3)
     config.eval.batch_size = 512
-    classify.train(config, str(tmp_path), progress=False)
-    from dynjax.audit import inputs
-    trained = inputs.load_classifier(str(tmp_path), config, inputs.classifier_model(config))[1]
+    loop.train(config, str(tmp_path), progress=False)
+    trained = rundir.load(str(tmp_path)).params
 
     config = classify.resolve_config(config)
-    (x, y) = classify.load_data(config.data)["train"]
-    model = inputs.classifier_model(config)
+    (x, y) = rundir.load_classifier_data(config.data)["train"]
+    model = rundir.model_of(config)
     tx = classify.make_tx(config)
     step_fn = classify.make_train_step(config, model, tx)
 

@@ -8,12 +8,11 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "dynjax"
 # Lowest first; a module may import its own layer or any layer below it.
-LAYERS = (("coeffs", "jsonio", "_alloc"), ("data",), ("errors",), ("models",),
-          ("loaders", "decoding"), ("measure",), ("train",), ("audit",), ("scorecard",))
+LAYERS = (("coeffs", "jsonio", "_alloc"), ("data",), ("errors",), ("models", "gate_schedule"),
+          ("loaders", "decoding", "skip"), ("measure",), ("rundir",), ("train",),
+          ("audit", "plan"), ("scorecard",))
 RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}
-# checkpoint.load_params builds a train state through loop: the run-directory module that
-# restores any family's params (branch wt-trainer) removes this one; then delete it here.
-KNOWN_CYCLES = [["dynjax.train.checkpoint", "dynjax.train.loop"]]
+KNOWN_CYCLES = []
 
 
 def module_name(path: pathlib.Path) -> str:

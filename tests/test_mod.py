@@ -10,6 +10,7 @@ import pytest
 
 from dynjax import decoding
 from dynjax.coeffs import replaying
+from dynjax.decoding.cache import CachedBlock
 from dynjax.measure import routing
 from dynjax.models import build, mod
 from dynjax.models.transformer import Block, ModelConfig, next_token_nll
@@ -278,3 +279,34 @@ def test_evaluation_reports_every_rule_with_a_causal_headline(model):
     for rule in ("router", "predictor"):
         assert agree[rule]["max_abs_logit_diff"] < 1e-4
         assert agree[rule]["forward_bpb"] == pytest.approx(out["routes"][rule]["bpb"], abs=1e-5)
+
+
+def block_runs(cfg, params, tokens, branch):
+    """How many times a decode step executed a block (dense and MoD), counted on the host
+    by a callback that the real ``CachedBlock`` call carries: it fires only when the
+    compiled program runs the block, not when it is traced."""
+    runs = []
+
+    def count(next_fun, args, kwargs, context):
+        if isinstance(context.module, CachedBlock) and context.method_name == "__call__":
+            jax.debug.callback(lambda: runs.append(1))
+        return next_fun(*args, **kwargs)
+    with nn.intercept_methods(count):
+        _, info = jax.jit(lambda t: decoding.cached_forward(cfg, params, t, branch))(tokens)
+    jax.effects_barrier()
+    return len(runs), np.asarray(info["entered"])
+
+
+@pytest.mark.parametrize("batch", [1, B])
+def test_a_skipped_mod_block_does_not_run(model, batch):
+    """branch="cond": a MoD block executes in a decode step only when some token of the
+    batch enters it (the dense block every step); "masked" runs it every step."""
+    _, params, tokens = model
+    cfg = mod.decode_config(CFG, "router")
+    runs, entered = block_runs(cfg, params, tokens[:batch], "cond")
+    n_dense = CFG.n_layers - len(mod.mod_layer_ids(CFG))
+    stepped = np.any(entered, axis=1)                  # (MoD blocks, T): someone entered
+    assert 0 < stepped.mean() < 1                      # real skips and real entries
+    assert runs == n_dense * T + stepped.sum()
+    masked, _ = block_runs(cfg, params, tokens[:batch], "masked")
+    assert masked == CFG.n_layers * T

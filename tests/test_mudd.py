@@ -145,7 +145,7 @@ def test_static_variant_has_constant_coefficients():
 
 
 def test_loss_falls():
-    from dynjax.train.loop import make_optimizer, make_train_step
+    from dynjax.train.lm import make_optimizer, make_train_step
 
     c = tiny_config("dense", n_layers=2)
     c.model.family, c.model.variant = "mudd", "mudd"

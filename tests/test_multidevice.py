@@ -2,7 +2,8 @@
 MoE model sharded over experts and MLP columns computes the replicated model's loss, and
 every family (gates, mod, moe, mudd, gated_mlp, muddpythia) under FSDP, TP and FSDP+TP on a
 (data 2, fsdp 2, tensor 2) mesh has the unsharded model's loss and gradients, with its
-parameters split as their logical axes say.
+parameters split as their logical axes say (activations constrained as in training), and
+under fsdp_tp the compiled step's activations are split as the rules say.
 
 Runs in a subprocess: the device count must be set before JAX starts. Multi-device CPU
 simulation can deadlock in collectives on 2 cores when steps are pipelined, so the script
@@ -23,7 +24,8 @@ SCRIPT = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     from tests.conftest import tiny_config
     from dynjax.models import build
-    from dynjax.train import loop, sharding
+    from dynjax.models.transformer import next_token_nll
+    from dynjax.train import lm as lm_task, sharding
     import optax
     def sharded_families():
         # FSDP, TP and FSDP+TP on a (data 2, fsdp 2, tensor 2) mesh, for every family: loss
@@ -31,6 +33,7 @@ SCRIPT = textwrap.dedent("""
         from dynjax.loaders import muddpythia_hf
         from dynjax.models import muddpythia
         from dynjax.models.gated_mlp import GatedMLP
+        from dynjax.models.activation_sharding import traced_under
         from dynjax.models.transformer import ModelConfig
         import ml_collections
         mesh = sharding.make_mesh(ml_collections.ConfigDict(
@@ -43,7 +46,7 @@ SCRIPT = textwrap.dedent("""
             m = build(ModelConfig(family=fam, variant=var, **lm, **extra))
             def lm_loss(p, t, m=m):
                 logits, _, aux = m.apply(p, t, with_aux=True)
-                return loop.next_token_nll(logits, t).mean() + sum(aux.values(), 0.0)
+                return next_token_nll(logits, t).mean() + sum(aux.values(), 0.0)
             cases[fam] = (lm_loss, jax.jit(m.init)(jax.random.key(0), tokens),
                           m.logical_axes(tokens), tokens)
         x = np.random.default_rng(2).normal(size=(8, 16)).astype(np.float32)
@@ -58,7 +61,7 @@ SCRIPT = textwrap.dedent("""
         mcfg, mparams = muddpythia_hf.from_state_dict(
             {{k[len("params/"):]: ref[k] for k in ref.files if k.startswith("params/")}})
         cases["muddpythia"] = (
-            lambda p, t: loop.next_token_nll(muddpythia.apply(mcfg, p, t)[0], t).mean(),
+            lambda p, t: next_token_nll(muddpythia.apply(mcfg, p, t)[0], t).mean(),
             mparams, muddpythia.logical_axes(mparams), tokens)
         out = {{}}
         for fam, (loss, params, specs, batch) in cases.items():
@@ -67,7 +70,8 @@ SCRIPT = textwrap.dedent("""
                 shard = sharding.param_shardings(specs, mesh, sharding.PRESETS[preset])
                 p = jax.device_put(params, shard)
                 b = jax.device_put(batch, sharding.batch_sharding(mesh))
-                l, g = jax.jit(jax.value_and_grad(loss), out_shardings=(
+                l, g = jax.jit(traced_under(jax.value_and_grad(loss), mesh,
+                                            sharding.PRESETS[preset]), out_shardings=(
                     sharding.replicated(mesh), shard))(p, b)
                 jax.block_until_ready(g)
                 # a parameter's shard shape: its shape divided by the mesh axes its spec names
@@ -90,17 +94,17 @@ SCRIPT = textwrap.dedent("""
 
     n = jax.device_count()
     c = tiny_config("feature_gate")
-    model = build(c.model.to_dict()); tx = loop.make_optimizer(c.train)
-    state = loop.init_state(c, model, jax.random.key(0))
+    model = build(c.model.to_dict()); tx = lm_task.make_optimizer(c.train)
+    state = lm_task.init_state(c, model, jax.random.key(0))
     batch = np.random.default_rng(0).integers(0, 256, (8, 32)).astype(np.int32)
     mesh = sharding.make_mesh()
     rep = sharding.replicated(mesh)
     state = jax.device_put(state, rep)
-    step = jax.jit(loop.make_train_step(model, tx),
+    step = jax.jit(lm_task.make_train_step(model, tx),
                    in_shardings=(rep, sharding.batch_sharding(mesh)), out_shardings=(rep, rep))
     def loss(p, t):
         logits, _ = model.apply(p, t)
-        return loop.next_token_nll(logits, t).mean()
+        return next_token_nll(logits, t).mean()
     grad = jax.jit(jax.grad(loss), in_shardings=(rep, sharding.batch_sharding(mesh)), out_shardings=rep)
     g = grad(state["params"], jax.device_put(batch, sharding.batch_sharding(mesh)))
     for _ in range(2):
@@ -126,7 +130,7 @@ SCRIPT = textwrap.dedent("""
         sharded = jax.device_put(params, shard)
         wi = [a for path, a in jax.tree_util.tree_flatten_with_path(sharded)[0]
               if "wi" in jax.tree_util.keystr(path)][0]
-        moe_loss = lambda p, t: loop.next_token_nll(moe_model.apply(p, t)[0], t).mean()
+        moe_loss = lambda p, t: next_token_nll(moe_model.apply(p, t)[0], t).mean()
         info["moe_loss_sharded"] = float(jax.jit(moe_loss)(sharded, jax.device_put(
             batch, sharding.batch_sharding(mesh2))))
         info["moe_loss_replicated"] = float(jax.jit(moe_loss)(params, batch))
@@ -139,19 +143,67 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run(tmp_path, n_devices, families=False, timeout=240):
+ACTIVATIONS = textwrap.dedent(r"""
+    # a FeatureGate train step under fsdp_tp on a (data 2, fsdp 2, tensor 2) mesh, its
+    # activations constrained (traced_under), against the same step on one device
+    import re, sys, json, numpy as np, jax, optax, ml_collections
+    sys.path.insert(0, {root!r})
+    from tests.conftest import tiny_config
+    from dynjax.models import build
+    from dynjax.models.activation_sharding import traced_under
+    from dynjax.train import lm, sharding
+    c = tiny_config("feature_gate", n_layers=2)
+    model = build(c.model.to_dict()); tx = lm.make_optimizer(c.train)
+    mesh = sharding.make_mesh(ml_collections.ConfigDict(dict(mesh=dict(data=2, fsdp=2,
+                                                                       tensor=2))))
+    rules = sharding.PRESETS["fsdp_tp"]
+    state = lm.init_state(c, model, jax.random.key(0))
+    p_shard = sharding.param_shardings(model.logical_axes(np.zeros((1, 32), np.int32)), mesh,
+                                       rules)
+    rep = sharding.replicated(mesh)
+    shard = {{"step": rep, "params": p_shard, "opt_state": optax.tree_map_params(
+        tx, lambda _, s: s, state["opt_state"], p_shard, transform_non_params=lambda _: rep)}}
+    batch = np.random.default_rng(0).integers(0, 256, (8, 32)).astype(np.int32)
+    step = lm.make_train_step(model, tx)
+    sharded = jax.jit(traced_under(step, mesh, rules), in_shardings=(
+        shard, sharding.batch_sharding(mesh)), out_shardings=(shard, rep)).lower(state, batch)
+    compiled = sharded.compile()
+    # the per-device shape of each layer's first query and MLP projection in the compiled step
+    shapes = {{}}
+    for line in compiled.as_text().splitlines():
+        name = re.search(r'op_name="[^"]*/block/(attn/query|mlp/up)/dot_general"', line)
+        if name and " dot(" in line and name.group(1) not in shapes:
+            shapes[name.group(1)] = [int(d) for d in re.search(
+                r"= f32\[([0-9,]+)\]", line).group(1).split(",")]
+    new, m = compiled(jax.device_put(state, shard), batch)
+    jax.block_until_ready(new)
+    ref, m1 = jax.jit(step)(state, batch)
+    diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+               for a, b in zip(jax.tree.leaves(new["params"]), jax.tree.leaves(ref["params"])))
+    from dynjax import plan  # its per-device state: the compiled step's arguments
+    planned = plan.plan(c, dict(data=2, fsdp=2, tensor=2), rules)
+    print(json.dumps({{"shapes": shapes, "loss": float(m["loss"]), "loss_ref": float(m1["loss"]),
+                      "arguments": compiled.memory_analysis().argument_size_in_bytes,
+                      "planned_state": planned["params"] + planned["optimizer"],
+                      "param_diff": diff,
+                      "constraints": len(re.findall("sharding_constraint", sharded.as_text()))}}))
+""")
+
+
+def _run(tmp_path, n_devices, families=False, timeout=240, script_text=SCRIPT):
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS=f"--xla_force_host_platform_device_count={n_devices}")
     if families:
         env["DYNJAX_TEST_FAMILIES"] = "1"
     script = tmp_path / "dp.py"
-    script.write_text(SCRIPT.format(root=ROOT))
+    script.write_text(script_text.format(root=ROOT))
     out = tmp_path / f"params_{n_devices}.npy"
     proc = subprocess.run([sys.executable, str(script), str(out)], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json
-    return json.loads(proc.stdout.strip().splitlines()[-1]), np.load(out)
+    return json.loads(proc.stdout.strip().splitlines()[-1]), (np.load(out) if out.exists()
+                                                              else None)
 
 
 def test_data_parallel_step_matches_single_device(tmp_path):
@@ -189,3 +241,20 @@ def test_every_family_under_fsdp_tp_and_fsdp_tp(tmp_path):
         assert r["split"] > 0, name
         np.testing.assert_allclose(r["loss"], r["loss_ref"], rtol=1e-5, err_msg=name)
         assert r["grad_max_diff"] <= 1e-5 * max(r["grad_scale"], 1.0), (name, r)
+
+
+def test_activations_are_sharded_under_fsdp_tp(tmp_path):
+    """Under fsdp_tp the compiled step keeps activations split as the rules say: a layer's
+    MLP and query projections run on 1/4 of the tokens (batch over data x fsdp) and 1/2 of
+    the columns (tensor); without the constraints XLA gathers the batch over fsdp instead
+    (128 token rows). The step equals the one-device step within float tolerance, and
+    dynjax.plan predicts its per-device arguments."""
+    info, _ = _run(tmp_path, 8, script_text=ACTIVATIONS)
+    assert info["constraints"] > 0
+    tokens = 8 * 32 // 4
+    assert info["shapes"] == {"mlp/up": [tokens, 64 // 2], "attn/query": [tokens, 32 // 2]}
+    np.testing.assert_allclose(info["loss"], info["loss_ref"], rtol=1e-5)
+    assert info["param_diff"] < 1e-5
+    # the memory plan's per-device parameters and optimizer state, plus the step counter and
+    # a quarter of the int32 batch, are exactly the compiled step's per-device arguments
+    assert info["arguments"] == info["planned_state"] + 4 + 8 * 32 * 4 // 4

@@ -65,8 +65,8 @@ def _train(workdir, devices=1, processes=1):
 
 
 def _params(run):
-    from dynjax.train import checkpoint
-    _, _, params = checkpoint.load_params(run)
+    from dynjax import rundir
+    _, _, params = rundir.load_params(run)
     import jax
     return np.concatenate([np.ravel(x) for x in jax.tree.leaves(jax.device_get(params))])
 

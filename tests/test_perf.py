@@ -11,7 +11,7 @@ import pytest
 
 from dynjax.models import build, gates, mudd, transformer
 from dynjax.models.transformer import ModelConfig, causal_attention
-from dynjax.train.loop import make_train_step
+from dynjax.train.lm import make_train_step
 
 B, T = 2, 32
 BASE = dict(d_model=32, n_heads=2, n_layers=2, d_ff=64, attn_block=8)

@@ -11,9 +11,10 @@ import jax
 import numpy as np
 import pytest
 
+from dynjax import rundir
 from dynjax.errors import CheckpointError, ConfigError
-from dynjax.train import checkpoint, loop
-from dynjax.train.metrics import read_jsonl
+from dynjax.jsonio import read_jsonl
+from dynjax.train import checkpoint, lm, loop, optim
 from tests.conftest import ROOT, tiny_config
 
 
@@ -26,7 +27,7 @@ def straight_run(tmp_path_factory):
 
 
 def _params(run):
-    return checkpoint.load_params(run)[2]
+    return rundir.load_params(run)[2]
 
 
 def test_loss_falls_on_real_text(tmp_path):
@@ -51,6 +52,33 @@ def test_resume_equals_uninterrupted(straight_run, tmp_path):
     steps = [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl") if "split" not in r]
     # the stopped run logged its last step (3); nothing is duplicated or lost on resume
     assert steps == [2, 3, 4, 6]
+
+
+def test_rundir_opens_the_params_alone_at_every_step(straight_run):
+    """dynjax.rundir restores the ``params`` subtree only (no optimizer built), bitwise the
+    train state's params at each saved step."""
+    run, _ = straight_run
+    assert rundir.steps(run) == [3, 6]
+    task = lm.Task(rundir.read_config(run))
+    target = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                          task.abstract, task.state_shardings)
+    mngr = checkpoint.manager(run, every=1, keep=10)
+    for step in (3, 6):
+        opened = rundir.load(run, step)
+        assert opened.step == step and opened.model.cfg == task.model.cfg
+        chex.assert_trees_all_equal(jax.device_get(opened.params),
+                                    jax.device_get(checkpoint.restore(mngr, target, step)["params"]))
+    assert rundir.load(run).step == 6
+
+
+def test_audit_and_rundir_import_no_training_code():
+    """Layers run one way: opening a run for the audit never imports the trainer."""
+    code = ("import sys, dynjax.rundir, dynjax.audit.inputs; "
+            "print(sorted(m for m in sys.modules if m.startswith('dynjax.train')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
 
 
 def test_run_directory_contents(straight_run):
@@ -207,23 +235,23 @@ def test_train_refuses_another_configs_run_directory(straight_run):
     (["--config.train.batch_size=0"], "train.batch_size=0 must be positive"),
     (["--config.data.dataset=cifar"], "unknown data.dataset='cifar'"),
 ], ids=["lambda", "batch", "dataset"])
-def test_train_mlp_config_errors_are_one_line(tmp_path, args, message):
+def test_classifier_config_errors_are_one_line(tmp_path, args, message):
     workdir = tmp_path / "run"
-    out = _cli(["train_mlp.py", "--config=configs/dgmlp_mnist.py:dgate", f"--workdir={workdir}",
+    out = _cli(["train.py", "--config=configs/dgmlp_mnist.py:dgate", f"--workdir={workdir}",
                 *args])
-    _assert_one_line_error(out, "train_mlp.py", message)
+    _assert_one_line_error(out, "train.py", message)
     assert not workdir.exists()
 
 
 def test_audit_names_a_damaged_checkpoint(straight_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(straight_run[0], run)
-    (run / "checkpoints" / "6" / "default" / "_METADATA").unlink()   # metadata lost
+    truncate_arrays(run / "checkpoints" / "6")                       # a copy cut short
     out = _cli(["audit.py", "--config=configs/audit_tiny.py", f"--out={tmp_path}/audit",
                 f"--checkpoints={run}"])
     _assert_one_line_error(out, "audit.py", f"checkpoint step 6 of run {run} cannot be "
                            "restored (")
-    assert f"re-run its train.py / train_mlp.py command with --workdir={run}" in out.stderr
+    assert f"re-run its train.py command with --workdir={run}" in out.stderr
 
 
 def test_each_step_trains_on_its_own_batch(straight_run):
@@ -236,17 +264,17 @@ def test_each_step_trains_on_its_own_batch(straight_run):
     run, _ = straight_run
     config = tiny_config("feature_gate")
     model = build(config.model.to_dict())
-    step_fn = jax.jit(loop.make_train_step(model, loop.make_optimizer(config.train)))
+    step_fn = jax.jit(lm.make_train_step(model, optim.make_optimizer(config.train)))
     split = text_data.load_splits(config.data.source)["train"]
 
     def params_after(steps):
-        state = loop.init_state(config, model, jax.random.key(config.seed))
+        state = lm.init_state(config, model, jax.random.key(config.seed))
         for s in steps:
             state, _ = step_fn(state, text_data.train_batch(
                 split, config.data.seq_len, config.train.batch_size, config.seed, s))
         return state["params"]
 
-    trained = checkpoint.load_params(run, step=3)[2]
+    trained = rundir.load(run, step=3).params
     chex.assert_trees_all_equal(params_after([0, 1, 2]), trained)
     with pytest.raises(AssertionError):
         chex.assert_trees_all_close(params_after([0, 0, 0]), trained, rtol=1e-4, atol=1e-6)

@@ -1,7 +1,7 @@
-"""An audit's inputs from disk: run directories or a MUDDPythia HF directory as targets
-(apply_fn, schema, params, info), and calibration / evaluation windows of their data.
-Kept apart from the engine so file formats stay out of it; failures are AuditErrors that
-name the fix."""
+"""An audit's inputs from disk: run directories (opened through :mod:`dynjax.rundir`,
+never the trainer) or a MUDDPythia HF directory as targets (apply_fn, schema, params, info),
+and calibration / evaluation windows of their data. Kept apart from the engine so file
+formats stay out of it; failures are AuditErrors that name the fix."""
 from __future__ import annotations
 
 import functools
@@ -12,6 +12,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from dynjax import gate_schedule, rundir
 from dynjax.audit import interventions
 from dynjax.audit.engine import keys_per_chunk
 from dynjax.audit.settings import AuditError, Settings, params_sha256
@@ -25,14 +26,11 @@ def _opt(cfg, name, default=None):
 
 
 def is_classifier_run(config) -> bool:
-    """train_mlp.py runs: ``data.dataset`` and an MLP model config (no ``model.family``)."""
-    return "dataset" in config.data and "family" not in config.model
+    """Classifier runs (DynamicGate-MLP and its baselines): see :mod:`dynjax.rundir`."""
+    return rundir.is_classifier(config)
 
 
-def family_variant(config) -> tuple[str, str]:
-    if is_classifier_run(config):
-        return "gated_mlp", config.model.variant
-    return config.model.family, config.model.variant
+family_variant = rundir.family_variant
 
 
 @functools.lru_cache(maxsize=2)
@@ -44,49 +42,43 @@ def _tabular(dataset: str, data_dir, tfds_input_key=None, tfds_label_key="label"
         raise AuditError(str(e)) from None
 
 
+def _run_splits(config):
+    """A classifier run's data (cached: the model's sizes and the windows both need it)."""
+    return _tabular(config.data.dataset, config.data.get("data_dir"),
+                    *rundir.tfds_keys(config.data))
+
+
 def classifier_model(config):
-    """The GatedMLP of a train_mlp.py run (input and class counts come from its dataset)."""
-    from dynjax.data import tabular
-    from dynjax.models import build
-    from dynjax.train import classify
-
-    splits = _tabular(config.data.dataset, config.data.get("data_dir"),
-                      *classify.tfds_keys(config.data))
-    return build(dict(classify.model_dict(config, splits["train"][0].shape[1],
-                                          tabular.num_classes(splits)), family="gated_mlp"))
+    """The GatedMLP of a classifier run (input and class counts come from its dataset)."""
+    return rundir.model_of(config, _run_splits(config))
 
 
-def load_classifier(run_dir, config, model):
-    """``(apply_fn, params, step, schedule)`` of a train_mlp.py run at its latest checkpoint.
+def _open(run_dir, config) -> rundir.Run:
+    try:
+        return rundir.load(run_dir, splits=_run_splits(config) if is_classifier_run(config)
+                           else None)
+    except FileNotFoundError as e:
+        raise AuditError(str(e)) from None
+
+
+def load_classifier(run_dir, config):
+    """``(apply_fn, params, step, schedule)`` of a classifier run at its latest checkpoint.
 
     The gates run at the schedule of that step (tau, theta, gates forced open in warm-up),
     i.e. the function the run's own evaluation measured; hard masks are re-thresholded from
     the (replayed) gate probabilities.
     """
-    from dynjax.train import checkpoint, classify
-
-    tx = classify.make_tx(config)
-    abstract = jax.eval_shape(lambda: classify.init_state(model, tx, jax.random.key(0)))
-    try:
-        state, step = checkpoint.restore_for_audit(run_dir, abstract)
-    except FileNotFoundError as e:
-        raise AuditError(str(e)) from None
-    params = state["params"]
-    sched = jax.device_get(classify.gate_schedule(config, step))
-    sched = {"tau": float(sched["tau"]), "theta": float(sched["theta"]),
-             "gates_open": bool(sched["gates_open"])}
-    return functools.partial(model.apply, **sched), params, int(step), sched
+    run = _open(run_dir, config)
+    sched = gate_schedule.apply_settings(config, run.step)
+    return functools.partial(run.model.apply, **sched), run.params, int(run.step), sched
 
 
 def load_run_targets(run_dirs: Sequence[str]) -> tuple[list[dict], list]:
-    """One target per run directory written by train.py or train_mlp.py; (targets, configs).
+    """One target per run directory written by train.py; (targets, configs).
 
     Checks, before loading any parameters, that each directory exists, is a dynjax run, and
     holds a model that records coefficients.
     """
-    from dynjax.models import build
-    from dynjax.train import checkpoint
-
     if not run_dirs:
         raise AuditError("no checkpoints given: pass --checkpoints RUN_DIR [RUN_DIR ...] "
                          "(run directories written by train.py) or --muddpythia HF_DIR")
@@ -98,11 +90,11 @@ def load_run_targets(run_dirs: Sequence[str]) -> tuple[list[dict], list]:
                              f"`python train.py --config=configs/tiny.py:feature_gate "
                              f"--workdir={d}`, or pass an existing run directory")
         try:
-            config = checkpoint.read_config(d)
+            config = rundir.read_config(d)
         except FileNotFoundError as e:
             raise AuditError(str(e)) from None
         model = (classifier_model(config) if is_classifier_run(config)
-                 else build(config.model.to_dict()))
+                 else rundir.model_of(config))
         if not jax.tree.leaves(model.schema, is_leaf=is_axes):
             family, variant = family_variant(config)
             raise AuditError(
@@ -124,15 +116,12 @@ def load_run_targets(run_dirs: Sequence[str]) -> tuple[list[dict], list]:
     for d, config in zip(run_dirs, configs):
         extra = {}
         if is_classifier_run(config):
-            model = classifier_model(config)
-            apply_fn, params, step, sched = load_classifier(d, config, model)
+            apply_fn, params, step, sched = load_classifier(d, config)
             extra["gate_schedule"] = sched
             key = [config.model.to_dict(), sched]
         else:
-            try:
-                _, model, params, step = checkpoint.load_params(d, with_step=True)
-            except FileNotFoundError as e:
-                raise AuditError(str(e)) from None
+            run = _open(d, config)
+            model, params, step = run.model, run.params, run.step
             apply_fn, key = model.apply, config.model.to_dict()
         family, variant = family_variant(config)
         info = {"name": pathlib.Path(d).resolve().name, "run_dir": str(pathlib.Path(d).resolve()),
@@ -193,11 +182,9 @@ def classifier_windows(data_cfg, run_config, n_calib: int, n_eval: int, seed: in
     """Calibration examples from the validation split, evaluation examples from test (one
     window = one labelled example). A fixed-seed random subset of each split, since a split
     may be sorted by class (mnist5k's is)."""
-    from dynjax.train import classify
-
     dataset = _opt(data_cfg, "dataset", run_config.data.dataset)
     data_dir = _opt(data_cfg, "data_dir", run_config.data.get("data_dir"))
-    splits = _tabular(dataset, data_dir, *classify.tfds_keys(run_config.data))
+    splits = _tabular(dataset, data_dir, *rundir.tfds_keys(run_config.data))
     notes, out = [], []
     for name, split, n in (("calibration (validation split)", "validation", n_calib),
                            ("evaluation (test split)", "test", n_eval)):

@@ -7,20 +7,19 @@ and renamed into place, so a failure leaves the old directory or nothing, never 
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from dynjax.audit.interventions import CONDITIONS
+from dynjax.jsonio import atomic_write, write_json_atomic, write_text_atomic
 
 PLOTS = ("delta_nll.png", "coeff_heatmap.png", "depth_profile.png")
 
@@ -208,23 +207,8 @@ def _nan(v):
     return np.nan if v is None else float(v)
 
 
-# ---------------------------------------------------------------------------- atomic writes
-
-def _atomic_write(path: Path, write: Callable) -> None:
-    """``write(fileobj)`` into a temp file beside ``path``, then ``os.replace`` it."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o644)  # mkstemp's 0600 would hide results from others
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _save_fig(fig: Figure, path: Path) -> None:
-    _atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
 
 
 def write_report(results: dict, out_dir, overwrite: bool = True) -> Path:
@@ -237,8 +221,8 @@ def write_report(results: dict, out_dir, overwrite: bool = True) -> Path:
     try:
         tmp.chmod(0o755)
         clean = to_jsonable(results)
-        _atomic_write(tmp / "results.json",
-                      lambda f: f.write(json.dumps(clean, indent=2, allow_nan=False).encode()))
+        write_json_atomic(tmp / "results.json", clean, indent=2, sort_keys=False,
+                          allow_nan=False)
         plots = []
         figs = [("delta_nll.png", lambda: plot_delta_nll(clean))]
         if clean.get("profiles"):
@@ -247,7 +231,7 @@ def write_report(results: dict, out_dir, overwrite: bool = True) -> Path:
         for name, make in figs:
             _save_fig(make(), tmp / name)
             plots.append(name)
-        _atomic_write(tmp / "report.md", lambda f: f.write(render_markdown(clean, plots).encode()))
+        write_text_atomic(tmp / "report.md", render_markdown(clean, plots))
         _move_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

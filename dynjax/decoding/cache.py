@@ -51,13 +51,17 @@ def write(cache, slot, k, v, pos):
 class CachedAttention(nn.Module):
     """``transformer.Attention``'s parameters for queries from ``xq`` and keys and values from
     ``xk``, ``xv`` (B, n, d) of the chunk plus the cache. Returns the output, the new cache
-    and the attention logits (B, H, n, S) and log-sum-exp over the cache's slots."""
+    and the attention logits (B, H, n, S) and log-sum-exp over the cache's slots. The rotary
+    queries and keys are sown as "intermediates" (kept only when that collection is mutable:
+    ``dynjax.skip`` carries them as the next block's KL reference)."""
 
     cfg: ModelConfig
 
     @nn.compact
     def __call__(self, xq, xk, xv, pos, cache, slot):
         q, k, v = project_qkv(self.cfg, xq, xk, xv, pos, pos)
+        self.sow("intermediates", "rotary_query", q)
+        self.sow("intermediates", "rotary_key", k)
         cache = write(cache, slot, k, v, pos)
         out, lse, logits = causal_attention(q, cache["k"], cache["v"], pos, cache["pos"],
                                             row_stats=lambda _, logits, lse: logits)

@@ -7,9 +7,12 @@ block's cache has room: ``mod.decode_slots`` slots (the ``mod_decode_slots`` bud
 max_len without one), so later askers skip it, as in the sequence form. The block's cache
 holds only the tokens that entered. The entering tokens of a chunk are gathered and
 written back with the model's own ``routed_update``, so decoding equals the causal
-sequence forward whatever max_len. Staged MoDE's entering tokens go to their top-k experts
-(token choice; expert buffers ``mod.causal_expert_capacity``, counted per sequence in the
-cache); expert choice ranks the whole sequence and is refused.
+sequence forward whatever max_len. A decode step (one token) needs no gather: the token is
+its own slot, and the block, its cache write and (predictor route) the router's score sit
+inside one ``lax.cond`` on the device-side decision, so a skipped block costs the decision
+alone (``benchmarks/mod_decode.py``). Staged MoDE's entering tokens go to their top-k
+experts (token choice; expert buffers ``mod.causal_expert_capacity``, counted per sequence
+in the cache); expert choice ranks the whole sequence and is refused.
 """
 from __future__ import annotations
 
@@ -62,24 +65,34 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int):
 
 def routed_layer(cfg: ModelConfig, p, h, pos, c, branch):
     """One MoD block on the chunk: the askers that fit enter, in order. With
-    ``branch="cond"`` the block runs (``lax.cond``) only when some token enters; "masked"
-    always runs it and keeps its result only where a token entered. Returns h, the cache
-    and (B, n) which tokens entered."""
-    r = mod.Router().apply({"params": p["router"]}, h)
-    ask = (mod.Predictor(cfg.mod_predictor_hidden).apply({"params": p["predictor"]}, h)
-           if cfg.mod_route == "predictor" else r) > 0
+    ``branch="cond"`` the block runs (``lax.cond`` on the device-side decision, inside the
+    step's one compiled program) only when some token enters; "masked" always runs it and
+    keeps its result only where a token entered. Returns h, the cache and (B, n) which
+    tokens entered."""
+    router = lambda h: mod.Router().apply({"params": p["router"]}, h)
+    if cfg.mod_route == "predictor":  # the router's score is needed only where the block runs
+        ask = mod.Predictor(cfg.mod_predictor_hidden).apply({"params": p["predictor"]}, h) > 0
+    else:
+        r = router(h)
+        ask, router = r > 0, lambda _: r
     S = c["pos"].shape[1]
     enter = ask & (c["n"][:, None] + jnp.cumsum(ask, axis=1) <= S)
-    idx, valid = mod.first_k_slots(enter, min(h.shape[1], S))
-    slot = append_slots(c, valid)
-    staged = cfg.variant == "mode_staged"
-    capacity = mod.causal_expert_capacity(cfg, S) if staged else 0
-    block = lambda x, p_x: CachedBlock(cfg, capacity).apply(
-        {"params": p["block"]}, x, p_x, c, slot)[:2]
-    run = lambda hc: mod.routed_update(block, hc, pos, r, idx, valid,
-                                       lambda s: mod.router_weight(cfg, s))
+    capacity = mod.causal_expert_capacity(cfg, S) if cfg.variant == "mode_staged" else 0
+    block = lambda x, x_pos, slot: CachedBlock(cfg, capacity).apply(
+        {"params": p["block"]}, x, x_pos, c, slot)[:2]
+    weight = lambda s: mod.router_weight(cfg, s)
+    if h.shape[1] == 1:  # a decode step: the token is its own slot, nothing to gather
+        def run(h):
+            update, new = block(h, pos, jnp.where(enter, c["n"][:, None], S))
+            w = weight(router(h))[..., None].astype(h.dtype)
+            return jnp.where(enter[..., None], h + w * update, h), new
+    else:
+        idx, valid = mod.first_k_slots(enter, min(h.shape[1], S))
+        slot = append_slots(c, valid)
+        run = lambda h: mod.routed_update(lambda x, x_pos: block(x, x_pos, slot), h, pos,
+                                          router(h), idx, valid, weight)
     if branch == "cond":
-        h, c = jax.lax.cond(jnp.any(enter), run, lambda hc: (hc, c), h)
+        h, c = jax.lax.cond(jnp.any(enter), run, lambda h: (h, c), h)
     else:
         h, c = run(h)
     return h, c, enter

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 
 from dynjax import coeffs as coeffs_lib
 from dynjax.coeffs import Axes
+from dynjax.models.activation_sharding import BUFFER_HIDDEN, BUFFERS, TOKENS, constrain
 from dynjax.models.transformer import (Attention, Head, ModelConfig, dense_init, embed_tokens, norm,
                                        scan_layers)
 
@@ -166,10 +167,10 @@ class MoeFfn(nn.Module):
         dispatch, combine = dispatch[:, :, :E], combine[:, :, :E]  # the no-op expert: nothing
         wi, wo = expert_kernels(self, cfg, d)
         dt = cfg.compute_dtype
-        xe = jnp.einsum("btec,btd->becd", dispatch.astype(dt), x)                # buffers
-        ye = jnp.einsum("becf,efd->becd", nn.gelu(jnp.einsum("becd,edf->becf", xe,
-                                                              wi.astype(dt))), wo.astype(dt))
-        y = jnp.einsum("btec,becd->btd", combine.astype(dt), ye)
+        xe = constrain(jnp.einsum("btec,btd->becd", dispatch.astype(dt), x), BUFFERS)
+        he = constrain(jnp.einsum("becd,edf->becf", xe, wi.astype(dt)), BUFFER_HIDDEN)
+        ye = constrain(jnp.einsum("becf,efd->becd", nn.gelu(he), wo.astype(dt)), BUFFERS)
+        y = constrain(jnp.einsum("btec,becd->btd", combine.astype(dt), ye), TOKENS)
         stats = {"dropped": dropped, "noop": noop, "load": dispatch.sum((1, 3)).mean(0) / T,
                  "ffn_ran": dispatch.sum((2, 3)) > 0}  # (B, T): some real expert took it
         return y, probs, aux, stats

@@ -7,7 +7,9 @@ cross-layer mix). Positions are explicit per token, so a family that gathers a s
 tokens (Mixture-of-Depths) keeps their original rotary angles and causal order.
 
 Parameters carry logical axis names (``embed``, ``heads``, ``mlp``, ``vocab``; ``layers``
-when scanned) that ``dynjax.train.sharding`` maps onto a device mesh.
+when scanned) that ``dynjax.train.sharding`` maps onto a device mesh; the embeddings,
+queries, keys, values, MLP hidden layer, attention, MLP and block outputs and the logits
+carry them too (``activation_sharding.constrain``, a no-op outside a sharded step).
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from typing import Optional
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from dynjax.models.activation_sharding import HEADS, HIDDEN, LOGITS, TOKENS, constrain
 
 ATTN_IMPLS = ("jnp", "xla", "cudnn")
 MASK_VALUE = -1e30  # large finite: keeps fully masked rows (none occur causally) NaN-free
@@ -206,7 +210,8 @@ def project_qkv(cfg: ModelConfig, xq, xk, xv, q_positions, k_positions):
     inside a compact method: the "query", "key" and "value" layers belong to the caller."""
     q = rotary(per_token(head_projection(cfg, "query"), xq), q_positions, cfg.rope_base)
     k = rotary(per_token(head_projection(cfg, "key"), xk), k_positions, cfg.rope_base)
-    return q, k, per_token(head_projection(cfg, "value"), xv)
+    v = per_token(head_projection(cfg, "value"), xv)
+    return constrain(q, HEADS), constrain(k, HEADS), constrain(v, HEADS)
 
 
 class Attention(nn.Module):
@@ -226,7 +231,7 @@ class Attention(nn.Module):
                                                row_stats)
         else:  # fused: row statistics, if wanted, are the caller's (gates.online_row_features)
             (out, lse), stats = fused_attention(q, k, v, positions, kpos, cfg.attn_impl), None
-        return per_token(out_projection(cfg), out), (q, k, lse, stats)
+        return constrain(per_token(out_projection(cfg), out), TOKENS), (q, k, lse, stats)
 
 
 class Mlp(nn.Module):
@@ -237,9 +242,10 @@ class Mlp(nn.Module):
         cfg = self.cfg
         h = per_token(nn.Dense(cfg.d_ff, use_bias=False, dtype=cfg.compute_dtype,
                                kernel_init=dense_init(("embed", "mlp")), name="up"), x)
-        return per_token(nn.Dense(cfg.d_model, use_bias=False, dtype=cfg.compute_dtype,
-                                  kernel_init=dense_init(("mlp", "embed")), name="down"),
-                         nn.gelu(h))
+        h = constrain(h, HIDDEN)
+        return constrain(per_token(nn.Dense(cfg.d_model, use_bias=False, dtype=cfg.compute_dtype,
+                                            kernel_init=dense_init(("mlp", "embed")),
+                                            name="down"), nn.gelu(h)), TOKENS)
 
 
 def norm(name, cfg):
@@ -258,7 +264,7 @@ class Block(nn.Module):
         a, attn = Attention(self.cfg, name="attn")(norm("attn_norm", self.cfg)(h), positions,
                                                    row_stats=row_stats)
         m = Mlp(self.cfg, name="mlp")(norm("mlp_norm", self.cfg)(h + a))
-        return a + m, attn
+        return constrain(a + m, TOKENS), attn
 
 
 class Embed(nn.Module):
@@ -269,7 +275,9 @@ class Embed(nn.Module):
         table = self.param("embedding", nn.with_logical_partitioning(
             nn.initializers.normal(1.0), ("vocab", "embed")),
             (self.cfg.vocab_size, self.cfg.d_model))
-        return jnp.take(table, tokens, axis=0).astype(self.cfg.compute_dtype)
+        # whole rows: a lookup into rows split over "fsdp" could not give a batch split there
+        table = constrain(table, ("vocab", None))
+        return constrain(jnp.take(table, tokens, axis=0).astype(self.cfg.compute_dtype), TOKENS)
 
 
 def embed_tokens(cfg: ModelConfig, tokens):
@@ -287,10 +295,11 @@ class Head(nn.Module):
     @nn.compact
     def __call__(self, h):
         h = norm("final_norm", self.cfg)(h)
-        return per_token(nn.Dense(self.cfg.vocab_size, use_bias=False,
-                                  dtype=self.cfg.compute_dtype,
-                                  kernel_init=dense_init(("embed", "vocab")), name="lm_head"),
-                         h).astype(jnp.float32)
+        logits = per_token(nn.Dense(self.cfg.vocab_size, use_bias=False,
+                                    dtype=self.cfg.compute_dtype,
+                                    kernel_init=dense_init(("embed", "vocab")), name="lm_head"),
+                           h)
+        return constrain(logits, LOGITS).astype(jnp.float32)
 
 
 # Values a layer tags with ``checkpoint_name(x, REMAT_SAVED)`` are kept for the backward pass

@@ -1,15 +1,15 @@
-"""Orbax checkpoints of the train state, plus the resolved config saved beside them.
+"""Saving and resuming the train state: the write side of a run directory
+(:mod:`dynjax.rundir` has the format and the read side: config, steps, parameters alone).
 
-A run directory holds ``config.json`` (the resolved config), ``checkpoints/<step>/`` (orbax,
-periodic, keep-N, written atomically by orbax's temporary-directory rename),
-``metrics.jsonl`` and ``eval.json``. ``load_params`` is what the audit uses to open a run.
+Checkpoints are orbax, periodic, keep-N, written atomically by orbax's temporary-directory
+rename.
 
 A checkpoint can still be damaged after it was written (a disk that filled, a copy cut
 short, a file deleted by hand). Resuming (:func:`restore_newest`) then falls back to the
 newest checkpoint that restores and moves each newer one that does not into
-``RUN/unrestorable_checkpoints/`` (kept, not deleted), saying which and why; the audit
-(:func:`load_params`) stops with a :class:`~dynjax.errors.CheckpointError` naming the run,
-the step and the fix.
+``RUN/unrestorable_checkpoints/`` (kept, not deleted), saying which and why; opening a run
+for the audit (:func:`dynjax.rundir.load`) stops with a
+:class:`~dynjax.errors.CheckpointError` naming the run, the step and the fix.
 
 On many processes every process calls save and restore (orbax coordinates them; the run
 directory must be on a filesystem they share) and each writes or reads the shards its
@@ -18,17 +18,15 @@ shardings, not the writer's, decide the layout.
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import pathlib
 import shutil
 import sys
 
 import jax
-import ml_collections
 import orbax.checkpoint as ocp
 
+from dynjax import rundir
 from dynjax.errors import CheckpointError, ConfigError
 
 UNRESTORABLE = "unrestorable_checkpoints"
@@ -51,35 +49,13 @@ def restore(mngr: ocp.CheckpointManager, abstract_state, step=None):
     return mngr.restore(step, args=ocp.args.StandardRestore(abstract_state))
 
 
-def _why(e: BaseException) -> str:
-    """A damaged checkpoint's error in one short line: the innermost cause, which names the
-    file and what is wrong with it (orbax wraps it in a message that dumps a TensorStore)."""
-    while (e.__cause__ or e.__context__) is not None:
-        e = e.__cause__ or e.__context__
-    line = " ".join(str(e).split()) or type(e).__name__
-    return line if len(line) <= 240 else line[:237] + "..."
-
-
-@contextlib.contextmanager
-def _quiet_asyncio():
-    """orbax logs a failed read's orphaned futures through asyncio at ERROR; the failure
-    itself is what we report."""
-    log = logging.getLogger("asyncio")
-    level = log.level
-    log.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
-
-
 def try_restore(mngr: ocp.CheckpointManager, abstract_state, step: int):
     """``(state, None)``, or ``(None, why)`` when step ``step`` cannot be restored."""
     try:
-        with _quiet_asyncio():
+        with rundir.quiet_asyncio():
             return restore(mngr, abstract_state, step), None
     except Exception as e:  # noqa: BLE001  orbax/tensorstore raise many types for bad files
-        return None, _why(e)
+        return None, rundir.why(e)
 
 
 def restore_newest(mngr: ocp.CheckpointManager, abstract_state, run_dir, log=None):
@@ -145,45 +121,3 @@ def _diff(old, new, where: str) -> list[str]:
         return [d for k in sorted(set(old) | set(new))
                 for d in _diff(old.get(k), new.get(k), f"{where}.{k}")]
     return [] if old == new else [f"{where}: run has {old!r}, config has {new!r}"]
-
-
-def read_config(run_dir) -> ml_collections.ConfigDict:
-    path = pathlib.Path(run_dir) / "config.json"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found: {run_dir} is not a dynjax run directory "
-                                "(train.py writes config.json beside the checkpoints)")
-    return ml_collections.ConfigDict(json.loads(path.read_text()))
-
-
-def load_params(run_dir, step=None, with_step=False):
-    """(config, model, params) of a finished or running run, params on the default device;
-    with ``with_step`` also the step restored."""
-    from dynjax.models import build  # local: checkpoint I/O does not need models at import
-    from dynjax.train import loop
-
-    config = read_config(run_dir)
-    model = build(config.model.to_dict())
-    abstract = jax.eval_shape(lambda: loop.init_state(config, model, jax.random.key(0)))
-    state, step = restore_for_audit(run_dir, abstract, step)
-    return (config, model, state["params"]) + ((step,) if with_step else ())
-
-
-def restore_for_audit(run_dir, abstract_state, step=None):
-    """``(state, step)``: ``step`` (default the latest) restored onto this process's first
-    device (every process of a multi-host audit holds its own copy). A checkpoint that does
-    not restore is a CheckpointError naming the run, step and fix."""
-    mngr = manager(run_dir, every=1, keep=1_000_000)
-    step = mngr.latest_step() if step is None else step
-    if step is None:
-        raise FileNotFoundError(f"no checkpoint under {run_dir}/checkpoints; train it first")
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    abstract_state = jax.tree.map(
-        lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device), abstract_state)
-    state, why = try_restore(mngr, abstract_state, step)
-    if state is None:
-        raise CheckpointError(
-            f"checkpoint step {step} of run {run_dir} cannot be restored ({why}); re-run its "
-            f"train.py / train_mlp.py command with --workdir={run_dir}: it moves the damaged "
-            "step aside, resumes from the newest checkpoint that restores and saves the final "
-            "step again")
-    return state, step

@@ -1,20 +1,12 @@
-"""Classification training for the MLP family (DynamicGate-MLP and its baselines).
+"""The classification task: the MLP family (DynamicGate-MLP and its baselines) on tabular
+or image data.
 
-Read top to bottom: ``resolve_config`` -> ``gate_schedule`` -> ``make_tx`` ->
-``make_train_step`` -> ``evaluate`` -> ``train``. It reuses the LM loop's pieces
-(``make_optimizer``: AdamW + warm-up-cosine + clipping; the orbax checkpoint manager; the
-JSONL writer) and adds what classification needs: the gate training recipe, weight
-sparsity (RigL / magnitude pruning) and compute accounting (:mod:`dynjax.measure.macs`).
-
-The DynamicGate recipe (``config.gate``), all functions of the step so one compiled step
-serves the whole run:
-
-- ``warmup_steps``: gates forced open (the GateNet still learns through the task loss) and
-  no usage penalty, so the backbone first learns as a dense net.
-- after warm-up, over ``anneal_steps``: tau goes geometrically from ``tau_start`` to
-  ``model.tau``, theta linearly from ``theta_start`` to ``model.theta``.
-- ``lambda_g`` ramps linearly from 0 over ``ramp_steps`` after warm-up.
-- ``model.min_keep``: the anti-collapse guard (see :mod:`dynjax.models.gated_mlp`).
+Read top to bottom: ``resolve_config`` -> ``make_tx`` -> ``make_train_step`` ->
+``evaluate`` -> :class:`Task` (what :func:`dynjax.train.loop.train` calls). It adds what
+classification needs: the gate training recipe (:mod:`dynjax.gate_schedule`, a function of
+the step so one compiled step serves the whole run), weight sparsity (RigL / magnitude
+pruning) and compute accounting (:mod:`dynjax.measure.macs`); ``model.min_keep`` is the
+anti-collapse guard (see :mod:`dynjax.models.gated_mlp`).
 
 Objective: ``J = cross-entropy + lambda_g(t) * sum_l mean(p_l) + sown aux losses``.
 
@@ -25,23 +17,20 @@ of each evaluation batch, and process 0 alone writes the run directory's files.
 from __future__ import annotations
 
 import functools
-import pathlib
-import time
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-from tqdm.auto import tqdm
 
-from dynjax import errors
+from dynjax import rundir
 from dynjax.data import tabular, tfds_classify
+from dynjax.gate_schedule import gate_schedule
 from dynjax.measure import macs as macs_lib
-from dynjax.models.gated_mlp import GatedMLP, MLPConfig, gate_penalty
-from dynjax.train import checkpoint, distributed, sharding, sparse
-from dynjax.train.loop import check_train_config, make_optimizer
-from dynjax.train.metrics import JsonlWriter, write_json_atomic
+from dynjax.models.gated_mlp import MLPConfig, gate_penalty
+from dynjax.train import distributed, sharding, sparse
+from dynjax.train.optim import check_train_config, make_optimizer
 
 SPARSE_METHODS = ("none", "rigl", "prune")
 
@@ -64,42 +53,13 @@ def resolve_config(config) -> ml_collections.ConfigDict:
         raise ValueError(f"gate.theta_start={g.theta_start} must lie in (0, 1)")
     if g.lambda_g < 0 or min(g.warmup_steps, g.anneal_steps, g.ramp_steps) < 0:
         raise ValueError("gate.lambda_g and the gate schedule lengths must be >= 0")
-    MLPConfig.from_dict(model_dict(config, 1, 2))  # validates theta, tau, widths, variant
+    # validates theta, tau, widths, variant
+    MLPConfig.from_dict(rundir.classifier_model_dict(config, 1, 2))
     if config.sparse.method not in SPARSE_METHODS:
         raise ValueError(f"unknown sparse.method={config.sparse.method!r}; choose one of "
                          f"{SPARSE_METHODS}")
     check_train_config(config.train)
     return config
-
-
-def tfds_keys(data_config) -> tuple:
-    """The run's TFDS input and label feature names (used only for ``tfds:`` datasets)."""
-    return data_config.get("tfds_input_key"), data_config.get("tfds_label_key", "label")
-
-
-def load_data(data_config) -> dict:
-    """The run's ``{split: (x, y)}`` (tabular/image data, or a prepared TFDS dataset)."""
-    return tabular.load(data_config.dataset, data_config.get("data_dir"),
-                        *tfds_keys(data_config))
-
-
-def model_dict(config, in_dim, n_classes):
-    """The GatedMLP config of a run: its model fields plus the data's input and class sizes."""
-    d = dict(config.model.to_dict())
-    d["hidden"] = tuple(d["hidden"])
-    return {**d, "in_dim": in_dim, "n_classes": n_classes}
-
-
-def gate_schedule(config, step):
-    """(tau, theta, gates_open, lambda_g) at ``step`` (a traced int is fine)."""
-    g, m = config.gate, config.model
-    step = jnp.asarray(step, jnp.float32)
-    t = jnp.clip((step - g.warmup_steps) / max(g.anneal_steps, 1), 0.0, 1.0)
-    tau = g.tau_start * (m.tau / g.tau_start) ** t
-    theta = g.theta_start + (m.theta - g.theta_start) * t
-    ramp = jnp.clip((step - g.warmup_steps) / max(g.ramp_steps, 1), 0.0, 1.0)
-    return {"tau": tau, "theta": theta, "gates_open": step < g.warmup_steps,
-            "lambda_g": g.lambda_g * ramp}
 
 
 def make_tx(config) -> optax.GradientTransformation:
@@ -188,80 +148,70 @@ def evaluate(eval_step, model, params, opt_state, x, y, batch_size, sched, put=N
     return result
 
 
-def train(config, workdir: str, progress: bool = True) -> dict:
-    """Train (or resume) in ``workdir``; returns the final validation and test evaluation."""
-    with errors.config_errors():   # every check before the run directory is written
-        config = resolve_config(config)
-        mesh = sharding.make_mesh(config.get("sharding"))
-        sharding.check_batch(config.train.batch_size, mesh)
-    run_dir = pathlib.Path(workdir)
-    checkpoint.check_same_run(run_dir, config)
-    splits = load_data(config.data)
-    main = distributed.is_main()
-    progress = progress and main
-    if main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(run_dir / "config.json", config.to_dict())
-    (x_tr, y_tr) = splits["train"]
-    model = GatedMLP(model_dict(config, x_tr.shape[1], tabular.num_classes(splits)))
-    tc = config.train
-    tx = make_tx(config)
+class Task:
+    """Classification for :func:`dynjax.train.loop.train`. Built from the raw config
+    (validating it); ``load_data`` reads the data and builds the model, whose input and
+    class counts come from it. The state is replicated over the mesh."""
 
-    mngr = checkpoint.manager(run_dir, tc.ckpt_every, tc.keep_checkpoints)
-    rep, rows = sharding.replicated(mesh), sharding.batch_sharding(mesh)
-    state = jax.jit(lambda k: init_state(model, tx, k), out_shardings=rep)(
-        jax.random.key(config.seed))
-    if mngr.latest_step() is not None:
-        state = checkpoint.restore_newest(mngr, jax.tree.map(
-            lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=s.sharding), state), run_dir)
-        if main:
-            print(f"resumed {run_dir} at step {int(state['step'])}")
-    start = int(state["step"])
-    step_fn = make_train_step(config, model, tx, mesh)
-    eval_step = make_eval_step(model, mesh)
-    # evaluation batches: the config's size rounded up to a multiple of the data-parallel
-    # devices (the padding is masked out)
-    n_dp = sharding.data_parallel_size(mesh)
-    eval_bs = -(-config.eval.batch_size // n_dp) * n_dp
-    put = functools.partial(distributed.put_global, rows)
-    block_each = jax.device_count() > 1   # multi-device CPU can deadlock when pipelined
-    writer = JsonlWriter(run_dir / "metrics.jsonl", resume_step=start)
+    same_run_keys = None   # any config difference refuses to resume
 
-    def run_eval(split, step):
-        x, y = splits[split]
-        sched = jax.tree.map(jnp.asarray, gate_schedule(config, step))
-        return evaluate(eval_step, model, state["params"], state["opt_state"], x, y,
-                        eval_bs, sched, put)
+    def __init__(self, config):
+        self.config = config = resolve_config(config)
+        self.mesh = sharding.make_mesh(config.get("sharding"))
+        sharding.check_batch(config.train.batch_size, self.mesh)
+        self.rows = sharding.batch_sharding(self.mesh)
+        self.tx = make_tx(config)
 
-    bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, disable=not progress,
-               desc=f"{config.data.dataset}/{config.model.variant}", mininterval=2)
-    t_last, step_last = time.perf_counter(), start
-    for step in bar:
-        xb, yb = distributed.put_rows(rows, lambda r: tabular.batches(
-            x_tr, y_tr, tc.batch_size, config.seed, step, r), tc.batch_size)
-        state, metrics = step_fn(state, xb, yb)
-        if block_each:
-            jax.block_until_ready(state)
-        done = step + 1
-        if done % tc.log_every == 0 or done == tc.steps:
-            metrics = jax.device_get(metrics)
-            now = time.perf_counter()
-            record = {"step": done, **{k: np.asarray(v).tolist() for k, v in metrics.items()},
-                      "examples_per_s": (done - step_last) * tc.batch_size / (now - t_last)}
-            writer.write(record)
-            bar.set_postfix(ce=f"{record['ce']:.3f}", open=f"{np.mean(record['open_rate_per_layer']):.2f}")
-            t_last, step_last = now, done
-        if done % tc.eval_every == 0 and done != tc.steps:
-            writer.write({"step": done, "split": "validation", **run_eval("validation", done)})
-        checkpoint.save(mngr, done, state, force=done == tc.steps)
-    mngr.wait_until_finished()
-    bar.close()
+    def load_data(self):
+        self.splits = rundir.load_classifier_data(self.config.data)
+        self.model = rundir.model_of(self.config, self.splits)
+        self.abstract = jax.eval_shape(lambda: self.init_state(jax.random.key(0)))
+        rep = sharding.replicated(self.mesh)
+        self.state_shardings = jax.tree.map(lambda _: rep, self.abstract)
+        self.eval_step = make_eval_step(self.model, self.mesh)
+        # evaluation batches: the config's size rounded up to a multiple of the
+        # data-parallel devices (the padding is masked out)
+        n_dp = sharding.data_parallel_size(self.mesh)
+        self.eval_bs = -(-self.config.eval.batch_size // n_dp) * n_dp
 
-    n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(state["params"]))
-    result = {"step": int(state["step"]), "params": n_params}
-    for split in ("validation", "test"):
-        result[split] = run_eval(split, int(state["step"]))
-        writer.write({"step": result["step"], "split": split, **result[split]})
-    if main:
-        write_json_atomic(run_dir / "eval.json", result)
-    return result
+    def init_state(self, key):
+        return init_state(self.model, self.tx, key)
+
+    def train_step(self):
+        return make_train_step(self.config, self.model, self.tx, self.mesh)
+
+    def batch(self, step: int) -> tuple:
+        x, y = self.splits["train"]
+        tc = self.config.train
+        return distributed.put_rows(self.rows, lambda r: tabular.batches(
+            x, y, tc.batch_size, self.config.seed, step, r), tc.batch_size)
+
+    def desc(self, n_params: int) -> str:
+        return f"{self.config.data.dataset}/{self.config.model.variant}"
+
+    def log_record(self, metrics, steps: int, seconds: float) -> dict:
+        return {**{k: np.asarray(v).tolist() for k, v in metrics.items()},
+                "examples_per_s": steps * self.config.train.batch_size / seconds}
+
+    def postfix(self, record) -> dict:
+        return {"ce": f"{record['ce']:.3f}",
+                "open": f"{np.mean(record['open_rate_per_layer']):.2f}"}
+
+    def evaluate(self, state, split: str, step: int) -> dict:
+        x, y = self.splits[split]
+        sched = jax.tree.map(jnp.asarray, gate_schedule(self.config, step))
+        return evaluate(self.eval_step, self.model, state["params"], state["opt_state"], x, y,
+                        self.eval_bs, sched,
+                        functools.partial(distributed.put_global, self.rows))
+
+    def describe(self, result: dict):
+        return None
+
+    def finish(self, state, result: dict) -> None:
+        pass
+
+    @staticmethod
+    def summary(split: str, r: dict) -> str:
+        rates = ", ".join(f"{o:.3f}" for o in r["open_rate_per_layer"])
+        return (f"{split}: accuracy {r['accuracy']:.4f}, RelMAC {r['relmac']:.4f} "
+                f"(MAC reduction {r['mac_reduction']:.1%}), open rate per layer [{rates}]")

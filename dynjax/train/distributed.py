@@ -26,7 +26,7 @@ from dynjax.errors import ConfigError
 
 
 def define_flags(flags) -> None:
-    """The start-up flags every program (train.py, train_mlp.py, audit.py) takes."""
+    """The start-up flags every program (train.py, audit.py) takes."""
     flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0: run on many "
                         "processes (every process runs the same command)")
     flags.DEFINE_integer("num_processes", None, "number of processes (with --coordinator_address)")

@@ -1,4 +1,4 @@
-"""A JSONL metric writer (process 0 only); the JSON file helpers, from dynjax.jsonio."""
+"""The run's metric log: one JSON object per line, written by process 0 only."""
 from __future__ import annotations
 
 import json
@@ -6,8 +6,7 @@ import pathlib
 
 import jax
 
-from dynjax.jsonio import (read_jsonl, to_python, write_json_atomic,  # noqa: F401
-                           write_text_atomic)
+from dynjax.jsonio import to_python, write_text_atomic
 
 
 class JsonlWriter:

@@ -7,10 +7,12 @@ optimizer state (XLA gathers each layer's weights where it uses them). ``tensor`
 attention heads and MLP columns (tensor parallelism) or experts (expert parallelism).
 
 ``sharding.preset`` picks a rules table (:data:`PRESETS`); ``sharding.rules``, when given,
-replaces it. The same command runs on one CPU (every axis of size 1), eight GPUs or a pod:
-on TPU and GPU the physical layout comes from ``jax.experimental.mesh_utils``, and
-``sharding.dcn_data > 1`` builds a hybrid mesh whose ``data`` axis spans slices / hosts
-over the data-centre network (DCN) while ``fsdp`` and ``tensor`` stay inside a slice (ICI).
+replaces it. Activations follow the same table inside the train step
+(``dynjax.models.activation_sharding``). The same command runs on one CPU (every axis of
+size 1), eight GPUs or a pod: on TPU and GPU the physical layout comes from
+``jax.experimental.mesh_utils``, and ``sharding.dcn_data > 1`` builds a hybrid mesh whose
+``data`` axis spans slices / hosts over the data-centre network (DCN) while ``fsdp`` and
+``tensor`` stay inside a slice (ICI).
 """
 from __future__ import annotations
 
