@@ -1,6 +1,8 @@
 """The Frozen-Controller Audit engine: record, exact replay, the forwards of every condition.
 
-Family-agnostic: it needs only ``apply_fn(params, inputs, coeffs=None) -> (logits, coeffs)``,
+Family-agnostic: it needs only ``apply_fn(params, inputs, coeffs=None) -> (logits, coeffs)``
+(``coeffs``: None, a coefficient pytree or a :class:`~dynjax.coeffs.Given`, as every family's
+apply takes it),
 the coefficient schema and a :class:`~dynjax.audit.settings.Task`. Three compiled programs
 per model and shape do the work: the model's jitted apply (record and replay are one
 program: a :class:`~dynjax.coeffs.Given`'s flag, data, selects the computed or the given
