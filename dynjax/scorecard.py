@@ -346,10 +346,12 @@ def score_run(run_dir: str, config, out_dir, log=print) -> dict:
 
 def classifier_audit_config(config):
     """``config.audit`` with ``config.classifier_examples`` calibration and evaluation
-    examples, all in one forward (a window is one example: 32 would give wide intervals)."""
+    examples, all in one forward (a window is one example: 32 would give wide intervals),
+    and no window length."""
     c = config.audit.copy_and_resolve_references()
     n = int(config.classifier_examples)
     c.data.calib_windows = c.data.eval_windows = c.batch_size = n
+    c.data.seq_len = None   # a MUDDPythia's window length, when one is scored beside it
     c.per_window = False
     return c
 
@@ -468,6 +470,16 @@ def _execution_lines(ex: dict) -> list:
             f"{ex['kv_cache_bytes_ratio']:.3f} {load}", *_latency_lines(ex["latency"], "dense")]
 
 
+VARIANCE_ORDER = ("layer", "stream", "source", "expert", "unit", "example", "token", "residual")
+
+
+def _variance_parts(var: dict) -> list:
+    """Every share the audit's decomposition reports, structure first, then input, then the
+    residual (``total_ss`` is a sum of squares, not a share)."""
+    seen = {k for shares in var.values() for k in shares} - {"total_ss"}
+    return [p for p in VARIANCE_ORDER if p in seen] + sorted(seen - set(VARIANCE_ORDER))
+
+
 def plot(card: dict):
     """Three panels: variance shares, ΔNLL with CIs, execution ratios vs dense."""
     from matplotlib.figure import Figure
@@ -476,7 +488,7 @@ def plot(card: dict):
     var = (card.get("variation") or {}).get("variance", {})
     names = list(var)
     bottom = np.zeros(len(names))
-    for part in ("layer", "example", "token", "residual"):
+    for part in _variance_parts(var):
         vals = np.array([var[n].get(part, 0.0) for n in names], float)
         ax1.bar(names, vals, bottom=bottom, label=part)
         bottom += vals
@@ -504,7 +516,8 @@ def plot(card: dict):
                         for k, r in ex["structured"]["latency"].items()}})
     ax3.bar(list(bars), list(bars.values()), color="tab:green")
     ax3.axhline(1.0, color="k", lw=0.8)
-    ax3.set_title(f"execution: relative to {ex['dense_twin']}")
+    ax3.tick_params(axis="x", labelsize=6 if len(bars) > 6 else 8)
+    ax3.set_title(f"execution: relative to\n{ex['dense_twin']}", fontsize=8)
     fig.suptitle(f"{card['run']} ({card['model']})", fontsize=10)
     fig.tight_layout()
     return fig
