@@ -5,8 +5,9 @@ it, and does it really execute less?
     python scorecard.py --out=DIR --muddpythia=HF_DIR [RUN_DIR ...]
 
 RUN_DIR: a train.py run (language model or DynamicGate-MLP classifier) or a MUDDPythia HF
-directory (recognised by its *.safetensors). Writes DIR/scorecard.json, DIR/scorecard.md and DIR/scorecard_<i>.png (three panels), and
-each audited run's audit under DIR/<i>/audit. Library: ``dynjax/scorecard.py``.
+directory (recognised by its *.safetensors). Writes DIR/scorecard.json, DIR/scorecard.md
+and DIR/scorecard_<i>.png (three panels), and each audited run's audit under DIR/<i>/audit.
+Library: ``dynjax/scorecard.py``.
 """
 import sys
 
