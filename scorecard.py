@@ -2,9 +2,12 @@
 it, and does it really execute less?
 
     python scorecard.py --config=configs/scorecard.py --out=DIR RUN_DIR [RUN_DIR ...]
+    python scorecard.py --out=DIR --muddpythia=HF_DIR [RUN_DIR ...]
 
-Writes DIR/scorecard.json, DIR/scorecard.md and DIR/scorecard_<i>.png (three panels), and
-each audited run's audit under DIR/<i>/audit. Library: ``dynjax/scorecard.py``.
+RUN_DIR: a train.py run (language model or DynamicGate-MLP classifier) or a MUDDPythia HF
+directory (recognised by its *.safetensors). Writes DIR/scorecard.json, DIR/scorecard.md
+and DIR/scorecard_<i>.png (three panels), and each audited run's audit under DIR/<i>/audit.
+Library: ``dynjax/scorecard.py``.
 """
 import sys
 
@@ -17,20 +20,22 @@ from dynjax.audit import run as audit_run
 config_flags.DEFINE_config_file("config", "configs/scorecard.py", "configs/NAME.py",
                                 lock_config=True)
 flags.DEFINE_string("out", None, "output directory")
+flags.DEFINE_string("muddpythia", None, "a MUDDPythia HF directory to score (after any RUN_DIR)")
 flags.mark_flag_as_required("out")
 
 
 def main(argv):
     logging.set_verbosity(logging.WARNING)
-    runs = argv[1:]
+    runs = [(r, scorecard.score) for r in argv[1:]]
+    if flags.FLAGS.muddpythia:
+        runs.append((flags.FLAGS.muddpythia, scorecard.score_muddpythia))
     if not runs:
-        errors.exit_with_error("scorecard.py", "no run directories given: pass RUN_DIR "
-                               "[RUN_DIR ...] written by train.py")
+        errors.exit_with_error("scorecard.py", "no checkpoints given: pass RUN_DIR "
+                               "[RUN_DIR ...] written by train.py, or --muddpythia=HF_DIR")
     out = flags.FLAGS.out
 
     def score():
-        cards = [scorecard.score_run(r, flags.FLAGS.config, f"{out}/{i}")
-                 for i, r in enumerate(runs)]
+        cards = [fn(r, flags.FLAGS.config, f"{out}/{i}") for i, (r, fn) in enumerate(runs)]
         scorecard.write(cards, out, "python scorecard.py " + " ".join(sys.argv[1:]))
         return cards
     cards = errors.run_program("scorecard.py", score,

@@ -1,6 +1,14 @@
 """The execution scorecard's settings: a quick audit, the timing, and every verdict threshold.
 
     python scorecard.py --config=configs/scorecard.py --out=DIR RUN_DIR [RUN_DIR ...]
+    python scorecard.py --out=DIR --muddpythia=HF_DIR --config.audit.data.seq_len=512 \
+        --config.audit.data.validation_path=VALID.txt --config.audit.data.test_path=TEST.txt
+
+A RUN_DIR may be a language-model or a classifier (DynamicGate-MLP) run of train.py, or a
+MUDDPythia HF directory (``*.safetensors``; its audit reads local text, as
+configs/audit_muddpythia.py). Classifier runs are audited on ``classifier_examples``
+validation and test examples (one forward each) and timed with ``classifier_latency_repeats``
+rounds: a forward of a few examples takes microseconds.
 
 Thresholds (fixed before looking at results):
 - variation: "varies" when more than ``varies_min_input_share`` of some coefficient's
@@ -26,6 +34,8 @@ def get_config():
     c.execution_windows = 8        # test windows timed (the largest latency batch)
     c.latency_batches = (1, 8)     # the paper measured batch 8
     c.latency_repeats = 5
+    c.classifier_examples = 1000   # classifier runs: audit examples (calibration and test each)
+    c.classifier_latency_repeats = 50
     c.thresholds = ml_collections.ConfigDict(dict(
         varies_min_input_share=0.05, depends_min_dnll=0.01, executes_less_max_ratio=0.9,
         latency_batch=8))

@@ -16,7 +16,15 @@ for any checkpoint dynjax can load, with a one-line verdict whose threshold live
   batch 1 and 8, KV-cache bytes.
 
 Checkpoints without coefficients (dense, fixed_depth) have no variation or dependence to
-report; they get the execution panel only.
+report; they get the execution panel only. Two other kinds of checkpoint get the same three
+panels with their own execution question:
+
+- DynamicGate-MLP classifiers (``train.py`` runs of ``configs/dgmlp_*.py``): open units
+  per example, RelMAC, and the FLOPs and latency of the masked forward (and of the
+  structured variant's open-blocks path) against the dense MLP of the same widths
+  (``dynjax.measure.mlp_execution``);
+- MUDDPythia HF directories: every block runs for every token; FLOPs and latency against
+  the same weights with static mixing (each layer's ``dense_bs`` bias, no DA MLP).
 """
 from __future__ import annotations
 
@@ -60,9 +68,11 @@ def input_share(x, names) -> float:
     return float(np.sum((x - x.mean(axis=axes, keepdims=True)) ** 2)) / total
 
 
-def variation(audit: dict, coeffs: dict, cfg: ModelConfig, schema=None) -> dict:
+def variation(audit: dict, coeffs: dict, cfg, schema=None, family: str | None = None) -> dict:
     """Variance shares from the audit, each leaf's input-varying share and range, and
-    routing summaries, from recorded coeffs."""
+    routing summaries, from recorded coeffs. ``family`` defaults to ``cfg.family`` (the
+    decoders'; a GatedMLP or MUDDPythia config has none)."""
+    family = family or cfg.family
     from dynjax.coeffs import is_axes
     out = {"variance": audit.get("variance", {}), "ranges": {}, "input_share": {}}
     if schema is not None:
@@ -75,16 +85,20 @@ def variation(audit: dict, coeffs: dict, cfg: ModelConfig, schema=None) -> dict:
         vals = np.concatenate([np.asarray(v, np.float64).ravel() for v in leaves])
         out["ranges"][name] = {"min": float(vals.min()), "max": float(vals.max()),
                                "std": float(vals.std())}
-    if cfg.family == "mod" and "router" in coeffs:
+    if family == "mod" and "router" in coeffs:
         out["entered_fraction_topk"] = cfg.mod_capacity
         ask = coeffs.get("predictor", coeffs["router"])
         out["asks_to_enter_fraction"] = float(np.mean(np.asarray(ask) > 0))
-    if cfg.family == "moe":
-        p = np.asarray(coeffs["router"], np.float64)
-        ent = -np.sum(p * np.log(np.clip(p, 1e-12, None)), axis=-1)
-        out["routing_entropy_nats"] = float(ent.mean())
-        out["routing_entropy_max_nats"] = float(np.log(p.shape[-1]))
+    if family in ("moe", "gated_mlp") and "router" in coeffs:  # MoE, or the MLP's Switch-MoE
+        leaves = coeffs["router"] if isinstance(coeffs["router"], list) else [coeffs["router"]]
+        ent = [_entropy(np.asarray(p, np.float64)) for p in leaves]
+        out["routing_entropy_nats"] = float(np.mean([e.mean() for e in ent]))
+        out["routing_entropy_max_nats"] = float(np.log(np.shape(leaves[0])[-1]))
     return out
+
+
+def _entropy(p):
+    return -np.sum(p * np.log(np.clip(p, 1e-12, None)), axis=-1)
 
 
 def dependence(audit: dict) -> dict:
@@ -134,6 +148,89 @@ def execution_panel(cfg: ModelConfig, params, windows, batches=(1, 8), repeats: 
     return out
 
 
+def _latency_rows(med: dict, program: str, baseline: str, batches, per_call) -> dict:
+    """``forward_b{b}`` rows of ``program`` against ``baseline`` from paired medians keyed
+    ``{who}/forward_b{b}``; ``per_call(b)`` is (items per call, what an item is)."""
+    rows = {}
+    for b in batches:
+        s, base = med[f"{program}/forward_b{b}"], med[f"{baseline}/forward_b{b}"]
+        n, item = per_call(b)
+        rows[f"forward_b{b}"] = {"seconds": s, "dense_seconds": base, "ratio": s / base,
+                                 f"{item}_per_s": n / s}
+    return rows
+
+
+def classifier_execution_panel(model, params, x, settings: dict, batches=(1, 8),
+                               repeats: int = 50) -> dict:
+    """A GatedMLP's open units per example (RelMAC), and its forward's FLOPs and latency
+    against the dense MLP of the same widths; a structured model's open-blocks path beside
+    it under ``structured``. ``x``: test examples (RelMAC over all, timing on the first
+    max(batches)); ``settings``: the gate schedule at the checkpoint's step."""
+    from dynjax.measure import mlp_execution
+    cfg = model.cfg
+    units = mlp_execution.open_units(model, params, jnp.asarray(x), settings)
+    analytic = mlp_execution.analytic_flops(cfg, units)
+    compiled = mlp_execution.compiled_flops(cfg, params, settings)
+    med = latency.paired_medians(mlp_execution.timers(cfg, params, x, settings, batches),
+                                 repeats)
+
+    def program(name):
+        return {"flops_ratio_compiled": compiled[name] / compiled["dense"],
+                "flops_ratio_analytic": analytic[name] / analytic["dense"],
+                "latency": _latency_rows(med, name, "dense", batches, lambda b: (b, "examples"))}
+    out = {"kind": "units", **program("model"), "relmac": units["relmac"],
+           "open_units_per_example": units["open_units_per_example"], "units": units["units"],
+           "executed_fraction": units["executed_fraction"],
+           "compiled_flops_per_example": compiled, "analytic_flops_per_example": analytic,
+           "dense_twin": "gated_mlp/dense " + "-".join(map(str, model.dims)),
+           "load_average": latency.load_average()}
+    if "structured" in compiled:
+        out["structured"] = program("structured")
+    return out
+
+
+def static_mixing_apply(cfg, params, tokens):
+    """MUDDPythia with static mixing: the same weights, each layer's coefficients its
+    ``dense_bs`` bias for every token, so the DA MLPs do not run (replay of constants)."""
+    from dynjax.models import muddpythia
+    B, T = tokens.shape
+    mix = [jnp.broadcast_to(p["da"]["bias"].astype(jnp.float32)[:, None, None, :],
+                            (cfg.n_streams(i), B, T, cfg.n_sources(i)))
+           for i, p in enumerate(params["layers"])]
+    return muddpythia.apply(cfg, params, tokens, {"mix": mix})
+
+
+def muddpythia_execution_panel(cfg, params, windows, batches=(1, 8), repeats: int = 5) -> dict:
+    """MUDDPythia runs every block for every token (no skipping); its forward's FLOPs
+    (compiled, and analytic from ``muddpythia.memory_time_estimate``: record vs replay) and
+    latency against :func:`static_mixing_apply`, timed in turns."""
+    from dynjax.models import muddpythia
+    T = windows.shape[1]
+    programs = {"model": lambda p, t: muddpythia.apply(cfg, p, t)[0],
+                "static": lambda p, t: static_mixing_apply(cfg, p, t)[0]}
+    one = jnp.asarray(windows[:1])
+    compiled = {k: execution.compiled_cost(f, params, one)["flops"] for k, f in programs.items()}
+    est = muddpythia.memory_time_estimate(cfg, 1, T, 1)
+    timers = {}
+    for name, f in programs.items():
+        jitted = jax.jit(f)
+        for b in batches:
+            tokens = jnp.asarray(windows[:b])
+            timers[f"{name}/forward_b{b}"] = lambda f=jitted, t=tokens: f(params, t)
+    med = latency.paired_medians(timers, repeats)
+    return {"kind": "mixing", "executed_blocks_per_token": float(cfg.n_layer),
+            "n_layers": cfg.n_layer, "executed_fraction": 1.0,
+            "flops_ratio_compiled": compiled["model"] / compiled["static"],
+            "flops_ratio_analytic": est["record_flops_per_window"]
+            / est["replay_flops_per_window"],
+            "compiled_flops": compiled,
+            "dense_twin": "the same weights with static mixing (dense_bs only, no DA MLP)",
+            "baseline": "static mixing",
+            "latency": _latency_rows(med, "model", "static", batches,
+                                     lambda b: (b * T, "tokens")),
+            "load_average": latency.load_average()}
+
+
 # ---------------------------------------------------------------------------- verdicts
 
 def verdicts(card: dict, th) -> dict:
@@ -162,26 +259,72 @@ def verdicts(card: dict, th) -> dict:
             out["dependence"] = (f"little dependence (no reassignment's CI lower bound above "
                                  f"{th.depends_min_dnll} nats)")
     ex = card["execution"]
+    lines = [_execution_verdict(ex, th, ex.get("baseline", "dense"), "")]
+    if "structured" in ex:   # a faster program of the same model counts where it exists
+        lines.append(_execution_verdict(ex["structured"], th, "dense", " on its open-blocks path"))
+    out["execution"] = min(lines, key=_rank)   # the model's own program wins ties
+    return out
+
+
+VERDICT_ORDER = ("executes less", "saves FLOPs but not time", "no skipping")
+
+
+def _rank(line: str) -> int:
+    return next(i for i, p in enumerate(VERDICT_ORDER) if line.startswith(p))
+
+
+def _execution_verdict(ex: dict, th, baseline: str, where: str) -> str:
     lat = ex["latency"].get(f"forward_b{th.latency_batch}", {}).get("ratio", float("nan"))
     saves = ex["flops_ratio_compiled"] <= th.executes_less_max_ratio
     faster = lat <= th.executes_less_max_ratio
     what = (f"executes {ex['flops_ratio_compiled']:.2f}x the FLOPs and runs {lat:.2f}x the "
-            f"time of dense (forward, batch {th.latency_batch})")
-    out["execution"] = ("executes less: " + what if saves and faster else
-                        "saves FLOPs but not time: " + what if saves else
-                        "no skipping: " + what)
-    return out
+            f"time of {baseline}{where} (forward, batch {th.latency_batch})")
+    return ("executes less: " + what if saves and faster else
+            "saves FLOPs but not time: " + what if saves else "no skipping: " + what)
 
 
 # ----------------------------------------------------------------------------- program
 
-def score_run(run_dir: str, config, out_dir, log=print) -> dict:
-    """The scorecard of one train.py run: audit (quick settings from ``config.audit``) for
-    variation and dependence, then the execution panel; verdicts by ``config.thresholds``."""
+def score(path: str, config, out_dir, log=print) -> dict:
+    """The scorecard of one checkpoint: a train.py run directory (language model or
+    classifier) or a MUDDPythia HF directory."""
+    from dynjax import rundir
+    from dynjax.loaders import muddpythia_hf
+
+    if muddpythia_hf.is_hf_dir(path):
+        return score_muddpythia(path, config, out_dir, log)
+    if rundir.is_classifier(rundir.read_config(path)):
+        return score_classifier(path, config, out_dir, log)
+    return score_run(path, config, out_dir, log)
+
+
+def _audit(config_audit, out_dir, log, what: str, **where) -> dict:
+    """The audit of ``where`` (run_dirs= or muddpythia_dir=), written under out_dir/audit."""
     from pathlib import Path
 
-    from dynjax import rundir
     from dynjax.audit import run as audit_run
+    log(f"{what}: auditing ({config_audit.data.eval_windows} windows, "
+        f"{config_audit.reassignments} reassignments)")
+    return audit_run.audit_from_config(config_audit, out=str(Path(out_dir) / "audit"),
+                                       progress=False, log=log, **where)
+
+
+def _card(path, model_name: str, params) -> dict:
+    return {"run": str(path), "model": model_name,
+            "params": int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))}
+
+
+def _finish(card: dict, config) -> dict:
+    card["verdicts"] = verdicts(card, config.thresholds)
+    card["thresholds"] = config.thresholds.to_dict()
+    return card
+
+
+def score_run(run_dir: str, config, out_dir, log=print) -> dict:
+    """The scorecard of one train.py language-model run: audit (quick settings from
+    ``config.audit``) for variation and dependence, then the execution panel; verdicts by
+    ``config.thresholds``."""
+    from dynjax import rundir
     from dynjax.data import text
 
     cfg_run, model, params = rundir.load_params(run_dir)
@@ -189,23 +332,78 @@ def score_run(run_dir: str, config, out_dir, log=print) -> dict:
     dc = cfg_run.data
     splits = text.load_splits(dc.source, dc.get("path"), dc.get("tfds_name"), dc.get("data_dir"))
     windows = text.eval_windows(splits["test"], dc.seq_len, int(config.execution_windows))
-    card = {"run": str(run_dir), "model": f"{cfg.family}/{cfg.variant}",
-            "params": int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))}
+    card = _card(run_dir, f"{cfg.family}/{cfg.variant}", params)
     if model.schema:
-        log(f"{run_dir}: auditing ({config.audit.data.eval_windows} windows, "
-            f"{config.audit.reassignments} reassignments)")
-        audit = audit_run.audit_from_config(config.audit, [run_dir],
-                                            out=str(Path(out_dir) / "audit"), progress=False,
-                                            log=log)
+        audit = _audit(config.audit, out_dir, log, run_dir, run_dirs=[run_dir])
         _, coeffs = jax.jit(model.apply)(params, jnp.asarray(windows))
         card["variation"] = variation(audit, coeffs, cfg, model.schema)
         card["dependence"] = dependence(audit)
     log(f"{run_dir}: timing against its dense twin")
     card["execution"] = execution_panel(cfg, params, windows, tuple(config.latency_batches),
                                         int(config.latency_repeats))
-    card["verdicts"] = verdicts(card, config.thresholds)
-    card["thresholds"] = config.thresholds.to_dict()
-    return card
+    return _finish(card, config)
+
+
+def classifier_audit_config(config):
+    """``config.audit`` with ``config.classifier_examples`` calibration and evaluation
+    examples, all in one forward (a window is one example: 32 would give wide intervals),
+    and no window length."""
+    c = config.audit.copy_and_resolve_references()
+    n = int(config.classifier_examples)
+    c.data.calib_windows = c.data.eval_windows = c.batch_size = n
+    c.data.seq_len = None   # a MUDDPythia's window length, when one is scored beside it
+    c.per_window = False
+    return c
+
+
+def score_classifier(run_dir: str, config, out_dir, log=print) -> dict:
+    """The scorecard of one DynamicGate-MLP (or baseline) classifier run: the audit on
+    ``config.classifier_examples`` examples, variation of the unit gates / expert routing
+    on the audit's evaluation examples, and :func:`classifier_execution_panel`; the gates
+    run at the schedule of the checkpoint's step, as in the audit."""
+    from dynjax import rundir
+    from dynjax.audit import inputs
+
+    audit_config = classifier_audit_config(config)
+    config_run = rundir.read_config(run_dir)
+    model = inputs.classifier_model(config_run)
+    apply_fn, params, _, settings = inputs.load_classifier(run_dir, config_run)
+    _, ev, _ = inputs.classifier_windows(audit_config.data, config_run, 0,
+                                         int(config.classifier_examples))
+    card = {**_card(run_dir, f"gated_mlp/{model.cfg.variant}", params), "gate_settings": settings}
+    if model.schema:
+        audit = _audit(audit_config, out_dir, log, run_dir, run_dirs=[run_dir])
+        _, coeffs = jax.jit(apply_fn)(params, jnp.asarray(ev["x"]))
+        card["variation"] = variation(audit, coeffs, model.cfg, model.schema, "gated_mlp")
+        card["dependence"] = dependence(audit)
+    log(f"{run_dir}: timing against the dense MLP")
+    card["execution"] = classifier_execution_panel(
+        model, params, ev["x"], settings, tuple(config.latency_batches),
+        int(config.classifier_latency_repeats))
+    return _finish(card, config)
+
+
+def score_muddpythia(hf_dir: str, config, out_dir, log=print) -> dict:
+    """The scorecard of a MUDDPythia HF directory: the audit (``config.audit``, whose data
+    section names the local validation and test text and the window length) for variation
+    and dependence, and :func:`muddpythia_execution_panel` on test windows."""
+    from dynjax.audit import inputs
+
+    audit = _audit(config.audit, out_dir, log, hf_dir, muddpythia_dir=hf_dir)
+    target, cfg, tokenizer = inputs.load_muddpythia_target(hf_dir, config.audit.muddpythia.dtype)
+    model, params = build(cfg), target["params"]
+    seq_len = audit["meta"]["windows"]["seq_len"]
+    _, windows, _ = inputs.muddpythia_windows(config.audit.data, tokenizer, cfg.vocab_size,
+                                              seq_len, 0, int(config.execution_windows))
+    card = _card(hf_dir, "muddpythia/muddpythia", params)
+    _, coeffs = jax.jit(model.apply)(params, jnp.asarray(windows))
+    card["variation"] = variation(audit, coeffs, cfg, model.schema, "muddpythia")
+    card["dependence"] = dependence(audit)
+    log(f"{hf_dir}: timing against static mixing")
+    card["execution"] = muddpythia_execution_panel(cfg, params, windows,
+                                                   tuple(config.latency_batches),
+                                                   int(config.latency_repeats))
+    return _finish(card, config)
 
 
 def render_markdown(cards: list) -> str:
@@ -231,16 +429,55 @@ def render_markdown(cards: list) -> str:
                 lines.append(f"\nStatic-profile retention of the gap to GlobalMean: "
                              f"{ret['estimate']:.1%} [{ret['ci_low']:.1%}, {ret['ci_high']:.1%}]")
             lines.append("")
-        lines.append(f"Executed blocks per token {ex['executed_blocks_per_token']:.2f} of "
-                     f"{ex['n_layers']}; vs {ex['dense_twin']}: FLOPs compiled "
-                     f"{ex['flops_ratio_compiled']:.3f}, analytic {ex['flops_ratio_analytic']:.3f}"
-                     f"; KV-cache bytes {ex['kv_cache_bytes_ratio']:.3f} (load average "
-                     f"{ex['load_average']} while timing)")
-        for name, r in ex["latency"].items():
-            lines.append(f"- {name}: {r['ratio']:.3f}x dense ({r['seconds'] * 1e3:.2f} ms, "
-                         f"{r['tokens_per_s']:.0f} tokens/s)")
-        lines.append("")
+        lines += _execution_lines(ex) + [""]
     return "\n".join(lines)
+
+
+def _latency_lines(latency: dict, baseline: str) -> list:
+    out = []
+    for name, r in latency.items():
+        item, digits = ("tokens", 2) if "tokens_per_s" in r else ("examples", 3)
+        out.append(f"- {name}: {r['ratio']:.3f}x {baseline} ({r['seconds'] * 1e3:.{digits}f} ms, "
+                   f"{r[item + '_per_s']:.0f} {item}/s)")
+    return out
+
+
+def _execution_lines(ex: dict) -> list:
+    """The execution panel in words: what runs, FLOP ratios, then each latency ratio."""
+    flops = (f"FLOPs compiled {ex['flops_ratio_compiled']:.3f}, analytic "
+             f"{ex['flops_ratio_analytic']:.3f}")
+    load = f"(load average {ex['load_average']} while timing)"
+    kind = ex.get("kind", "blocks")
+    if kind == "units":
+        opened = ", ".join(f"{o:.1f} of {n}" for o, n in zip(ex["open_units_per_example"],
+                                                              ex["units"]))
+        lines = [f"Open units per example {opened} ({ex['executed_fraction']:.1%} of hidden "
+                 f"units); RelMAC {ex['relmac']:.3f} (controllers included). The masked "
+                 f"forward computes every unit and zeroes the closed ones; vs {ex['dense_twin']}:"
+                 f" {flops} {load}", *_latency_lines(ex["latency"], "dense")]
+        if "structured" in ex:
+            st = ex["structured"]
+            lines += ["", f"Structured path (only the open blocks, gathered): FLOPs compiled "
+                      f"{st['flops_ratio_compiled']:.3f}, analytic {st['flops_ratio_analytic']:.3f}"
+                      " of dense", *_latency_lines(st["latency"], "dense")]
+        return lines
+    if kind == "mixing":
+        return [f"Every block runs for every token ({ex['n_layers']} of {ex['n_layers']}: no "
+                f"skipping); vs {ex['dense_twin']}: {flops} {load}",
+                *_latency_lines(ex["latency"], ex["baseline"])]
+    return [f"Executed blocks per token {ex['executed_blocks_per_token']:.2f} of "
+            f"{ex['n_layers']}; vs {ex['dense_twin']}: {flops}; KV-cache bytes "
+            f"{ex['kv_cache_bytes_ratio']:.3f} {load}", *_latency_lines(ex["latency"], "dense")]
+
+
+VARIANCE_ORDER = ("layer", "stream", "source", "expert", "unit", "example", "token", "residual")
+
+
+def _variance_parts(var: dict) -> list:
+    """Every share the audit's decomposition reports, structure first, then input, then the
+    residual (``total_ss`` is a sum of squares, not a share)."""
+    seen = {k for shares in var.values() for k in shares} - {"total_ss"}
+    return [p for p in VARIANCE_ORDER if p in seen] + sorted(seen - set(VARIANCE_ORDER))
 
 
 def plot(card: dict):
@@ -251,7 +488,7 @@ def plot(card: dict):
     var = (card.get("variation") or {}).get("variance", {})
     names = list(var)
     bottom = np.zeros(len(names))
-    for part in ("layer", "example", "token", "residual"):
+    for part in _variance_parts(var):
         vals = np.array([var[n].get(part, 0.0) for n in names], float)
         ax1.bar(names, vals, bottom=bottom, label=part)
         bottom += vals
@@ -268,13 +505,19 @@ def plot(card: dict):
     ax2.set_xscale("symlog", linthresh=1e-3)
     ax2.set_title("functional dependence: ΔNLL (nats)")
     ex = card["execution"]
-    bars = {"executed\nblocks": ex["executed_fraction"],
+    bars = {("open\nunits" if ex.get("kind") == "units" else "executed\nblocks"):
+            ex["executed_fraction"],
             "FLOPs\ncompiled": ex["flops_ratio_compiled"],
             "FLOPs\nanalytic": ex["flops_ratio_analytic"],
             **{k.replace("_b", "\nb"): r["ratio"] for k, r in ex["latency"].items()}}
+    if "structured" in ex:
+        bars.update({"structured\nFLOPs": ex["structured"]["flops_ratio_compiled"],
+                     **{"structured\n" + k.replace("forward_", ""): r["ratio"]
+                        for k, r in ex["structured"]["latency"].items()}})
     ax3.bar(list(bars), list(bars.values()), color="tab:green")
     ax3.axhline(1.0, color="k", lw=0.8)
-    ax3.set_title(f"execution: relative to {ex['dense_twin']}")
+    ax3.tick_params(axis="x", labelsize=6 if len(bars) > 6 else 8)
+    ax3.set_title(f"execution: relative to\n{ex['dense_twin']}", fontsize=8)
     fig.suptitle(f"{card['run']} ({card['model']})", fontsize=10)
     fig.tight_layout()
     return fig

@@ -183,3 +183,54 @@ def test_routing_interventions_move_whole_moe_routing_vectors(recorded):
         if interventions.CONDITIONS[name].randomized:
             np.testing.assert_array_equal(rows(c), rows(cache), err_msg=name)
             assert not np.array_equal(np.asarray(c["router"]), np.asarray(cache["router"]))
+
+
+def test_dynamic_gate_scorecard_reuses_the_audit_and_relmac(audits, runs, tmp_path):
+    """A classifier run's scorecard: its dependence and variance rows are the audit's (same
+    examples and settings), its open units and RelMAC are macs.report's of the masked
+    forward at the checkpoint's gate schedule, its FLOP ratios XLA's and the analytic count
+    of that forward against the dense MLP; the masked forward cannot save FLOPs."""
+    from configs import scorecard as scorecard_config
+    from dynjax import gate_schedule, scorecard
+    from dynjax.audit import inputs
+    from dynjax.audit.report import to_jsonable
+    from dynjax.measure import macs
+    from dynjax.measure.execution import compiled_cost
+    from dynjax.models import build
+
+    res, _ = audits["dgate"]
+    config = scorecard_config.get_config()
+    config.audit = audit_config(16)
+    config.classifier_examples, config.latency_batches = 16, (1,)
+    config.classifier_latency_repeats, config.thresholds.latency_batch = 1, 1
+    card = scorecard.score(runs["dgate"], config, tmp_path, log=lambda *a: None)
+    assert set(card["dependence"]["conditions"]) == {"cross_input", "static_profile",
+                                                     "structure_removed"}
+    for name, row in card["dependence"]["conditions"].items():
+        for key in ("estimate", "ci_low", "ci_high", "p"):
+            assert row[key] == res["conditions"][name][key], (name, key)
+    assert to_jsonable(card["variation"]["variance"]) == res["variance"]
+
+    config_run = rundir.read_config(runs["dgate"])
+    run = rundir.load(runs["dgate"])
+    sched = gate_schedule.apply_settings(config_run, run.step)
+    assert card["gate_settings"] == sched
+    _, ev, _ = inputs.classifier_windows(config.audit.data, config_run, 16, 16)
+    _, _, aux = run.model.apply(run.params, jnp.asarray(ev["x"]), with_aux=True, **sched)
+    rep = macs.report(run.model.dims, macs.model_mac_sums(run.model, aux["open"]), 16)
+    ex = card["execution"]
+    assert ex["relmac"] == pytest.approx(rep["relmac"], rel=1e-12)
+    np.testing.assert_allclose(ex["open_units_per_example"],
+                               [float(np.mean(np.sum(o, -1))) for o in aux["open"]], rtol=1e-6)
+    x1 = jnp.zeros((1, 784))
+    dense = build(dict(run.model.cfg.__dict__, family="gated_mlp", variant="dense"))
+    flops = lambda m, p, **kw: compiled_cost(lambda p, x: m.apply(p, x, **kw)[0], p, x1)["flops"]
+    assert ex["flops_ratio_compiled"] == flops(run.model, run.params, **sched) / flops(
+        dense, jax.eval_shape(dense.init, jax.random.key(0), x1))
+    dims = run.model.dims        # 784-16-16-10 and a GateNet of r = 16 per hidden layer
+    dense_macs = sum(a * b for a, b in zip(dims[:-1], dims[1:]))
+    ctrl = sum(n_in * 16 + 16 * n for n_in, n in zip(dims[:-2], dims[1:-1]))
+    assert ex["flops_ratio_analytic"] == pytest.approx((dense_macs + ctrl) / dense_macs)
+    assert ex["flops_ratio_analytic"] > 1 and "structured" not in ex
+    assert card["verdicts"]["execution"].startswith("no skipping")
+    assert set(ex["latency"]) == {"forward_b1"}

@@ -7,6 +7,7 @@ input, checkpoint-level statistics, and the MUDDPythia path on a tiny HF-style d
 """
 import json
 import os
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -243,31 +244,38 @@ def test_bad_input_names_the_fix(tmp_path, fg_run):
         Settings(conditions=("correct", "nope"))
 
 
-def test_muddpythia_directory_path(tmp_path, windows):
-    """--muddpythia on a tiny MUDDPythia saved as an HF directory, on local text files."""
-    from safetensors.numpy import save_file
-    from tests.test_muddpythia import DATA, TINY_HF_CONFIG
-
-    hf = tmp_path / "mudd"
-    hf.mkdir()
-    with np.load(DATA) as z:
-        save_file({k[len("params/"):]: z[k] for k in z.files if k.startswith("params/")},
-                  str(hf / "model.safetensors"))
-    (hf / "config.json").write_text(json.dumps(TINY_HF_CONFIG))
+def muddpythia_audit_config(cfg, tmp_path):
+    """``cfg`` reading T-token windows from 4,000 bytes of the default corpus's validation
+    and test splits, written as text files under tmp_path."""
     splits = text.load_splits()
-    (tmp_path / "valid.txt").write_bytes(splits["validation"][:4000].tobytes())
-    (tmp_path / "test.txt").write_bytes(splits["test"][:4000].tobytes())
-
-    from configs import audit_muddpythia
-    cfg = small(audit_muddpythia.get_config())
-    cfg.reassignments = 2
+    for name, split in (("valid", "validation"), ("test", "test")):
+        (tmp_path / f"{name}.txt").write_bytes(splits[split][:4000].tobytes())
     cfg.data.seq_len = T
     cfg.data.validation_path = str(tmp_path / "valid.txt")
     cfg.data.test_path = str(tmp_path / "test.txt")
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def mudd_audit(tmp_path_factory):
+    """(HF directory, audit config, results, logs) of the tiny MUDDPythia's audit."""
+    from configs import audit_muddpythia
+    from tests.test_muddpythia import write_tiny_hf_dir
+
+    tmp_path = tmp_path_factory.mktemp("mudd")
+    hf = write_tiny_hf_dir(tmp_path / "hf")
+    cfg = muddpythia_audit_config(small(audit_muddpythia.get_config()), tmp_path)
+    cfg.reassignments = 2
     cfg.conditions = "correct,cross_input,layer_position_mean,static_profile,structure_removed"
     logs = []
-    res = run.audit_from_config(cfg, muddpythia_dir=str(hf), out=str(tmp_path / "out"),
+    res = run.audit_from_config(cfg, muddpythia_dir=hf, out=str(tmp_path / "out"),
                                 progress=False, log=logs.append)
+    return hf, cfg, res, logs
+
+
+def test_muddpythia_directory_path(mudd_audit):
+    """--muddpythia on a tiny MUDDPythia saved as an HF directory, on local text files."""
+    hf, cfg, res, logs = mudd_audit
     assert logs[0].startswith("MUDDPythia audit plan")
     assert res["replay"]["exact"] and res["replay"]["max_abs_dlogit"] == 0.0
     c = res["conditions"]
@@ -276,10 +284,51 @@ def test_muddpythia_directory_path(tmp_path, windows):
     assert np.isfinite(c["cross_input"]["estimate"]) and c["cross_input"]["estimate"] != 0
     assert res["meta"]["data"]["tokenizer"] == "bytes"
     assert res["meta"]["plan"]["windows"]["evaluation"] == W
-    assert (tmp_path / "out" / "report.md").exists()
+    assert (pathlib.Path(hf).parent / "out" / "report.md").exists()
+    cfg = cfg.copy_and_resolve_references()
     cfg.data.seq_len = 128   # beyond the tiny model's block_size of 64
     with pytest.raises(AuditError, match="exceeds the model's block_size"):
-        run.audit_from_config(cfg, muddpythia_dir=str(hf), progress=False, log=logs.append)
+        run.audit_from_config(cfg, muddpythia_dir=hf, progress=False, log=logs.append)
+
+
+def test_muddpythia_scorecard_reuses_the_audit(mudd_audit, tmp_path):
+    """scorecard.score on the tiny MUDDPythia HF directory: the audit's ΔNLL rows and
+    variance shares, every block executed, and FLOPs against static mixing (the DA MLPs
+    replaced by their dense_bs bias) as XLA and memory_time_estimate count them."""
+    from configs import scorecard as scorecard_config
+    from dynjax import scorecard
+    from dynjax.audit.report import to_jsonable
+    from dynjax.loaders import muddpythia_hf
+    from dynjax.measure.execution import compiled_cost
+    from dynjax.models import muddpythia
+
+    hf, cfg, res, _ = mudd_audit
+    config = scorecard_config.get_config()
+    config.audit = cfg
+    config.execution_windows, config.latency_batches, config.latency_repeats = 1, (1,), 1
+    config.thresholds.latency_batch = 1
+    card = scorecard.score(hf, config, tmp_path, log=lambda *a: None)
+    for name, row in card["dependence"]["conditions"].items():
+        for key in ("estimate", "ci_low", "ci_high", "p"):
+            assert row[key] == res["conditions"][name][key], (name, key)
+    assert to_jsonable(card["variation"]["variance"]) == to_jsonable(res["variance"])
+    assert card["model"] == "muddpythia/muddpythia"
+    ex = card["execution"]
+    assert ex["executed_fraction"] == 1.0 and ex["baseline"] == "static mixing"
+    mcfg, params, _ = muddpythia_hf.load_hf_dir(hf)
+    one = jnp.zeros((1, T), jnp.int32)
+    flops = lambda f: compiled_cost(lambda p, t: f(mcfg, p, t)[0], params, one)["flops"]
+    assert ex["flops_ratio_compiled"] == (flops(muddpythia.apply)
+                                          / flops(scorecard.static_mixing_apply))
+    est = muddpythia.memory_time_estimate(mcfg, 1, T, 1)
+    assert ex["flops_ratio_analytic"] == (est["record_flops_per_window"]
+                                          / est["replay_flops_per_window"]) > 1
+    assert card["verdicts"]["execution"].startswith("no skipping") and \
+        "static mixing" in card["verdicts"]["execution"]
+    _, used = scorecard.static_mixing_apply(mcfg, params, one)   # the bias, for every token
+    for p, u in zip(params["layers"], used["mix"]):
+        np.testing.assert_array_equal(np.asarray(u), np.broadcast_to(
+            np.asarray(p["da"]["bias"], np.float32)[:, None, None, :], u.shape))
 
 
 def test_scorecard_reuses_the_audit_and_flop_report_numbers(fg_run, fg_audit, tmp_path):

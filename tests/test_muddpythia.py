@@ -29,6 +29,21 @@ TINY_HF_CONFIG = {
 }
 
 
+def write_tiny_hf_dir(path) -> str:
+    """The tiny reference checkpoint as an HF directory (config.json, model.safetensors),
+    written through the loader's :func:`muddpythia_hf.to_state_dict`; returns ``path``."""
+    from safetensors.numpy import save_file
+
+    os.makedirs(path, exist_ok=True)
+    with np.load(DATA) as z:
+        sd = {k[len("params/"):]: z[k] for k in z.files if k.startswith("params/")}
+    cfg, params = muddpythia_hf.from_state_dict(sd, config=TINY_HF_CONFIG)
+    save_file(muddpythia_hf.to_state_dict(cfg, params), os.path.join(path, "model.safetensors"))
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(TINY_HF_CONFIG, f)
+    return str(path)
+
+
 def _max_err(a, b):
     return float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32))))
 

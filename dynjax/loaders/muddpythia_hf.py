@@ -169,6 +169,12 @@ def to_state_dict(cfg: muddpythia.Config, params) -> dict[str, np.ndarray]:
     return out
 
 
+def is_hf_dir(path) -> bool:
+    """Whether ``path`` looks like an HF checkpoint directory (``*.safetensors`` weights),
+    not a dynjax run directory (orbax ``checkpoints/``)."""
+    return os.path.isdir(path) and bool(glob.glob(os.path.join(path, "*.safetensors")))
+
+
 def load_hf_dir(path: str, dtype: Optional[str] = None):
     """A local HF checkpoint directory -> (cfg, params, tokenizer or None). No torch needed.
 

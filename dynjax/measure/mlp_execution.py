@@ -1,0 +1,104 @@
+"""What a GatedMLP classifier actually executes, against the dense MLP of the same widths.
+
+Three programs, three counts, kept apart:
+
+- ``model``: the model's own forward (``GatedMLP.apply``), as trained. It computes every
+  unit and multiplies the closed ones by 0, and runs the GateNet / router besides, so it
+  executes *more* than dense whatever its gates say.
+- ``structured``: :func:`dynjax.models.gated_mlp.structured_forward`, which exists only for
+  the ``structured`` variant: the open blocks alone, as smaller (gathered) matmuls.
+- ``dense``: the dense twin (``variant="dense"``, same widths).
+
+Analytic counts are 2 x MACs in :mod:`dynjax.measure.macs`' terms: the masked forward is
+every weight plus its controllers over all inputs; the structured path is the RelMAC
+numerator (open units only, controllers over open inputs); the open units themselves are
+RelMAC's, measured on real examples. Compiled counts are XLA's cost analysis of each
+jitted program (no scan here: the layers are a Python loop).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dynjax.measure import macs
+from dynjax.measure.execution import compiled_cost
+from dynjax.models.gated_mlp import GatedMLP, MLPConfig, structured_forward
+
+
+def dense_twin(cfg: MLPConfig) -> MLPConfig:
+    """The dense MLP of the same widths that a gated one's execution is compared with."""
+    return dataclasses.replace(cfg, variant="dense")
+
+
+def has_structured_path(cfg: MLPConfig) -> bool:
+    return cfg.variant == "structured"
+
+
+def open_units(model: GatedMLP, params, x, settings: dict) -> dict:
+    """RelMAC (:func:`dynjax.measure.macs.report`) of the masked forward on examples ``x``
+    at the gate settings (tau, theta, gates_open), plus the mean open units per example
+    of each hidden layer and their share of all hidden units."""
+    _, _, aux = jax.jit(lambda p, x: model.apply(p, x, with_aux=True, **settings))(params, x)
+    rep = macs.report(model.dims, macs.model_mac_sums(model, aux["open"]), x.shape[0])
+    units = list(model.cfg.hidden)
+    per_layer = [float(r * n) for r, n in zip(rep["open_rate_per_layer"], units)]
+    return {**rep, "open_units_per_example": per_layer, "units": units,
+            "executed_fraction": sum(per_layer) / sum(units)}
+
+
+def analytic_flops(cfg: MLPConfig, relmac_report: dict) -> dict:
+    """2 x MACs per example: dense, the model's masked forward (all weights + controllers on all
+    inputs) and, for structured models, the open-blocks path (the RelMAC numerator)."""
+    model = GatedMLP(cfg)
+    dense = float(sum(a * b for a, b in zip(model.dims[:-1], model.dims[1:])))
+    ctrl = 0.0
+    for n_in, c in zip(model.dims[:-1], macs.controllers(cfg)):
+        if c is not None:
+            r, m = c
+            ctrl += n_in * r + r * m if r else n_in * m
+    out = {"dense": 2 * dense, "model": 2 * (dense + ctrl)}
+    if has_structured_path(cfg):
+        out["structured"] = 2 * relmac_report["macs_per_example"]
+    return out
+
+
+def forward_fns(cfg: MLPConfig, settings: dict) -> dict:
+    """name -> f(params, x) -> logits of each program this model can run: "model" (its own
+    forward; masked for gated variants) and "structured" where it exists."""
+    model = GatedMLP(cfg)
+    out = {"model": lambda p, x: model.apply(p, x, **settings)[0]}
+    if has_structured_path(cfg):
+        out["structured"] = lambda p, x: structured_forward(cfg, p, x)
+    return out
+
+
+def compiled_flops(cfg: MLPConfig, params, settings: dict, batch: int = 1) -> dict:
+    """XLA's FLOPs of each program (model, structured where it exists, and the dense twin
+    as "dense") on ``batch`` examples, divided by ``batch``: per example."""
+    x = jnp.zeros((batch, cfg.in_dim), jnp.float32)
+    twin = dense_twin(cfg)
+    twin_params = jax.eval_shape(GatedMLP(twin).init, jax.random.key(0), x)
+    out = {name: compiled_cost(fn, params, x)["flops"] / batch
+           for name, fn in forward_fns(cfg, settings).items()}
+    out["dense"] = compiled_cost(forward_fns(twin, {})["model"], twin_params, x)["flops"] / batch
+    return out
+
+
+def timers(cfg: MLPConfig, params, x, settings: dict, batches=(1, 8)) -> dict:
+    """Zero-argument timers ``{program}/forward_b{b}`` of every program, the dense twin
+    (random weights: its cost does not depend on their values) included, on the first b
+    rows of ``x``; pass them to :func:`dynjax.measure.latency.paired_medians`."""
+    twin = dense_twin(cfg)
+    twin_params = GatedMLP(twin).init(jax.random.key(0), jnp.asarray(x[:1]))
+    programs = {**{k: (f, params) for k, f in forward_fns(cfg, settings).items()},
+                "dense": (forward_fns(twin, {})["model"], twin_params)}
+    out = {}
+    for name, (fn, p) in programs.items():
+        jitted = jax.jit(fn)
+        for b in batches:
+            xb = jnp.asarray(np.asarray(x)[:b])
+            out[f"{name}/forward_b{b}"] = (lambda f=jitted, p=p, xb=xb: f(p, xb))
+    return out
