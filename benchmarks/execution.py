@@ -83,7 +83,7 @@ def measure(preset: str, batches, repeats: int, seq_len: int):
         params = model.init(jax.random.key(0), tokens)
         flops = ex.flop_report(cfg, max(batches), seq_len, params)
         out[v] = {
-            "config": {k: getattr(cfg, k) for k in ("variant", "n_layers", "fixed_depth",
+            "config": {k: cfg.to_dict()[k] for k in ("variant", "n_layers", "fixed_depth",
                                                     "d_model", "dtype")},
             "execution": ex.execution_summary(ex.executed_blocks(model, params, tokens),
                                               cfg.n_layers),

@@ -40,7 +40,7 @@ CASES = {
 
 
 def agreement(name: str) -> dict:
-    cfg = ModelConfig(**SIZE, **CASES[name])
+    cfg = ModelConfig.from_dict({**SIZE, **CASES[name]})
     r = execution.flop_report(cfg, BATCH, SEQ)
     return {"compiled_flops": r["compiled_flops"], "analytic_flops": r["analytic_flops"],
             "ratio": r["compiled_flops"] / r["analytic_flops"],

@@ -26,7 +26,6 @@ ratios to dense of medians and of minima (steadier on a loaded machine) beside t
 analytic FLOP ratio (``mod_speed.decode_flops``). Prints JSON, writes it to ``--out``.
 """
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -87,8 +86,8 @@ def timers(size: str, T: int):
     tokens = jnp.zeros((1, T), jnp.int32)
     init = lambda cfg: build(cfg).init(jax.random.key(0), tokens)
     dense, mcfg = model_config(size, "dense"), model_config(size, "mod")
-    half = dataclasses.replace(dense, n_layers=dense.n_layers // 2)
-    dcfg = dataclasses.replace(mod.decode_config(mcfg, "predictor"),
+    half = dense.replace(n_layers=dense.n_layers // 2)
+    dcfg = mod.decode_config(mcfg, "predictor").replace(
                                mod_decode_slots=mod.capacity(mcfg, T))
     params = init(mcfg)
     step = lambda cfg, p, branch="cond": latency.decode_timer(cfg, p, 1, T, branch=branch)
@@ -105,9 +104,9 @@ def timers(size: str, T: int):
 def summary(t: dict, cfg: ModelConfig, T: int) -> dict:
     """Times (us per step) and the MoD step's ratios to dense, of medians and of minima, for
     each way of timing ("call": one dispatched step; "scan": steps inside one program)."""
-    c = cfg.mod_capacity
+    c = cfg.mod.capacity
     res = {"seq_len": T, "d_model": cfg.d_model, "n_layers": cfg.n_layers,
-           "mod_blocks": len(mod.mod_layer_ids(cfg)), "mod_slots": cfg.mod_decode_slots,
+           "mod_blocks": len(mod.mod_layer_ids(cfg)), "mod_slots": cfg.mod.decode_slots,
            "capacity": c, "scan_steps": STEPS}
     for how in ("call", "scan"):
         per = 1 if how == "call" else STEPS
@@ -119,7 +118,7 @@ def summary(t: dict, cfg: ModelConfig, T: int) -> dict:
             res[f"{key}_vs_dense"] = {k: round(v / s["dense"], 3) for k, v in s.items()
                                       if k != "dense"}
     res["analytic_flops_vs_dense"] = round(
-        decode_flops(cfg, T, c) / decode_flops(dataclasses.replace(cfg, variant="dense"), T, 0),
+        decode_flops(cfg, T, c) / decode_flops(cfg.replace(variant="dense"), T, 0),
         3)
     return res
 

@@ -23,7 +23,6 @@ the analytic matmul count; train step from the compiled unrolled step; decode an
 Prints JSON (and writes it to ``--out``).
 """
 import argparse
-import dataclasses
 import json
 
 import jax
@@ -100,7 +99,7 @@ def measure(variant, args):
     # The slot budget is top-k's k = floor(c * T), so the cache holds what training routes.
     B, T = args.decode_batch, args.seq_len
     slots = mod.capacity(cfg, T) if cfg.variant != "dense" else 0
-    dcfg = dataclasses.replace(mod.decode_config(cfg, "predictor"), mod_decode_slots=slots)
+    dcfg = mod.decode_config(cfg, "predictor").replace(mod_decode_slots=slots)
     out["cache_bytes"] = decoding.cache_bytes(decoding.init_cache(dcfg, B, T))
     time_decode = lambda p, branch="cond": decode_timer(dcfg, p, B, T, branch=branch)
 
@@ -113,7 +112,7 @@ def measure(variant, args):
     # The same step without lax.cond: every MoD block always runs, its result masked. Where
     # a conditional costs a host round trip (a guess for GPUs, to measure), this may win.
     timers["decode_step_masked_s"] = time_decode(params, "masked")
-    out["decode_flops_analytic"] = decode_flops(cfg, T, cfg.mod_capacity)
+    out["decode_flops_analytic"] = decode_flops(cfg, T, cfg.mod.capacity)
     return out, timers
 
 

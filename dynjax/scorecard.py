@@ -28,8 +28,6 @@ panels with their own execution question:
 """
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -44,7 +42,7 @@ PANEL_CONDITIONS = ("cross_input", "token_shuffle", "static_profile", "structure
 def dense_twin(cfg: ModelConfig) -> ModelConfig:
     """The same-size dense decoder a dynamic model's execution is compared with."""
     if cfg.family in ("gates", "mod"):
-        return dataclasses.replace(cfg, variant="dense")
+        return cfg.replace(variant="dense")
     return ModelConfig(family="gates", variant="dense", vocab_size=cfg.vocab_size,
                        d_model=cfg.d_model, n_heads=cfg.n_heads, n_layers=cfg.n_layers,
                        d_ff=cfg.d_ff, dtype=cfg.dtype, scan_layers=cfg.scan_layers)
@@ -86,7 +84,7 @@ def variation(audit: dict, coeffs: dict, cfg, schema=None, family: str | None = 
         out["ranges"][name] = {"min": float(vals.min()), "max": float(vals.max()),
                                "std": float(vals.std())}
     if family == "mod" and "router" in coeffs:
-        out["entered_fraction_topk"] = cfg.mod_capacity
+        out["entered_fraction_topk"] = cfg.mod.capacity
         ask = coeffs.get("predictor", coeffs["router"])
         out["asks_to_enter_fraction"] = float(np.mean(np.asarray(ask) > 0))
     if family in ("moe", "gated_mlp") and "router" in coeffs:  # MoE, or the MLP's Switch-MoE

@@ -16,7 +16,6 @@ program). Writes OUT/predicted_skipping.json (with the command), atomically.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -47,7 +46,7 @@ def data(config, n_test: int, n_fit: int, seed: int = 123):
 
 def truncated(model, params, depth: int):
     """The checkpoint's first ``depth`` blocks as a model of that depth (unrolled layers)."""
-    cfg = dataclasses.replace(model.cfg, n_layers=depth)
+    cfg = model.cfg.replace(n_layers=depth)
     layers = {f"layer_{i}": params["layers"][f"layer_{i}"] for i in range(depth)}
     return build(cfg), dict(params, layers=layers)
 
@@ -63,10 +62,10 @@ def mod_arm(run_dir, windows):
     """MoD under causal predictor routing with floor(c T) slots per MoD block."""
     _, model, params = rundir.load_params(run_dir)
     T = windows.shape[1]
-    cfg = dataclasses.replace(mod.decode_config(model.cfg, "predictor"),
+    cfg = mod.decode_config(model.cfg, "predictor").replace(
                               mod_decode_slots=mod.capacity(model.cfg, T))
     arm = build(cfg)
-    return arm, params, {"run": run_dir, "slots": cfg.mod_decode_slots,
+    return arm, params, {"run": run_dir, "slots": cfg.mod.decode_slots,
                          "bpb": bpb_of(arm, params, windows),
                          "flops": analytic_forward_flops(cfg, 1, T)["total"]}
 
@@ -114,7 +113,7 @@ def main():
 
     curves = skipping.skipping_curves(model, params, test, [0.0])
     trunc = [{"depth": p["depth"], "bpb": p["bpb"],
-              "flops": analytic_forward_flops(dataclasses.replace(cfg, n_layers=p["depth"]),
+              "flops": analytic_forward_flops(cfg.replace(n_layers=p["depth"]),
                                               1, T)["total"]} for p in curves["truncate"]]
     mod_model, mod_params, mod_point = mod_arm(args.mod, test)
 

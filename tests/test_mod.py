@@ -1,5 +1,4 @@
 """Mixture-of-Depths: routing, positions, replay, capacity errors, causal decoding, KV cache."""
-import dataclasses
 
 import flax.linen as nn
 import jax
@@ -17,14 +16,14 @@ from dynjax.models.transformer import Block, ModelConfig, next_token_nll
 
 B, T, D = 2, 16, 32
 CFG = ModelConfig(family="mod", variant="mod", d_model=D, n_heads=2, n_layers=2, d_ff=64,
-                  mod_capacity=0.25, scan_layers=False)
+                  scan_layers=False).replace(mod_capacity=0.25)
 K = 4  # floor(0.25 * 16)
 
 
 @pytest.fixture(scope="module")
 def layer():
     """One MoD layer (raw router weight), its params, an input h and positions."""
-    cfg = dataclasses.replace(CFG, mod_router_weight="raw")
+    cfg = CFG.replace(mod_router_weight="raw")
     h = jax.random.normal(jax.random.key(0), (B, T, D))
     pos = jnp.broadcast_to(jnp.arange(T), (B, T))
     module = mod.ModLayer(cfg, True)
@@ -114,8 +113,8 @@ def test_bitwise_replay_and_one_compilation(model):
 
 
 def test_full_capacity_with_unit_weight_equals_dense():
-    cfg = dataclasses.replace(CFG, mod_capacity=1.0, mod_router_weight="raw")
-    m, dense = build(cfg), build(dataclasses.replace(cfg, variant="dense"))
+    cfg = CFG.replace(mod_capacity=1.0, mod_router_weight="raw")
+    m, dense = build(cfg), build(cfg.replace(variant="dense"))
     tokens = jax.random.randint(jax.random.key(4), (B, T), 0, 256)
     params = m.init(jax.random.key(5), tokens)
     dense_params = jax.tree.map(lambda a: a, params)
@@ -130,11 +129,11 @@ def test_full_capacity_with_unit_weight_equals_dense():
 @pytest.mark.parametrize("c", [0.0, -0.5, 1.5])
 def test_capacity_outside_unit_interval_is_a_clear_error(c):
     with pytest.raises(ValueError, match="mod_capacity"):
-        build(dataclasses.replace(CFG, mod_capacity=c))
+        build(CFG.replace(mod_capacity=c))
 
 
 def test_zero_capacity_tokens_is_a_clear_error():
-    m = build(dataclasses.replace(CFG, mod_capacity=0.1))
+    m = build(CFG.replace(mod_capacity=0.1))
     with pytest.raises(ValueError, match=r"floor\(0.1 \* 8\) = 0"):
         m.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
 
@@ -184,7 +183,7 @@ def test_slot_budget_admits_the_first_askers_and_the_rest_skip(model):
     (the documented fallback); decoding and the sequence form agree, whatever the length."""
     _, params, tokens = model
     N = 3
-    cfg = dataclasses.replace(mod.decode_config(CFG, "router"), mod_decode_slots=N)
+    cfg = mod.decode_config(CFG, "router").replace(mod_decode_slots=N)
     stats = routing.routing_stats(build(cfg), params, tokens)
     free = routing.routing_stats(build(mod.decode_config(CFG, "router")), params, tokens)
     asked = np.asarray(free["entered"])[0]             # unlimited: every asker enters
@@ -202,10 +201,10 @@ def test_slot_budget_admits_the_first_askers_and_the_rest_skip(model):
         np.testing.assert_allclose(cached, logits, atol=1e-4, rtol=1e-4)
         np.testing.assert_array_equal(ent, stats["entered"])
     sparse = decoding.cache_bytes(decoding.init_cache(cfg, B, 64))
-    dense = decoding.cache_bytes(decoding.init_cache(dataclasses.replace(cfg, variant="dense"), B, 64))
+    dense = decoding.cache_bytes(decoding.init_cache(cfg.replace(variant="dense"), B, 64))
     assert sparse == dense * (64 + N) / (2 * 64)       # one dense and one MoD block of two
     with pytest.raises(ValueError, match="mod_decode_slots=-1"):
-        build(dataclasses.replace(CFG, mod_decode_slots=-1))
+        build(CFG.replace(mod_decode_slots=-1))
 
 
 def test_generate_is_greedy_decoding_over_cached_forward(model):
@@ -238,7 +237,7 @@ def test_language_model_loss_alone_trains_the_router_not_the_predictor(model):
     """With both BCE weights 0, the router still learns through its sigmoid weight on the
     update, and the stop-gradient predictor gets no gradient at all."""
     _, params, tokens = model
-    cfg = dataclasses.replace(CFG, mod_bce_weight=0.0, mod_predictor_weight=0.0)
+    cfg = CFG.replace(mod_bce_weight=0.0, mod_predictor_weight=0.0)
     m = build(cfg)
 
     def loss(p):
@@ -272,7 +271,7 @@ def test_evaluation_reports_every_rule_with_a_causal_headline(model):
         "topk": False, "router": True, "predictor": True}
     assert out["bpb"] == out["routes"]["predictor"]["bpb"]
     assert "topk" in ev.describe(out) and "(non-causal)" in ev.describe(out)
-    assert Evaluator(dataclasses.replace(CFG, mod_predictor_weight=0.0)).headline == "router"
+    assert Evaluator(CFG.replace(mod_predictor_weight=0.0)).headline == "router"
     with pytest.raises(ValueError, match="eval.route='sideways'"):
         Evaluator(CFG, "sideways")
     agree = ev.decode_agreement(params, np.asarray(tokens), batch_size=2)

@@ -1,5 +1,4 @@
 """Execution measures of MoD: executed blocks per token and FLOPs (compiled vs analytic)."""
-import dataclasses
 
 import jax
 import numpy as np
@@ -9,8 +8,8 @@ from dynjax.measure import execution as ex
 from dynjax.models import build
 from dynjax.models.transformer import ModelConfig
 
-CFG = ModelConfig(family="mod", variant="mod", d_model=32, n_heads=2, n_layers=4, d_ff=64,
-                  mod_capacity=0.25)
+CFG = ModelConfig(family="mod", variant="mod", d_model=32, n_heads=2, n_layers=4,
+                  d_ff=64).replace(mod_capacity=0.25)
 
 
 def test_executed_blocks_mean_and_histogram():
@@ -24,7 +23,7 @@ def test_executed_blocks_mean_and_histogram():
 
 def test_compiled_flops_track_the_analytic_count_and_mod_saves():
     mod_r = ex.flop_report(CFG, 2, 64)
-    dense_r = ex.flop_report(dataclasses.replace(CFG, variant="dense"), 2, 64)
+    dense_r = ex.flop_report(CFG.replace(variant="dense"), 2, 64)
     for r in (mod_r, dense_r):
         assert 0.9 < r["compiled_flops"] / r["analytic_flops"] < 1.2
     assert mod_r["analytic_parts"]["mod_attention"] > 0 and mod_r["analytic_parts"]["predictor"] > 0
@@ -43,7 +42,7 @@ def test_compiled_and_analytic_flops_agree_within_5_percent(name):
 
 def test_executed_blocks_of_integrated_mode_count_only_blocks_whose_ffn_ran():
     cfg = ModelConfig(family="moe", variant="mode_integrated", d_model=32, n_heads=2,
-                      n_layers=2, d_ff=64, moe_capacity_factor=0.0)
+                      n_layers=2, d_ff=64).replace(moe_capacity_factor=0.0)
     m = build(cfg)
     tokens = jax.random.randint(jax.random.key(0), (2, 16), 0, 256)
     params = m.init(jax.random.key(1), tokens)

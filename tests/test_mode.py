@@ -1,6 +1,5 @@
 """Staged MoDE (MoD routing around an MoE block): bitwise replay of both routings, unselected
 tokens untouched, the k slots' MoE routing replayed verbatim, and the mode_tiny configs."""
-import dataclasses
 
 import flax.linen as nn
 import jax
@@ -18,13 +17,13 @@ from dynjax.models.transformer import ModelConfig
 B, T, D, E = 2, 16, 32, 4
 K = 4  # floor(0.25 * 16)
 CFG = ModelConfig(family="mod", variant="mode_staged", d_model=D, n_heads=2, n_layers=2,
-                  d_ff=64, mod_capacity=0.25, moe_num_experts=E, moe_capacity_factor=1.0,
-                  scan_layers=False)
+                  d_ff=64, scan_layers=False).replace(mod_capacity=0.25, moe_num_experts=E,
+                                                      moe_capacity_factor=1.0)
 TOKENS = jax.random.randint(jax.random.key(0), (B, T), 0, 256)
 
 
 def test_record_replay_bitwise_with_both_routings():
-    model = build(dataclasses.replace(CFG, scan_layers=True, n_layers=4))   # 2 scanned groups
+    model = build(CFG.replace(scan_layers=True, n_layers=4))   # 2 scanned groups
     params = model.init(jax.random.key(1), TOKENS)
     fwd = jax.jit(model.apply)
     logits, coeffs = fwd(params, TOKENS)
@@ -68,7 +67,7 @@ def test_causal_staged_mode_with_binding_expert_capacity(route, top_k, cf):
     """A slot budget of 8 and expert buffers of ceil(cf * top_k * 8 / 4): the causal forward
     is causal at every split, tokens that did not enter take no expert slot, routes really
     drop (second choices queue in token order), and the KV-cache decoder equals it."""
-    cfg = dataclasses.replace(mod.decode_config(CFG, route), mod_decode_slots=8,
+    cfg = mod.decode_config(CFG, route).replace(mod_decode_slots=8,
                               moe_num_experts_per_tok=top_k, moe_capacity_factor=cf)
     model = build(cfg)
     params = model.init(jax.random.key(1), TOKENS)
@@ -98,7 +97,7 @@ def test_causal_staged_mode_with_binding_expert_capacity(route, top_k, cf):
 
 
 def test_causal_staged_mode_needs_position_priority():
-    cfg = dataclasses.replace(CFG, mod_route="router", moe_num_experts_per_tok=2)
+    cfg = CFG.replace(mod_route="router", moe_num_experts_per_tok=2)
     with pytest.raises(ValueError, match="moe_priority='position'"):
         build(cfg)
     build(mod.decode_config(cfg))  # decode_config sets it
@@ -106,7 +105,7 @@ def test_causal_staged_mode_needs_position_priority():
 
 def test_expert_choice_decoding_is_refused_clearly():
     with pytest.raises(NotImplementedError, match="expert_choice ranks the whole sequence"):
-        decoding.init_cache(dataclasses.replace(CFG, moe_routing="expert_choice"), B, T)
+        decoding.init_cache(CFG.replace(moe_routing="expert_choice"), B, T)
 
 
 @pytest.mark.parametrize("variant", ["mode_staged", "mode_integrated"])

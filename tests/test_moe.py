@@ -1,5 +1,4 @@
 """MoE and integrated MoDE: capacity and dropping as documented, losses, bitwise replay."""
-import dataclasses
 
 import flax.linen as nn
 import jax
@@ -13,7 +12,7 @@ from dynjax.models.transformer import ModelConfig
 
 B, T, D, E = 2, 16, 32, 4
 CFG = ModelConfig(family="moe", variant="moe", d_model=D, n_heads=2, n_layers=2, d_ff=64,
-                  moe_num_experts=E, scan_layers=False)
+                  scan_layers=False).replace(moe_num_experts=E)
 
 
 def ffn(cfg):
@@ -31,7 +30,7 @@ def one_hot_probs(experts, n=E):
 
 
 def test_token_choice_capacity_drops_later_tokens_whose_update_is_zero():
-    cfg = dataclasses.replace(CFG, moe_capacity_factor=1.0)   # C = ceil(16 / 4) = 4
+    cfg = CFG.replace(moe_capacity_factor=1.0)   # C = ceil(16 / 4) = 4
     run, _ = ffn(cfg)
     y, _, _, stats = run(one_hot_probs(np.zeros(T, int)))     # every token wants expert 0
     y = np.asarray(y)
@@ -40,7 +39,7 @@ def test_token_choice_capacity_drops_later_tokens_whose_update_is_zero():
     np.testing.assert_array_equal(y[:, 4:], 0)                # the rest are dropped
     assert float(stats["dropped"]) == 12 / 16
     # capacity_factor <= 0: an expert can take every token, nothing drops.
-    run, _ = ffn(dataclasses.replace(CFG, moe_capacity_factor=0.0))
+    run, _ = ffn(CFG.replace(moe_capacity_factor=0.0))
     y, _, _, stats = run(one_hot_probs(np.zeros(T, int)))
     assert float(stats["dropped"]) == 0 and np.all(np.abs(np.asarray(y)).max(-1) > 0)
 
@@ -71,10 +70,10 @@ def test_position_priority_queues_in_token_order_and_skips_invalid_tokens():
 def test_switch_load_balance_and_z_loss_equal_hand_computed_values():
     """Switch: E * sum_e f_e P_e with f_e the fraction of top-k assignments to e, P_e the
     mean router probability; ST-MoE z-loss: mean logsumexp(logits)^2."""
-    cfg = dataclasses.replace(CFG, moe_num_experts=2, moe_load_balance_loss_weight=1.0,
+    cfg = CFG.replace(moe_num_experts=2, moe_load_balance_loss_weight=1.0,
                               moe_router_z_loss_weight=1.0, moe_capacity_factor=0.0)
     x = jnp.asarray([[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]])        # (1, 3, d=2)
-    module = moe.MoeFfn(dataclasses.replace(cfg, d_model=2, d_ff=4))
+    module = moe.MoeFfn(cfg.replace(d_model=2, d_ff=4))
     params = nn.meta.unbox(module.init(jax.random.key(0), x))
     w = np.array([[2.0, 0.0], [0.0, 1.0]], np.float32)               # logits = x @ w
     params["params"]["router"]["kernel"] = jnp.asarray(w)
@@ -88,7 +87,7 @@ def test_switch_load_balance_and_z_loss_equal_hand_computed_values():
 
 
 def test_expert_choice_balances_load_exactly():
-    cfg = dataclasses.replace(CFG, moe_routing="expert_choice", moe_capacity_factor=1.0)
+    cfg = CFG.replace(moe_routing="expert_choice", moe_capacity_factor=1.0)
     run, _ = ffn(cfg)
     _, _, aux, stats = run(one_hot_probs(np.zeros(T, int)))
     np.testing.assert_allclose(stats["load"], np.full(E, 4 / 16))  # C = 4 tokens each
@@ -96,7 +95,7 @@ def test_expert_choice_balances_load_exactly():
 
 
 def test_integrated_mode_noop_expert_skips_the_mlp():
-    cfg = dataclasses.replace(CFG, variant="mode_integrated", moe_capacity_factor=0.0)
+    cfg = CFG.replace(variant="mode_integrated", moe_capacity_factor=0.0)
     run, _ = ffn(cfg)
     experts = np.where(np.arange(T) % 2 == 0, E, 1)   # even tokens -> the no-op expert
     y, _, _, stats = run(one_hot_probs(experts, E + 1))
@@ -117,7 +116,7 @@ def test_losses_at_init():
                                              ("moe", "expert_choice"),
                                              ("mode_integrated", "token_choice")])
 def test_bitwise_replay_under_jit(variant, routing):
-    cfg = dataclasses.replace(CFG, variant=variant, moe_routing=routing,
+    cfg = CFG.replace(variant=variant, moe_routing=routing,
                               moe_num_experts_per_tok=2)
     m = build(cfg)
     tokens = jax.random.randint(jax.random.key(4), (B, T), 0, 256)
@@ -130,6 +129,6 @@ def test_bitwise_replay_under_jit(variant, routing):
 
 def test_config_errors():
     with pytest.raises(ValueError, match="moe_num_experts_per_tok"):
-        build(dataclasses.replace(CFG, moe_num_experts_per_tok=5))
+        build(CFG.replace(moe_num_experts_per_tok=5))
     with pytest.raises(ValueError, match="moe_routing"):
-        build(dataclasses.replace(CFG, moe_routing="hash"))
+        build(CFG.replace(moe_routing="hash"))

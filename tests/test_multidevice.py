@@ -43,7 +43,7 @@ SCRIPT = textwrap.dedent("""
         cases = {{}}
         for fam, var, extra in (("gates", "feature_gate", {{}}), ("mod", "mod", {{}}),
                                 ("moe", "moe", dict(moe_num_experts=4)), ("mudd", "mudd", {{}})):
-            m = build(ModelConfig(family=fam, variant=var, **lm, **extra))
+            m = build(ModelConfig.from_dict(dict(family=fam, variant=var, **lm, **extra)))
             def lm_loss(p, t, m=m):
                 logits, _, aux = m.apply(p, t, with_aux=True)
                 return next_token_nll(logits, t).mean() + sum(aux.values(), 0.0)
@@ -119,7 +119,7 @@ SCRIPT = textwrap.dedent("""
         # "tensor" axis (2 ways), the batch over "data"; its loss equals the replicated one.
         from dynjax.models.transformer import ModelConfig
         cfg = ModelConfig(family="moe", variant="moe", d_model=32, n_heads=2, n_layers=2,
-                          d_ff=64, moe_num_experts=4, scan_layers=True)
+                          d_ff=64, scan_layers=True).replace(moe_num_experts=4)
         moe_model = build(cfg)
         params = moe_model.init(jax.random.key(0), batch)
         import ml_collections

@@ -1,6 +1,5 @@
 """CPU speed-ups that must not change results: per-token projections are bitwise neutral
 for training; block-causal attention equals the full T x T form within float tolerance."""
-import dataclasses
 
 import chex
 import jax
@@ -26,7 +25,7 @@ def tokens(seed=0):
 
 
 def cfg_of(family, variant, **kw):
-    return ModelConfig(family=family, variant=variant, **{**BASE, **kw})
+    return ModelConfig.from_dict({"family": family, "variant": variant, **BASE, **kw})
 
 
 def init(model):
@@ -89,7 +88,7 @@ def test_block_causal_models_equal_full(family, variant, extra):
     cfg = cfg_of(family, variant, **extra)
     model = build(cfg)
     params = init(model)
-    full = build(dataclasses.replace(cfg, attn_block=0))
+    full = build(cfg.replace(attn_block=0))
     (got, coeffs), (want, want_coeffs) = (jax.jit(m.apply)(params, tokens())
                                           for m in (model, full))
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)  # f32 rounding, amplified
@@ -101,7 +100,7 @@ def test_fused_attention_and_online_features_equal_jnp():
     FeatureGate's online-softmax features against the jnp form."""
     cfg = cfg_of("gates", "feature_gate", attn_block=0)
     params = init(build(cfg))
-    fused = dataclasses.replace(cfg, attn_impl="xla", attn_block=8)  # 4 key blocks online
+    fused = cfg.replace(attn_impl="xla", attn_block=8)  # 4 key blocks online
     (got, coeffs), (want, want_coeffs) = (jax.jit(build(c).apply)(params, tokens())
                                           for c in (fused, cfg))
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)

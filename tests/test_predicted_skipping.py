@@ -58,7 +58,7 @@ def test_everything_predicted_is_the_plain_forward_and_nothing_removes_every_upd
 
 
 def test_a_block_runs_on_exactly_the_predicted_tokens_up_to_its_slots():
-    cfg = ModelConfig(**{**CFG.__dict__, "n_layers": 1})
+    cfg = CFG.replace(n_layers=1)
     model = build(cfg)
     params = jax.jit(lambda: noisy(model.init(jax.random.key(1), TOKENS), 2))()
     pred = jax.jit(lambda: predictors(1))()

@@ -3,6 +3,9 @@ included, is built by ``models.build`` from a dict and offers init / apply / sch
 logical_axes with the record/replay contract."""
 from __future__ import annotations
 
+import importlib
+import json
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -10,6 +13,7 @@ import pytest
 
 from dynjax import coeffs as coeffs_lib
 from dynjax.models import FAMILIES, build
+from dynjax.models.transformer import ModelConfig
 
 TOKENS = jnp.asarray([[1, 2, 3, 4, 5, 6, 7, 8], [9, 8, 7, 6, 5, 4, 3, 2]], jnp.int32)
 LM = dict(d_model=16, n_heads=2, n_layers=2, d_ff=32)
@@ -63,3 +67,34 @@ def test_unknown_family_or_field_is_one_clear_error():
         build({"family": "nope"})
     with pytest.raises(ValueError, match=r"unknown model config field\(s\) \['colour'\]"):
         build(dict(CASES["muddpythia"][0], colour=1))
+
+
+def test_flat_config_names_map_into_family_sections():
+    """Config files and command lines spell a family's field flat (``mod_capacity``); the
+    config holds it in the family's section (``cfg.mod.capacity``) and writes it back flat."""
+    flat = dict(family="mod", variant="mode_staged", mod_capacity=0.5, mod_layers=[1],
+                moe_num_experts=3, fixed_depth=2, mudd_da_hidden=8, **LM)
+    cfg = ModelConfig.from_dict(flat)
+    assert (cfg.mod.capacity, cfg.mod.layers, cfg.moe.num_experts) == (0.5, (1,), 3)
+    assert (cfg.gates.fixed_depth, cfg.mudd.da_hidden, cfg.d_model) == (2, 8, 16)
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    assert hash(ModelConfig.from_dict(cfg.to_dict())) == hash(cfg)   # a Linen field
+    assert cfg.to_dict()["mod_layers"] == (1,) and "mod" not in cfg.to_dict()
+    changed = cfg.replace(mod_capacity=0.25, n_layers=4)
+    assert (changed.mod.capacity, changed.mod.layers, changed.n_layers) == (0.25, (1,), 4)
+    assert cfg.mod.capacity == 0.5                                    # frozen: a copy
+    with pytest.raises(ValueError, match=r"unknown model config field\(s\) \['mod_capcity'\]"):
+        cfg.replace(mod_capcity=0.25)
+
+
+@pytest.mark.parametrize("module,variant", [("tiny", "uniform"), ("mod_tiny", "mod"),
+                                            ("mode_tiny", "mode_staged"), ("mudd_tiny", "mudd")])
+def test_config_files_round_trip_flat(module, variant):
+    """A config file's flat model fields (what config.json stores and --config.model.* sets)
+    load into the sections and write back unchanged, through JSON as a stored run does."""
+    written = json.loads(json.dumps(importlib.import_module(f"configs.{module}")
+                                    .get_config(variant).model.to_dict()))
+    back = ModelConfig.from_dict(written).to_dict()
+    assert set(back) >= set(written)
+    assert {k: back[k] for k in written} == {
+        k: tuple(v) if isinstance(v, list) else v for k, v in written.items()}

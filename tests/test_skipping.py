@@ -47,7 +47,7 @@ def test_tau_zero_is_bitwise_the_plain_forward_and_tau_above_all_removes_every_u
 
 def test_curves_span_nothing_removed_to_everything_removed(fg):
     _, _, windows = fg
-    model = build(ModelConfig(**{**CFG.__dict__, "variant": "layer_static"}))
+    model = build(CFG.replace(variant="layer_static"))
     params = model.init(jax.random.key(1), jnp.asarray(windows[:1]))
     params["layer_gate"] = jnp.asarray([0.5, 1.5, 1.0])
     taus = skipping.gate_quantile_taus(model, params, windows, n=3, batch_size=3)

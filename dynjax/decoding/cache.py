@@ -12,8 +12,6 @@ they are applied with a trained model's own parameters.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -84,11 +82,11 @@ def moe_chunk(cfg: ModelConfig, x, counts, capacity, write_mask):
     if x.shape[1] == 1:
         y, new = moe.MoeFfnPerToken(cfg, name="moe")(x, counts, capacity, write_mask[:, 0])
         return y, new, (jnp.sum(new - counts, -1) > 0)[:, None]
-    pcfg = dataclasses.replace(cfg, moe_priority="position")
+    pcfg = cfg.replace(moe_priority="position")
     y, probs, _, stats = moe.MoeFfn(pcfg, name="moe")(x, None, write_mask, capacity)
-    dispatch, _, _ = moe.token_choice(probs, cfg.moe_num_experts_per_tok, capacity,
+    dispatch, _, _ = moe.token_choice(probs, cfg.moe.num_experts_per_tok, capacity,
                                       write_mask, by_position=True)
-    routes = jnp.sum(dispatch[:, :, :cfg.moe_num_experts], axis=(1, 3)).astype(counts.dtype)
+    routes = jnp.sum(dispatch[:, :, :cfg.moe.num_experts], axis=(1, 3)).astype(counts.dtype)
     return y, counts + routes, stats["ffn_ran"] & write_mask
 
 

@@ -21,7 +21,7 @@ from dynjax.models.transformer import MASK_VALUE, ModelConfig
 
 
 def n_blocks(cfg: ModelConfig) -> int:
-    return cfg.fixed_depth if cfg.variant == "fixed_depth" else cfg.n_layers
+    return cfg.gates.fixed_depth if cfg.variant == "fixed_depth" else cfg.n_layers
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int):
@@ -68,7 +68,7 @@ def static_gates(cfg: ModelConfig, params):
     ``GatedDecoder.static_gate`` reads."""
     if cfg.variant == "layer_static":
         return params["layer_gate"]
-    g = params["uniform_gate"] if cfg.uniform_value is None else cfg.uniform_value
+    g = params["uniform_gate"] if cfg.gates.uniform_value is None else cfg.gates.uniform_value
     return jnp.broadcast_to(jnp.asarray(g, jnp.float32), (cfg.n_layers,))
 
 

@@ -29,11 +29,11 @@ BRANCHES = ("cond", "masked")
 def forward_config(cfg: ModelConfig) -> ModelConfig:
     """The config whose sequence forward decoding reproduces: causal routing by the router
     (for a top-k config) or the config's own causal rule, token-order expert buffers."""
-    return mod.decode_config(cfg, "router" if cfg.mod_route == "topk" else cfg.mod_route)
+    return mod.decode_config(cfg, "router" if cfg.mod.route == "topk" else cfg.mod.route)
 
 
 def check(cfg: ModelConfig):
-    if cfg.variant == "mode_staged" and cfg.moe_routing != "token_choice":
+    if cfg.variant == "mode_staged" and cfg.moe.routing != "token_choice":
         raise NotImplementedError("KV-cache decoding of mode_staged needs token_choice MoE "
                                   "routing: expert_choice ranks the whole sequence, which a "
                                   "causal decoder has not seen yet")
@@ -58,7 +58,7 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int):
     def layer(routed):
         c = layer_cache(cfg, batch, mod.decode_slots(cfg, max_len) if routed else max_len)
         if routed and cfg.variant == "mode_staged":
-            c["experts"] = jnp.zeros((batch, cfg.moe_num_experts), jnp.int32)
+            c["experts"] = jnp.zeros((batch, cfg.moe.num_experts), jnp.int32)
         return c
     return [layer(routed) for _ in range(n_groups) for routed in pattern]
 
@@ -70,8 +70,8 @@ def routed_layer(cfg: ModelConfig, p, h, pos, c, branch):
     keeps its result only where a token entered. Returns h, the cache and (B, n) which
     tokens entered."""
     router = lambda h: mod.Router().apply({"params": p["router"]}, h)
-    if cfg.mod_route == "predictor":  # the router's score is needed only where the block runs
-        ask = mod.Predictor(cfg.mod_predictor_hidden).apply({"params": p["predictor"]}, h) > 0
+    if cfg.mod.route == "predictor":  # the router's score is needed only where the block runs
+        ask = mod.Predictor(cfg.mod.predictor_hidden).apply({"params": p["predictor"]}, h) > 0
     else:
         r = router(h)
         ask, router = r > 0, lambda _: r

@@ -13,8 +13,6 @@ with k >= 2. Expert choice ranks the whole sequence: it has no causal form and i
 """
 from __future__ import annotations
 
-import dataclasses
-
 import jax.numpy as jnp
 
 from dynjax.decoding.cache import CachedBlock, append_slots, layer_cache, layer_slices
@@ -23,11 +21,11 @@ from dynjax.models.transformer import ModelConfig
 
 
 def forward_config(cfg: ModelConfig) -> ModelConfig:
-    return dataclasses.replace(cfg, moe_priority="position")
+    return cfg.replace(moe_priority="position")
 
 
 def check(cfg: ModelConfig):
-    if cfg.moe_routing != "token_choice":
+    if cfg.moe.routing != "token_choice":
         raise NotImplementedError(
             f"KV-cache decoding of {cfg.variant} needs token_choice routing: expert_choice "
             "ranks the whole sequence, which a causal decoder has not seen yet")
@@ -37,7 +35,7 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int):
     """Per layer: max_len slots and the routes each expert has kept (B, E)."""
     check(cfg)
     return [dict(layer_cache(cfg, batch, max_len),
-                 experts=jnp.zeros((batch, cfg.moe_num_experts), jnp.int32))
+                 experts=jnp.zeros((batch, cfg.moe.num_experts), jnp.int32))
             for _ in range(cfg.n_layers)]
 
 

@@ -18,8 +18,6 @@ Two FLOP counts, always reported side by side and never mixed up:
 """
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -51,7 +49,7 @@ def executed_blocks(model, params, tokens) -> np.ndarray:
         return n_dense + entered.sum(axis=0)
     if cfg.family == "moe":  # attention always runs; a block counts when its FFN ran
         return np.asarray(moe_stats(model, params, tokens)["ffn_ran"]).sum(axis=0)
-    depth = cfg.fixed_depth if cfg.variant == "fixed_depth" else cfg.n_layers
+    depth = cfg.gates.fixed_depth if cfg.variant == "fixed_depth" else cfg.n_layers
     return np.full((B, T), depth)  # gate families execute every block they build
 
 
@@ -91,7 +89,7 @@ def _moe_ffn_flops(cfg: ModelConfig, n: int, capacity: int) -> dict:
     """MoE FFN on n tokens as the program computes it: the router, the one-hot dispatch and
     combine einsums (every token against every buffer slot), and each real expert's MLP on
     its full buffer of ``capacity`` slots, used or not (a no-op route has no buffer)."""
-    d, E = cfg.d_model, cfg.moe_num_experts
+    d, E = cfg.d_model, cfg.moe.num_experts
     return {"router": 2 * n * d * moe.n_routes(cfg),
             "dispatch_combine": 2 * 2 * n * E * capacity * d,
             "experts": E * _mlp_flops(cfg, capacity)}
@@ -101,17 +99,17 @@ def _mod_flops(cfg: ModelConfig, T: int) -> dict:
     """Dense blocks on T tokens; each MoD block on its slots (k = floor(cT) under top-k, all
     T under causal routing, where non-entering slots are masked, not skipped), its router
     and predictor on all T; staged MoDE's MoE on the slots."""
-    d, h = cfg.d_model, cfg.mod_predictor_hidden
+    d, h = cfg.d_model, cfg.mod.predictor_hidden
     mod_ids = mod.mod_layer_ids(cfg)
     parts = {"dense_blocks": (cfg.n_layers - len(mod_ids))
              * (_attention_flops(cfg, T) + _mlp_flops(cfg, T))}
     if not mod_ids:
         return parts
-    n = mod.capacity(cfg, T) if cfg.mod_route == "topk" else mod.decode_slots(cfg, T)
+    n = mod.capacity(cfg, T) if cfg.mod.route == "topk" else mod.decode_slots(cfg, T)
     per_block = {"mod_attention": _attention_flops(cfg, n), "router": 2 * T * d,
                  "predictor": 2 * T * (d * h + h)}
     if cfg.variant == "mode_staged":
-        c = (moe.expert_capacity(cfg, n) if cfg.mod_route == "topk"
+        c = (moe.expert_capacity(cfg, n) if cfg.mod.route == "topk"
              else mod.causal_expert_capacity(cfg, n))
         per_block.update({f"moe_{k}": v for k, v in _moe_ffn_flops(cfg, n, c).items()})
     else:
@@ -127,11 +125,11 @@ def _moe_flops(cfg: ModelConfig, T: int) -> dict:
 
 
 def _gates_flops(cfg: ModelConfig, T: int) -> dict:
-    n_blocks = cfg.fixed_depth if cfg.variant == "fixed_depth" else cfg.n_layers
+    n_blocks = cfg.gates.fixed_depth if cfg.variant == "fixed_depth" else cfg.n_layers
     parts = {"blocks": n_blocks * (_attention_flops(cfg, T) + _mlp_flops(cfg, T))}
     if cfg.variant == "feature_gate":  # controller MLP on 4 features per token
-        parts["controller"] = n_blocks * 2 * T * (4 * cfg.controller_hidden
-                                                  + cfg.controller_hidden)
+        parts["controller"] = n_blocks * 2 * T * (4 * cfg.gates.controller_hidden
+                                                  + cfg.gates.controller_hidden)
     return parts
 
 
@@ -139,7 +137,7 @@ def _mudd_flops(cfg: ModelConfig, T: int) -> dict:
     """Blocks, and after block i the mix of i + 2 sources into C_i streams (a multiply-add
     per element) and, for ``mudd``, the DA MLP producing those C_i * (i + 2) weights."""
     from dynjax.models import mudd
-    d, h = cfg.d_model, cfg.mudd_da_hidden
+    d, h = cfg.d_model, cfg.mudd.da_hidden
     cs = [(mudd.n_streams(cfg, i), i + 2) for i in range(cfg.n_layers)]
     parts = {"blocks": cfg.n_layers * (_attention_flops(cfg, T) + _mlp_flops(cfg, T)),
              "mix": sum(2 * T * C * S * d for C, S in cs)}
@@ -163,7 +161,7 @@ def analytic_forward_flops(cfg: ModelConfig, batch: int, seq_len: int) -> dict:
 
 def flop_report(cfg: ModelConfig, batch: int, seq_len: int, params=None) -> dict:
     """Compiled (unrolled program) and analytic FLOPs of one record forward."""
-    cfg = dataclasses.replace(cfg, scan_layers=False)
+    cfg = cfg.replace(scan_layers=False)
     model = build(cfg)
     tokens = jnp.zeros((batch, seq_len), jnp.int32)
     if params is None:

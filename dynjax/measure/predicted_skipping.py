@@ -93,7 +93,7 @@ def capacity_slots(counts, seq_len: int, quantile: float = 0.9) -> list:
 
 def skip_flops(cfg, seq_len: int, slots, hidden: int) -> dict:
     """Analytic matmul FLOPs of one window of ``dynjax.skip.forward`` with ``slots``."""
-    d, c = cfg.d_model, cfg.controller_hidden
+    d, c = cfg.d_model, cfg.gates.controller_hidden
     parts = {"predictors": cfg.n_layers * 2 * seq_len * (d * hidden + hidden),
              "blocks": sum(_attention_flops(cfg, n) + _mlp_flops(cfg, n) for n in slots),
              "controller": sum(2 * n * (4 * c + c) for n in slots),

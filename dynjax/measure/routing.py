@@ -42,7 +42,7 @@ def routing_report(model, params, tokens) -> dict:
     cfg = model.cfg
     train = {k: np.asarray(v) for k, v in routing_stats(model, params, tokens).items()}
     topk = train["topk"]
-    rep = {"capacity": cfg.mod_capacity, "mod_layers": list(mod.mod_layer_ids(cfg)),
+    rep = {"capacity": cfg.mod.capacity, "mod_layers": list(mod.mod_layer_ids(cfg)),
            "base_rate": float(topk.mean()),
            "never_route_accuracy": float(1.0 - topk.mean()),
            "tokens_per_block": int(topk[0].size)}

@@ -49,8 +49,8 @@ class Model:
         if cfg.variant not in FAMILIES[cfg.family].variants:
             raise ValueError(f"unknown model.variant={cfg.variant!r} for family "
                              f"{cfg.family!r}; choose one of {list(FAMILIES[cfg.family].variants)}")
-        if cfg.variant == "fixed_depth" and not 0 < cfg.fixed_depth <= cfg.n_layers:
-            raise ValueError(f"model.fixed_depth={cfg.fixed_depth} must be in "
+        if cfg.variant == "fixed_depth" and not 0 < cfg.gates.fixed_depth <= cfg.n_layers:
+            raise ValueError(f"model.fixed_depth={cfg.gates.fixed_depth} must be in "
                              f"1..n_layers={cfg.n_layers} for the fixed_depth variant")
         self.cfg = cfg
         self.module = module_cls(cfg)

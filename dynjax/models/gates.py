@@ -122,11 +122,11 @@ class Controller(nn.Module):
 
     @nn.compact
     def __call__(self, features):
-        z = nn.Dense(self.cfg.controller_hidden, name="hidden", kernel_init=nn.with_logical_partitioning(
+        z = nn.Dense(self.cfg.gates.controller_hidden, name="hidden", kernel_init=nn.with_logical_partitioning(
             nn.initializers.lecun_normal(), (None, None)))(features)
         z = nn.Dense(1, name="out", kernel_init=nn.with_logical_partitioning(
             nn.initializers.zeros, (None, None)))(nn.gelu(z))
-        return self.cfg.gate_max * jax.nn.sigmoid(z[..., 0])
+        return self.cfg.gates.gate_max * jax.nn.sigmoid(z[..., 0])
 
 
 class GateLayer(nn.Module):
@@ -171,7 +171,7 @@ class GatedDecoder(nn.Module):
         cfg = self.cfg
         B, T = tokens.shape
         h, positions = embed_tokens(cfg, tokens)
-        n_layers = cfg.fixed_depth if cfg.variant == "fixed_depth" else cfg.n_layers
+        n_layers = cfg.gates.fixed_depth if cfg.variant == "fixed_depth" else cfg.n_layers
         gated = cfg.variant not in ("dense", "fixed_depth")
         static = None
         if cfg.variant in ("uniform", "layer_static"):
@@ -187,8 +187,8 @@ class GatedDecoder(nn.Module):
         """(layers,) gate values of the uniform and layer_static variants."""
         cfg = self.cfg
         if cfg.variant == "uniform":
-            if cfg.uniform_value is not None:
-                g = jnp.asarray(cfg.uniform_value, jnp.float32)
+            if cfg.gates.uniform_value is not None:
+                g = jnp.asarray(cfg.gates.uniform_value, jnp.float32)
             else:
                 g = self.param("uniform_gate", nn.initializers.ones, ())
             return jnp.broadcast_to(g, (cfg.n_layers,))

@@ -56,7 +56,6 @@ every window; the audit reports which conditions do this (``constant_along``).
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import flax.linen as nn
@@ -80,16 +79,16 @@ EMPTY = 2 ** 30  # position of an unused slot: later than every real query, so n
 def mod_layer_ids(cfg: ModelConfig) -> tuple[int, ...]:
     if cfg.variant == "dense":
         return ()
-    if cfg.mod_layers:
-        return tuple(sorted(cfg.mod_layers))
-    return tuple(range(cfg.mod_every - 1, cfg.n_layers, cfg.mod_every))
+    if cfg.mod.layers:
+        return tuple(sorted(cfg.mod.layers))
+    return tuple(range(cfg.mod.every - 1, cfg.n_layers, cfg.mod.every))
 
 
 def layout(cfg: ModelConfig) -> tuple[int, tuple[bool, ...]]:
     """(number of groups, which blocks of a group are MoD). One group when irregular."""
     ids = mod_layer_ids(cfg)
-    e = cfg.mod_every
-    if cfg.mod_layers or cfg.n_layers % e:
+    e = cfg.mod.every
+    if cfg.mod.layers or cfg.n_layers % e:
         return 1, tuple(i in ids for i in range(cfg.n_layers))
     return cfg.n_layers // e, tuple(cfg.variant != "dense" and j == e - 1 for j in range(e))
 
@@ -97,33 +96,33 @@ def layout(cfg: ModelConfig) -> tuple[int, tuple[bool, ...]]:
 def validate(cfg: ModelConfig):
     if cfg.variant == "dense":
         return
-    if not 0 < cfg.mod_capacity <= 1:
-        raise ValueError(f"model.mod_capacity={cfg.mod_capacity} must be in (0, 1]: a MoD "
+    if not 0 < cfg.mod.capacity <= 1:
+        raise ValueError(f"model.mod_capacity={cfg.mod.capacity} must be in (0, 1]: a MoD "
                          "block processes k = floor(c * T) of the T tokens")
-    if cfg.mod_every < 1:
-        raise ValueError(f"model.mod_every={cfg.mod_every} must be at least 1")
-    bad = [i for i in cfg.mod_layers if not 0 <= i < cfg.n_layers]
-    if bad or len(set(cfg.mod_layers)) != len(cfg.mod_layers):
-        raise ValueError(f"model.mod_layers={cfg.mod_layers} must be distinct block indices "
+    if cfg.mod.every < 1:
+        raise ValueError(f"model.mod_every={cfg.mod.every} must be at least 1")
+    bad = [i for i in cfg.mod.layers if not 0 <= i < cfg.n_layers]
+    if bad or len(set(cfg.mod.layers)) != len(cfg.mod.layers):
+        raise ValueError(f"model.mod_layers={cfg.mod.layers} must be distinct block indices "
                          f"in 0..{cfg.n_layers - 1}")
     if not mod_layer_ids(cfg):
-        raise ValueError(f"no MoD block: mod_every={cfg.mod_every} > n_layers={cfg.n_layers}")
-    if cfg.mod_router_weight not in ("raw", "sigmoid"):
-        raise ValueError(f"model.mod_router_weight={cfg.mod_router_weight!r}; use 'raw' or "
+        raise ValueError(f"no MoD block: mod_every={cfg.mod.every} > n_layers={cfg.n_layers}")
+    if cfg.mod.router_weight not in ("raw", "sigmoid"):
+        raise ValueError(f"model.mod_router_weight={cfg.mod.router_weight!r}; use 'raw' or "
                          "'sigmoid'")
-    if cfg.mod_route not in ("topk", "router", "predictor"):
-        raise ValueError(f"model.mod_route={cfg.mod_route!r}; use 'topk', 'router' or "
+    if cfg.mod.route not in ("topk", "router", "predictor"):
+        raise ValueError(f"model.mod_route={cfg.mod.route!r}; use 'topk', 'router' or "
                          "'predictor'")
-    if cfg.mod_decode_slots < 0:
-        raise ValueError(f"model.mod_decode_slots={cfg.mod_decode_slots} must be >= 0 "
+    if cfg.mod.decode_slots < 0:
+        raise ValueError(f"model.mod_decode_slots={cfg.mod.decode_slots} must be >= 0 "
                          "(0: no limit)")
     if cfg.variant == "mode_staged":
         moe.validate(cfg)
-        if cfg.mod_route != "topk" and not moe.is_causal(cfg):
+        if cfg.mod.route != "topk" and not moe.is_causal(cfg):
             raise ValueError(
-                f"causal routing (mod_route={cfg.mod_route!r}) of mode_staged needs a causal "
+                f"causal routing (mod_route={cfg.mod.route!r}) of mode_staged needs a causal "
                 f"MoE: moe_routing='token_choice' with moe_priority='position' (got "
-                f"{cfg.moe_routing!r}, {cfg.moe_priority!r}); mod.decode_config sets the "
+                f"{cfg.moe.routing!r}, {cfg.moe.priority!r}); mod.decode_config sets the "
                 "priority, and expert_choice has no causal form")
 
 
@@ -132,8 +131,8 @@ def eval_routes(cfg: ModelConfig) -> dict:
     window, so it is the training objective, never the headline."""
     if cfg.variant == "dense":
         return {"dense": (cfg, True)}
-    routes = {"topk": (dataclasses.replace(cfg, mod_route="topk"), False)}
-    if cfg.variant == "mode_staged" and cfg.moe_routing != "token_choice":
+    routes = {"topk": (cfg.replace(mod_route="topk"), False)}
+    if cfg.variant == "mode_staged" and cfg.moe.routing != "token_choice":
         return routes  # expert choice has no causal form
     for route in ("router", "predictor"):
         routes[route] = (decode_config(cfg, route), True)
@@ -142,23 +141,23 @@ def eval_routes(cfg: ModelConfig) -> dict:
 
 def decode_slots(cfg: ModelConfig, seq_len: int) -> int:
     """Slots of a MoD block under causal routing: every token, or the budget N."""
-    return seq_len if cfg.mod_decode_slots <= 0 else min(cfg.mod_decode_slots, seq_len)
+    return seq_len if cfg.mod.decode_slots <= 0 else min(cfg.mod.decode_slots, seq_len)
 
 
 def causal_expert_capacity(cfg: ModelConfig, n_slots: int) -> int:
     """Staged MoDE's expert buffers under causal routing, sized by the slot budget so they
     never depend on the length; without a budget one route per token per expert never
     fills ``n_slots``."""
-    if cfg.mod_decode_slots <= 0:
+    if cfg.mod.decode_slots <= 0:
         return n_slots
-    return moe.expert_capacity(cfg, cfg.mod_decode_slots)
+    return moe.expert_capacity(cfg, cfg.mod.decode_slots)
 
 
 def capacity(cfg: ModelConfig, seq_len: int) -> int:
     """k = floor(c * T), the static number of tokens a MoD block processes."""
-    k = int(math.floor(cfg.mod_capacity * seq_len + 1e-9))
+    k = int(math.floor(cfg.mod.capacity * seq_len + 1e-9))
     if k < 1:
-        raise ValueError(f"MoD capacity k = floor({cfg.mod_capacity} * {seq_len}) = 0: a "
+        raise ValueError(f"MoD capacity k = floor({cfg.mod.capacity} * {seq_len}) = 0: a "
                          "block would process no token; raise model.mod_capacity or the "
                          "sequence length")
     return k
@@ -169,7 +168,7 @@ def schema(cfg: ModelConfig):
     if cfg.variant == "dense":
         return {}
     out = {"router": ROUTER_AXES}
-    if cfg.mod_route == "predictor":
+    if cfg.mod.route == "predictor":
         out["predictor"] = ROUTER_AXES
     if cfg.variant == "mode_staged":
         out["moe"] = MOE_AXES
@@ -177,7 +176,7 @@ def schema(cfg: ModelConfig):
 
 
 def router_weight(cfg: ModelConfig, r):
-    return jax.nn.sigmoid(r) if cfg.mod_router_weight == "sigmoid" else r
+    return jax.nn.sigmoid(r) if cfg.mod.router_weight == "sigmoid" else r
 
 
 # ----------------------------------------------------------------------- the MoD block
@@ -252,7 +251,7 @@ class StagedBlock(nn.Module):
     @nn.compact
     def __call__(self, x, positions, given=None):
         cfg = self.cfg
-        causal = {} if cfg.mod_route == "topk" else dict(
+        causal = {} if cfg.mod.route == "topk" else dict(
             valid=positions < EMPTY, capacity=causal_expert_capacity(cfg, x.shape[1]))
         a, m, probs, aux, stats = moe.attention_then_moe(cfg, x, positions, given, **causal)
         return a + m, (probs, aux, stats)
@@ -273,9 +272,9 @@ class ModLayer(nn.Module):
         if not self.routed:
             return h + block(h, positions)[0], None
         T = h.shape[1]
-        pred = Predictor(cfg.mod_predictor_hidden, name="predictor")(h)
+        pred = Predictor(cfg.mod.predictor_hidden, name="predictor")(h)
         computed = {"router": Router(name="router")(h)}
-        if cfg.mod_route == "predictor":
+        if cfg.mod.route == "predictor":
             computed["predictor"] = pred
         own = coeffs_lib.part(given, lambda v: {k: v[k] for k in computed})  # not "moe"
         coeffs = coeffs_lib.site(computed, own)
@@ -285,8 +284,8 @@ class ModLayer(nn.Module):
         h, coeffs = jax.lax.optimization_barrier((h, coeffs))
         scores = coeffs["router"]
         top_idx, top_valid = top_k_slots(scores, capacity(cfg, T))
-        asked = (coeffs["predictor"] if cfg.mod_route == "predictor" else scores) > 0
-        if cfg.mod_route == "topk":
+        asked = (coeffs["predictor"] if cfg.mod.route == "predictor" else scores) > 0
+        if cfg.mod.route == "topk":
             idx, valid = top_idx, top_valid
         else:  # causal: the tokens that ask, up to the slot budget
             idx, valid = first_k_slots(asked, decode_slots(cfg, T))
@@ -295,10 +294,10 @@ class ModLayer(nn.Module):
         h, extra = routed_update(run, h, positions, scores, idx, valid,
                                  lambda r: router_weight(cfg, r))
         target = jax.lax.stop_gradient(membership(top_idx, top_valid, T))
-        aux = {"router_bce": cfg.mod_bce_weight * _bce(scores, target),
-               "predictor_bce": cfg.mod_predictor_weight * _bce(pred, target)}
+        aux = {"router_bce": cfg.mod.bce_weight * _bce(scores, target),
+               "predictor_bce": cfg.mod.predictor_weight * _bce(pred, target)}
         entered = membership(idx, valid, T)
-        overflow = (asked & ~entered) if cfg.mod_route != "topk" else jnp.zeros_like(entered)
+        overflow = (asked & ~entered) if cfg.mod.route != "topk" else jnp.zeros_like(entered)
         stats = {"topk": target, "entered": entered, "overflow": overflow,
                  "router_says": scores > 0, "predictor_says": pred > 0}
         if staged:  # the k slots' MoE routing is a coefficient too; its losses and load
@@ -356,4 +355,4 @@ class ModDecoder(nn.Module):
 def decode_config(cfg: ModelConfig, route: str = "router") -> ModelConfig:
     """The same model routed causally ("router" threshold or "predictor"); staged MoDE's
     expert buffers then fill in token order."""
-    return dataclasses.replace(cfg, mod_route=route, moe_priority="position")
+    return cfg.replace(mod_route=route, moe_priority="position")

@@ -53,39 +53,39 @@ ROUTER_AXES = Axes(("layer", "example", "token", "expert"))
 
 def n_routes(cfg: ModelConfig) -> int:
     """Router outputs: the experts, plus the no-op expert of integrated MoDE."""
-    return cfg.moe_num_experts + (cfg.variant == "mode_integrated")
+    return cfg.moe.num_experts + (cfg.variant == "mode_integrated")
 
 
 def validate(cfg: ModelConfig):
-    if cfg.moe_num_experts < 1:
-        raise ValueError(f"model.moe_num_experts={cfg.moe_num_experts} must be at least 1")
-    if not 1 <= cfg.moe_num_experts_per_tok <= n_routes(cfg):
-        raise ValueError(f"model.moe_num_experts_per_tok={cfg.moe_num_experts_per_tok} must "
+    if cfg.moe.num_experts < 1:
+        raise ValueError(f"model.moe_num_experts={cfg.moe.num_experts} must be at least 1")
+    if not 1 <= cfg.moe.num_experts_per_tok <= n_routes(cfg):
+        raise ValueError(f"model.moe_num_experts_per_tok={cfg.moe.num_experts_per_tok} must "
                          f"be in 1..{n_routes(cfg)} (the router's outputs)")
-    if cfg.moe_routing not in ("token_choice", "expert_choice"):
-        raise ValueError(f"model.moe_routing={cfg.moe_routing!r}; use 'token_choice' or "
+    if cfg.moe.routing not in ("token_choice", "expert_choice"):
+        raise ValueError(f"model.moe_routing={cfg.moe.routing!r}; use 'token_choice' or "
                          "'expert_choice'")
-    if cfg.moe_routing == "expert_choice" and cfg.moe_capacity_factor <= 0:
+    if cfg.moe.routing == "expert_choice" and cfg.moe.capacity_factor <= 0:
         raise ValueError("expert_choice routing needs model.moe_capacity_factor > 0")
-    if cfg.moe_priority not in ("choice", "position"):
-        raise ValueError(f"model.moe_priority={cfg.moe_priority!r}; use 'choice' (GShard) or "
+    if cfg.moe.priority not in ("choice", "position"):
+        raise ValueError(f"model.moe_priority={cfg.moe.priority!r}; use 'choice' (GShard) or "
                          "'position' (causal)")
 
 
 def is_causal(cfg: ModelConfig) -> bool:
     """Does the sequence form's routing of token t depend only on tokens <= t? Expert choice
     ranks the whole sequence; choice-major buffers do too once a second choice can drop."""
-    if cfg.moe_routing == "expert_choice":
+    if cfg.moe.routing == "expert_choice":
         return False
-    return (cfg.moe_priority == "position" or cfg.moe_num_experts_per_tok == 1
-            or cfg.moe_capacity_factor <= 0)
+    return (cfg.moe.priority == "position" or cfg.moe.num_experts_per_tok == 1
+            or cfg.moe.capacity_factor <= 0)
 
 
 def expert_capacity(cfg: ModelConfig, seq_len: int) -> int:
     """Tokens each expert's buffer holds per sequence."""
-    if cfg.moe_capacity_factor <= 0:
+    if cfg.moe.capacity_factor <= 0:
         return seq_len
-    c = math.ceil(cfg.moe_capacity_factor * cfg.moe_num_experts_per_tok * seq_len
+    c = math.ceil(cfg.moe.capacity_factor * cfg.moe.num_experts_per_tok * seq_len
                   / n_routes(cfg) - 1e-9)
     return max(1, min(seq_len, c))
 
@@ -129,7 +129,7 @@ def router_layer(cfg: ModelConfig):
 
 def expert_kernels(module: nn.Module, cfg: ModelConfig, d: int):
     """Every MoE FFN's expert weights ``wi`` (E, d, d_ff) and ``wo`` (E, d_ff, d)."""
-    E = cfg.moe_num_experts
+    E = cfg.moe.num_experts
     return (module.param("wi", dense_init(("expert", "embed", "mlp")), (E, d, cfg.d_ff)),
             module.param("wo", dense_init(("expert", "mlp", "embed")), (E, cfg.d_ff, d)))
 
@@ -146,17 +146,17 @@ class MoeFfn(nn.Module):
         the expert buffer size (default ``expert_capacity(cfg, T)``)."""
         cfg = self.cfg
         B, T, d = x.shape
-        E, k = cfg.moe_num_experts, cfg.moe_num_experts_per_tok
+        E, k = cfg.moe.num_experts, cfg.moe.num_experts_per_tok
         logits = router_layer(cfg)(x.astype(jnp.float32))
         probs = coeffs_lib.site(jax.nn.softmax(logits, axis=-1), given)
-        aux = {"router_z": cfg.moe_router_z_loss_weight * jnp.mean(
+        aux = {"router_z": cfg.moe.router_z_loss_weight * jnp.mean(
             jax.nn.logsumexp(logits, axis=-1) ** 2)}
         C = expert_capacity(cfg, T) if capacity is None else capacity
-        if cfg.moe_routing == "token_choice":
+        if cfg.moe.routing == "token_choice":
             dispatch, combine, kept = token_choice(probs, k, C, valid,
-                                                   cfg.moe_priority == "position")
+                                                   cfg.moe.priority == "position")
             top1 = jax.nn.one_hot(jax.lax.top_k(probs, k)[1], n_routes(cfg)).sum(2) / k
-            aux["load_balance"] = cfg.moe_load_balance_loss_weight * n_routes(cfg) * jnp.sum(
+            aux["load_balance"] = cfg.moe.load_balance_loss_weight * n_routes(cfg) * jnp.sum(
                 top1.mean((0, 1)) * probs.mean((0, 1)))
             n_valid = k * (B * T if valid is None else jnp.maximum(valid.sum(), 1))
             dropped = 1.0 - kept.sum() / n_valid
@@ -190,10 +190,10 @@ class MoeFfnPerToken(nn.Module):
     @nn.compact
     def __call__(self, x, counts, capacity, write):
         cfg = self.cfg
-        E, dt = cfg.moe_num_experts, cfg.compute_dtype
+        E, dt = cfg.moe.num_experts, cfg.compute_dtype
         logits = router_layer(cfg)(x[:, 0].astype(jnp.float32))
         gates, experts = jax.lax.top_k(jax.nn.softmax(logits, axis=-1),
-                                       cfg.moe_num_experts_per_tok)           # (B, k)
+                                       cfg.moe.num_experts_per_tok)           # (B, k)
         real = experts < E                                                   # no-op route
         experts = jnp.minimum(experts, E - 1)
         kept = real & (jnp.take_along_axis(counts, experts, 1) < capacity)

@@ -99,7 +99,7 @@ class DynamicDense(nn.Module):
     @nn.compact
     def __call__(self, nx):
         cfg, C, S = self.cfg, self.n_streams, self.n_sources
-        z = per_token(nn.Dense(cfg.mudd_da_hidden, use_bias=False, dtype=cfg.compute_dtype,
+        z = per_token(nn.Dense(cfg.mudd.da_hidden, use_bias=False, dtype=cfg.compute_dtype,
                                kernel_init=dense_init(("embed", None)), name="hidden"), nx)
         a = per_token(nn.Dense(C * S, use_bias=False, dtype=cfg.compute_dtype, name="out",
                                kernel_init=nn.with_logical_partitioning(nn.initializers.zeros,

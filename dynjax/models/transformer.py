@@ -14,13 +14,15 @@ carry them too (``activation_sharding.constrain``, a no-op outside a sharded ste
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from dynjax.models import sections
 from dynjax.models.activation_sharding import HEADS, HIDDEN, LOGITS, TOKENS, constrain
+from dynjax.models.sections import GateConfig, ModConfig, MoEConfig, MuddConfig
+
+SECTIONS = {"gates": GateConfig, "mod": ModConfig, "moe": MoEConfig, "mudd": MuddConfig}
 
 ATTN_IMPLS = ("jnp", "xla", "cudnn")
 MASK_VALUE = -1e30  # large finite: keeps fully masked rows (none occur causally) NaN-free
@@ -45,36 +47,11 @@ class ModelConfig:
                                    # jax.nn.dot_product_attention (cudnn: flash, GPU, bf16)
     attn_block: int = 128          # jnp: query blocks over their key prefix (0: full T x T)
     remat_save_dots: bool = False  # remat: keep matmul outputs too, recompute the rest
-    # residual-gate family
-    fixed_depth: int = 0           # fixed_depth variant: number of executed blocks
-    gate_max: float = 2.0          # feature_gate: g = gate_max * sigmoid(controller)
-    controller_hidden: int = 16
-    uniform_value: Optional[float] = None  # uniform: a fixed (mass-matched) gate, not learned
-    # Mixture-of-Depths family (dynjax.models.mod); other families ignore these fields
-    mod_capacity: float = 0.125    # c: a MoD block processes k = floor(c * T) tokens
-    mod_every: int = 2             # every mod_every-th block is a MoD block (blocks 1, 3, ...)
-    mod_layers: tuple = ()         # explicit MoD block indices; overrides mod_every if given
-    mod_router_weight: str = "sigmoid"  # the update's multiplier: "raw" r or "sigmoid" sigmoid(r)
-    mod_route: str = "topk"        # "topk" (training) or causal decoding: "router" | "predictor"
-    mod_bce_weight: float = 0.01   # aux BCE: router logit predicts top-k membership
-    mod_predictor_weight: float = 0.01  # aux BCE: stop-gradient MLP predicts top-k membership
-    mod_predictor_hidden: int = 32
-    mod_decode_slots: int = 0      # causal routing: at most this many tokens enter a MoD block
-                                   # per sequence (later askers skip); 0: no limit
-    # Mixture-of-Experts FFN (dynjax.models.moe); MaxText's names with a moe_ prefix
-    moe_num_experts: int = 4
-    moe_num_experts_per_tok: int = 1    # token choice: top-k experts per token
-    moe_routing: str = "token_choice"   # or "expert_choice" (each expert takes its top tokens)
-    moe_capacity_factor: float = 1.25   # expert buffer ceil(cf * k * T / E); <= 0: never drop
-    moe_priority: str = "choice"        # buffer order: "choice" (GShard: all first choices
-                                        # first) or "position" (token order: causal)
-    moe_load_balance_loss_weight: float = 0.01
-    moe_router_z_loss_weight: float = 0.001
-    # MUDD family (dynjax.models.mudd): dynamic dense cross-layer mixing; others ignore it
-    mudd_da_hidden: int = 64            # hidden width of each layer's DA coefficient MLP
-
-    def __post_init__(self):  # a list from JSON or a ConfigDict becomes a (hashable) tuple
-        object.__setattr__(self, "mod_layers", tuple(self.mod_layers))
+    # each dynamic family's own section (dynjax.models.sections); flat names map into them
+    gates: GateConfig = dataclasses.field(default_factory=GateConfig)
+    mod: ModConfig = dataclasses.field(default_factory=ModConfig)
+    moe: MoEConfig = dataclasses.field(default_factory=MoEConfig)
+    mudd: MuddConfig = dataclasses.field(default_factory=MuddConfig)
 
     @property
     def head_dim(self) -> int:
@@ -86,15 +63,33 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d) -> "ModelConfig":
-        d = dict(d)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown model config field(s) {unknown}; known fields: "
-                             f"{sorted(known)}")
-        cfg = cls(**d)
+        """The config of a flat dict (a ConfigDict's ``to_dict()``, a run's config.json)."""
+        cfg = cls().replace(**d)
         cfg.validate()
         return cfg
+
+    def replace(self, **changes) -> "ModelConfig":
+        """A copy with ``changes``: core fields, whole sections, or section fields by their
+        flat names (``mod_capacity=0.5``), as config files and command lines spell them."""
+        flat = sections.flat_names(SECTIONS)
+        unknown = sorted(set(changes) - set(flat) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise ValueError(f"unknown model config field(s) {unknown}; known fields: "
+                             f"{sorted(self.to_dict())}")
+        top = {k: v for k, v in changes.items() if k not in flat}
+        per_section = {}
+        for k in set(changes) & set(flat):
+            attr, name = flat[k]
+            per_section.setdefault(attr, {})[name] = changes[k]
+        for attr, fields in per_section.items():
+            top[attr] = dataclasses.replace(top.get(attr, getattr(self, attr)), **fields)
+        return dataclasses.replace(self, **top)
+
+    def to_dict(self) -> dict:
+        """The flat dict ``from_dict`` reads back (the names config files use)."""
+        core = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in SECTIONS}
+        return {**core, **sections.flatten(self, SECTIONS)}
 
     def validate(self):
         if self.d_model % self.n_heads:

@@ -16,7 +16,6 @@ run computes the same figures.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
@@ -38,8 +37,8 @@ def eval_routes(cfg: ModelConfig) -> dict:
         return mod.eval_routes(cfg)
     if cfg.family == "moe":
         routes = {"sequence": (cfg, moe.is_causal(cfg))}
-        if not moe.is_causal(cfg) and cfg.moe_routing == "token_choice":
-            routes["position"] = (dataclasses.replace(cfg, moe_priority="position"), True)
+        if not moe.is_causal(cfg) and cfg.moe.routing == "token_choice":
+            routes["position"] = (cfg.replace(moe_priority="position"), True)
         return routes
     return {"forward": (cfg, True)}
 
@@ -53,7 +52,7 @@ def headline_route(cfg: ModelConfig, routes: dict, wanted=None) -> str:
             raise ValueError(f"eval.route={wanted!r}; this model has {sorted(routes)}")
         return wanted
     causal = [r for r, (_, is_causal) in routes.items() if is_causal]
-    if "predictor" in causal and cfg.mod_predictor_weight > 0:
+    if "predictor" in causal and cfg.mod.predictor_weight > 0:
         return "predictor"
     causal = [r for r in causal if r != "predictor"] or causal
     return causal[0] if causal else next(iter(routes))
