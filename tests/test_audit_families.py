@@ -17,6 +17,7 @@ import pytest
 
 from configs import audit_tiny, mlp_common
 from dynjax.audit import interventions, run, settings, summary
+from dynjax.coeffs import replaying
 from dynjax.data import text
 from dynjax import rundir
 from tests.conftest import tiny_config
@@ -160,7 +161,7 @@ def conditioned(cache, calib, schema):
 
 def test_routing_interventions_keep_mod_capacity_and_router_values(recorded):
     model, params, ev, cache, calib = recorded["mod"]
-    stats = jax.jit(lambda c: model.module.apply({"params": params}, ev, c,
+    stats = jax.jit(lambda c: model.module.apply({"params": params}, ev, replaying(c),
                                                  mutable=["mod_stats"])[1]["mod_stats"])
     base = np.sort(np.asarray(cache["router"]).reshape(cache["router"].shape[0], -1), axis=-1)
     for name, c in conditioned(cache, calib, model.schema).items():

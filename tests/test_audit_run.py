@@ -117,6 +117,7 @@ def test_results_and_report_files(fg_audit, fg_run):
     assert meta["settings"]["reassignments"] == R and len(meta["seeds"]["key_data"]) == R
     assert meta["config"]["criteria"] == {"small_nll_upper": 0.002, "high_retention_lower": 0.95}
     ck = meta["checkpoints"][0]
+    from dynjax import coeffs as coeffs_lib
     from dynjax import rundir
     _, _, params = rundir.load_params(fg_run)
     assert ck["params_sha256"] == params_sha256(params)
@@ -170,17 +171,18 @@ def test_perturbed_replay_is_refused(constant_model, windows):
 def test_model_that_depends_on_its_coefficients(fg_run, windows):
     """Positive control: a model that reads its input bytes from a coefficient leaf. Giving it
     another window's coefficients must cost a lot; the trained gates alone cost little."""
+    from dynjax import coeffs as coeffs_lib
     from dynjax import rundir
 
     _, model, params = rundir.load_params(fg_run)
 
-    def apply(params, tokens, coeffs=None):
-        if coeffs is None:
-            logits, c = model.apply(params, tokens)
-            return logits, {"gate": c["gate"], "ids": tokens.astype(jnp.float32)}
-        ids = jnp.round(coeffs["ids"]).astype(jnp.int32)
-        logits, _ = model.apply(params, ids, {"gate": coeffs["gate"]})
-        return logits, coeffs
+    def apply(params, tokens, coeffs=None):   # its own coefficient site, as a family's
+        given = coeffs_lib.as_given(coeffs)
+        ids = coeffs_lib.site(tokens.astype(jnp.float32),
+                              coeffs_lib.part(given, lambda c: c["ids"]))
+        logits, c = model.apply(params, jnp.round(ids).astype(jnp.int32),
+                                coeffs_lib.part(given, lambda c: {"gate": c["gate"]}))
+        return logits, {"gate": c["gate"], "ids": ids}
 
     schema = {"gate": Axes(("layer", "example", "token")), "ids": Axes(("example", "token"))}
     settings = Settings(conditions=("correct", "cross_input"), reassignments=R)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dynjax import decoding
+from dynjax.coeffs import replaying
 from dynjax.decoding.cache import CachedBlock
 from dynjax.measure import routing
 from dynjax.models import build, mod
@@ -28,7 +29,7 @@ def layer():
     pos = jnp.broadcast_to(jnp.arange(T), (B, T))
     module = mod.ModLayer(cfg, True)
     params = nn.meta.unbox(module.init(jax.random.key(1), h, pos, None))
-    run = jax.jit(lambda h, scores: module.apply(params, h, pos, {"router": scores})[0])
+    run = jax.jit(lambda h, scores: module.apply(params, h, pos, replaying({"router": scores}))[0])
     block = lambda x, p: Block(cfg).apply({"params": params["params"]["block"]}, x, p)[0]
     return run, block, h, pos
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from dynjax import decoding
+from dynjax.coeffs import replaying
 from dynjax.measure import routing
 from dynjax.models import build, mod
 from tests.test_mod import assert_causal_at_every_split
@@ -50,7 +51,8 @@ def test_unselected_tokens_bitwise_unchanged():
     scores = np.full((B, T), -5.0, np.float32)
     for b in range(B):
         scores[b, sel[b]] = 1.0 + 0.1 * np.arange(K)
-    run = jax.jit(lambda s: layer.apply(params, h, pos, {"router": s}))
+    moe = jax.nn.softmax(jax.random.normal(jax.random.key(4), (B, K, E)), axis=-1)
+    run = jax.jit(lambda s: layer.apply(params, h, pos, replaying({"router": s, "moe": moe})))
     out, (coeffs, aux, stats) = run(jnp.asarray(scores))
     out, hn = np.asarray(out), np.asarray(h)
     for b in range(B):

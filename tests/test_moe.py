@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from dynjax.coeffs import replaying
 from dynjax.models import build, moe
 from dynjax.models.transformer import ModelConfig
 
@@ -19,7 +20,7 @@ def ffn(cfg):
     x = jax.random.normal(jax.random.key(0), (B, T, D))
     module = moe.MoeFfn(cfg)
     params = nn.meta.unbox(module.init(jax.random.key(1), x))
-    return jax.jit(lambda probs: module.apply(params, x, probs)), x
+    return jax.jit(lambda probs: module.apply(params, x, replaying(probs))), x
 
 
 def one_hot_probs(experts, n=E):

@@ -1,11 +1,14 @@
 """The Frozen-Controller Audit engine: record, exact replay, the forwards of every condition.
 
-Family-agnostic: it needs only ``apply_fn(params, inputs, coeffs=None) -> (logits, coeffs)``,
+Family-agnostic: it needs only ``apply_fn(params, inputs, coeffs=None) -> (logits, coeffs)``
+(``coeffs``: None, a coefficient pytree or a :class:`~dynjax.coeffs.Given`, as every family's
+apply takes it),
 the coefficient schema and a :class:`~dynjax.audit.settings.Task`. Three compiled programs
 per model and shape do the work: the model's jitted apply (record and replay are one
-program, so unmodified replay is bitwise equal to record), ``reassign`` (the whole cached
-evaluation set -> R reassigned copies, so a derangement is global, never per batch) and
-``take`` (one batch of (reassignment, window) rows). Every NLL, Correct included, comes from
+program: a :class:`~dynjax.coeffs.Given`'s flag, data, selects the computed or the given
+coefficients, so unmodified replay is bitwise the record by construction), ``reassign``
+(the whole cached evaluation set -> R reassigned copies, so a derangement is global, never
+per batch) and ``take`` (one batch of (reassignment, window) rows). Every NLL, Correct included, comes from
 the replay program, so a condition that changes nothing gives ΔNLL = 0 bit for bit.
 """
 from __future__ import annotations
@@ -184,22 +187,27 @@ class Engine:
         self.programs = coeff_programs(schema)
         self.forwards = collections.Counter()
 
-        # The model's own apply, jitted as is, serves both modes. Anything else compiled into
-        # the same program (even the loss) can change how XLA fuses the forward and so break
-        # bitwise record/replay; the loss is a separate program on the logits.
+        # The model's own apply, jitted as is, serves both modes as one program: record and
+        # replay differ only in the Given's arrays (see dynjax.coeffs.site). The loss is a
+        # separate program on the logits, so the forward is the model's alone.
         self.forward = jax.jit(apply_fn)
         self._nll = jax.jit(task.loss)
+        self._zeros = None  # the record's Given values: zeros shaped like one batch's coeffs
 
     def record_fn(self, params, batch):
-        """``(per-window loss, logits, coeffs)`` with the controller running."""
+        """``(per-window loss, logits, coeffs)``: the controller's values are used."""
         batch = jax.tree.map(jnp.asarray, batch)
-        logits, coeffs = self.forward(params, self.task.inputs(batch))
+        if self._zeros is None:
+            self._zeros = coeffs_lib.zeros_like(self.coeff_shapes(params))
+        logits, coeffs = self.forward(params, self.task.inputs(batch),
+                                      coeffs_lib.recording(self._zeros))
         return self._nll(logits, batch), logits, coeffs
 
     def replay_fn(self, params, batch, coeffs):
-        """``(per-window loss, logits)`` with ``coeffs`` used verbatim."""
+        """``(per-window loss, logits)`` with ``coeffs`` used verbatim (the same program)."""
         batch = jax.tree.map(jnp.asarray, batch)
-        logits, _ = self.forward(params, self.task.inputs(batch), coeffs)
+        logits, _ = self.forward(params, self.task.inputs(batch),
+                                 coeffs_lib.replaying(coeffs))
         return self._nll(logits, batch), logits
 
     def _chunks(self, n: int):
@@ -212,7 +220,8 @@ class Engine:
         """ShapeDtypeStructs of one batch's recorded coefficients (nothing runs)."""
         batch = jax.tree.map(lambda s: jax.ShapeDtypeStruct((self.rows,) + s.shape, s.dtype),
                              self.window)
-        return jax.eval_shape(self.record_fn, params, batch)[2]
+        return jax.eval_shape(lambda p, b: self.apply_fn(p, self.task.inputs(b))[1],
+                              params, batch)
 
     def cache_bytes(self, params, n_windows: int) -> int:
         per_row = sum(math.prod(s.shape) * s.dtype.itemsize
@@ -248,7 +257,7 @@ class Engine:
             self.forwards["record"] += 1
             cache = P.write(cache, chunk, start, keep)
             nll_rec.append((nll, keep))
-            if check:  # replay what the cache now holds, controller disabled
+            if check:  # replay what the cache now holds (the given values decide)
                 nll2, logits2 = self.replay_fn(params, batch, P.take_cached(cache, w_idx))
                 self.forwards["replay"] += 1
                 nll_rep.append((nll2, keep))

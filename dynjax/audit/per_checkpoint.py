@@ -28,10 +28,10 @@ def replay_message(rec: Recording, atol: float) -> str:
             f"disabled gives max |Δlogit| = {rec.max_abs_dlogit:.3g} (allowed {atol:g}) and "
             f"NLL {np.mean(rec.nll_replay, dtype=np.float64):.9f} against the record's "
             f"{np.mean(rec.nll_record, dtype=np.float64):.9f}. No intervention result is valid "
-            "without exact replay. Fix the model's apply so that apply(params, tokens, "
-            "coeffs=recorded) uses the coefficients verbatim and compiles the combine step "
-            "identically to the record (see jax.lax.optimization_barrier in the gate and MUDD "
-            "families); set replay_atol > 0 only to accept a tolerance knowingly.")
+            "without exact replay. Fix the model's apply so that every coefficient passes "
+            "dynjax.coeffs.site (record and replay are then one compiled program and the "
+            "replay uses the coefficients verbatim); set replay_atol > 0 only to accept a "
+            "tolerance knowingly.")
 
 
 def audit_checkpoint(engine: Engine, params, calib_windows, eval_windows, settings: Settings,

@@ -67,14 +67,17 @@ class Model:
     def apply(self, params, tokens, coeffs=None, *, with_aux=False):
         """``(logits, coeffs)``; with ``with_aux`` also a dict of auxiliary training losses
         that modules sow into the ``aux_loss`` collection (already weighted, summed by the
-        train step), e.g. a router's load-balancing loss."""
-        if coeffs is not None:
-            coeffs_lib.check(coeffs, self.schema)
-            if not self.schema:
-                coeffs = None
+        train step), e.g. a router's load-balancing loss.
+
+        ``coeffs``: None records, a coefficient pytree replays, a
+        :class:`~dynjax.coeffs.Given` is either, as its flag says (one compiled program for
+        both modes: what the audit engine passes)."""
+        given = coeffs_lib.as_given(coeffs)
+        if given.values is not None:
+            coeffs_lib.check(given.values, self.schema)
         if not with_aux:
-            return self.module.apply({"params": params}, tokens, coeffs)
-        (logits, coeffs), sown = self.module.apply({"params": params}, tokens, coeffs,
+            return self.module.apply({"params": params}, tokens, given)
+        (logits, coeffs), sown = self.module.apply({"params": params}, tokens, given,
                                                    mutable=["aux_loss"])
         aux = {"/".join(str(getattr(k, "key", k)) for k in path): jnp.sum(sum(v))
                for path, v in jax.tree_util.tree_flatten_with_path(

@@ -23,10 +23,11 @@ which of its units are open (``MLPConfig.variant``):
 Coefficients (the record/replay contract of :mod:`dynjax.coeffs`): ``dgate`` and
 ``structured`` record ``{"p": [p_l (example, unit)]}`` (``unit`` = block in structured mode),
 ``moe`` records ``{"router": [probs_l (example, expert)]}``. In replay the controller does
-not run: the hard masks are re-thresholded (or re-top-k'd) from the given values, so an
-intervention on p acts through the mask exactly as a changed GateNet would. The mask
-arithmetic sees (activations, coefficients) through an optimisation barrier in both modes,
-so under jit a replay of unmodified coefficients is bitwise equal to the record.
+not decide: the hard masks are re-thresholded (or re-top-k'd) from the given values, so an
+intervention on p acts through the mask exactly as a changed GateNet would. The GateNet
+still runs and ``coeffs.site`` selects the given values by a flag that is data, so record
+and replay are one compiled program and a replay of unmodified coefficients is bitwise the
+record.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from dynjax import coeffs as coeffs_lib
 from dynjax.coeffs import Axes
 
 VARIANTS = ("dense", "dropout", "dgate", "structured", "moe")
@@ -158,7 +160,9 @@ class GateNet(nn.Module):
 
 
 class HiddenLayer(nn.Module):
-    """One hidden layer; returns (gated activations, coefficient or None, open mask (B, n))."""
+    """One hidden layer; returns (gated activations, coefficient or None, open mask (B, n)).
+    ``given``: the layer's :class:`~dynjax.coeffs.Given` (or None); the controller always
+    runs and ``coeffs.site`` picks the coefficient."""
 
     cfg: MLPConfig
     n: int
@@ -174,10 +178,8 @@ class HiddenLayer(nn.Module):
             return nn.Dropout(cfg.dropout, deterministic=not train)(a), None, ones
         if cfg.variant in ("dgate", "structured"):
             n_gates = n if cfg.variant == "dgate" else n // cfg.block_size
-            if given is None:  # record: the GateNet runs
-                z = GateNet(n_gates, cfg.gate_hidden, cfg.gate_bias_init, name="gate")(x)
-                given = jax.nn.sigmoid(z / tau)
-            a, p = jax.lax.optimization_barrier((a, given))
+            z = GateNet(n_gates, cfg.gate_hidden, cfg.gate_bias_init, name="gate")(x)
+            p = coeffs_lib.site(jax.nn.sigmoid(z / tau), given)
             g = hard_mask(cfg, p, theta, gates_open)
             m = straight_through(g, p)
             if cfg.variant == "structured":
@@ -185,9 +187,7 @@ class HiddenLayer(nn.Module):
             return a * m, p, g
         # moe: top-1 routing over equal slices of the units, with capacity
         E = cfg.n_experts
-        if given is None:
-            given = jax.nn.softmax(nn.Dense(E, name="router")(x), axis=-1)
-        a, probs = jax.lax.optimization_barrier((a, given))
+        probs = coeffs_lib.site(jax.nn.softmax(nn.Dense(E, name="router")(x), axis=-1), given)
         onehot = jax.nn.one_hot(jnp.argmax(probs, -1), E, dtype=probs.dtype)
         factor = cfg.capacity_factor if train else cfg.eval_capacity_factor
         capacity = math.ceil(factor * a.shape[0] / E)
@@ -204,14 +204,14 @@ class MLP(nn.Module):
     cfg: MLPConfig
 
     @nn.compact
-    def __call__(self, x, coeffs, tau, theta, gates_open, train):
+    def __call__(self, x, given, tau, theta, gates_open, train):
         cfg = self.cfg
         key = coeff_key(cfg)
         recorded, opens = [], []
         for l, n in enumerate(cfg.hidden):
-            given = None if coeffs is None else coeffs[key][l]
-            x, c, g = HiddenLayer(cfg, n, name=f"layer_{l}")(x, given, tau, theta, gates_open,
-                                                               train)
+            layer_given = coeffs_lib.part(given, lambda v, l=l: v[key][l]) if key else None
+            x, c, g = HiddenLayer(cfg, n, name=f"layer_{l}")(x, layer_given, tau, theta,
+                                                               gates_open, train)
             recorded.append(c)
             opens.append(g)
         logits = nn.Dense(cfg.n_classes, name="out")(x)
@@ -249,13 +249,14 @@ class GatedMLP:
 
     def apply(self, params, x, coeffs=None, *, tau=None, theta=None, gates_open=False,
               train=False, rng=None, with_aux=False):
-        if coeffs is not None and not self.schema:
-            coeffs = None
+        given = coeffs_lib.as_given(coeffs)
+        if given.values is not None:
+            coeffs_lib.check(given.values, self.schema)
         tau = self.cfg.tau if tau is None else tau
         theta = self.cfg.theta if theta is None else theta
         rngs = {"dropout": rng} if rng is not None else {}
         (logits, coeffs, opens), sown = self.module.apply(
-            {"params": params}, x, coeffs, tau, theta, gates_open, train, rngs=rngs,
+            {"params": params}, x, given, tau, theta, gates_open, train, rngs=rngs,
             mutable=["aux_loss"])
         if not with_aux:
             return logits, coeffs

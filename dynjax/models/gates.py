@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from dynjax import coeffs as coeffs_lib
 from dynjax.coeffs import Axes
 from dynjax.models.transformer import (REMAT_SAVED, Block, Head, ModelConfig, attention_scores,
                                        embed_tokens, scan_layers)
@@ -132,15 +133,17 @@ class GateLayer(nn.Module):
     """One block plus its residual rule. Carry: (h, positions, the previous layer's attention
     as (q, k, lse); feature_gate only).
 
-    ``gate`` is the (B, T) coefficient to apply, or None to let the controller produce it.
-    The combine step sees (h, g, F) through an optimisation barrier in both modes, so a
-    replayed gate is applied by exactly the same compiled arithmetic as a recorded one.
+    ``given``: this layer's :class:`~dynjax.coeffs.Given` (values (B, T) or None, and the
+    replay flag). The controller always runs and ``coeffs.site`` picks the gate, so record
+    and replay are one program (``static`` is the uniform / layer_static gate, which stands
+    in for the controller).
     """
 
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, carry, gate):
+    def __call__(self, carry, xs):
+        given, static = xs
         h, positions, prev = carry
         fg = self.cfg.variant == "feature_gate"
         update, (q, k, lse, per_head) = Block(self.cfg, name="block")(
@@ -150,20 +153,11 @@ class GateLayer(nn.Module):
         if self.cfg.variant in ("dense", "fixed_depth"):
             return (h + update, positions, prev), None
         if fg:
-            # Both modes compute the controller's features, so the block's attention
-            # statistics have the same consumers in record and replay and XLA fuses the block
-            # identically (on CPU, optimization barriers are expanded before fusion and do not
-            # prevent this; without it replay drifted by ~3e-6 at d_model=128, T=128). Replay
-            # ties the features to the gate with weight 0 (a data dependency that keeps them;
-            # exact for finite features) and never runs the controller MLP.
             features = attention_features(per_head, update, h)
             prev = (q, k, lse)
             features = checkpoint_name(features, REMAT_SAVED)  # remat: not recomputed
-            if gate is None:  # record: the controller runs
-                gate = Controller(self.cfg, name="controller")(features)
-            else:
-                gate = gate + 0.0 * jnp.sum(features, axis=-1)
-        h, g, update = jax.lax.optimization_barrier((h, gate, update))
+            static = Controller(self.cfg, name="controller")(features)
+        g = coeffs_lib.site(static, given)
         h = h + g[..., None].astype(h.dtype) * update
         return (h, positions, prev), g
 
@@ -172,21 +166,20 @@ class GatedDecoder(nn.Module):
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, tokens, coeffs=None):
+    def __call__(self, tokens, given=None):
+        """``given``: a :class:`~dynjax.coeffs.Given` of ``{"gate": (layer, B, T)}`` or None."""
         cfg = self.cfg
         B, T = tokens.shape
         h, positions = embed_tokens(cfg, tokens)
         n_layers = cfg.fixed_depth if cfg.variant == "fixed_depth" else cfg.n_layers
-
-        gates = None if coeffs is None else coeffs["gate"]
-        if gates is None and cfg.variant in ("uniform", "layer_static"):
-            gates = jnp.broadcast_to(self.static_gate()[:, None, None], (n_layers, B, T))
-        # in replay too: see GateLayer
+        gated = cfg.variant not in ("dense", "fixed_depth")
+        static = None
+        if cfg.variant in ("uniform", "layer_static"):
+            static = jnp.broadcast_to(self.static_gate()[:, None, None], (n_layers, B, T))
         prev = uniform_attention(cfg, B, T) if cfg.variant == "feature_gate" else None
-        if gates is not None:
-            gates = gates.astype(jnp.float32)
+        given = coeffs_lib.part(given, lambda c: c["gate"], n_layers) if gated else None
         layers = scan_layers(GateLayer, cfg, n_layers)
-        (h, _, _), recorded = layers((h, positions, prev), gates)
+        (h, _, _), recorded = layers((h, positions, prev), (given, static))
         logits = Head(cfg, name="head")(h)
         return logits, ({} if recorded is None else {"gate": recorded})
 

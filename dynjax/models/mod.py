@@ -63,6 +63,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from dynjax import coeffs as coeffs_lib
 from dynjax.coeffs import Axes
 from dynjax.models import moe
 from dynjax.models.transformer import (Block, Head, ModelConfig, dense_init, embed_tokens,
@@ -242,28 +243,30 @@ def _bce(logits, targets):
 
 class StagedBlock(nn.Module):
     """Staged MoDE's block on the k routed tokens: attention, then the MoE FFN. Returns the
-    update a + m (as ``Block`` does) and (probs, aux, stats); ``probs`` given: replay.
-    Under causal routing, empty slots (position EMPTY) take no expert buffer."""
+    update a + m (as ``Block`` does) and (probs, aux, stats); ``given``: the MoE site's
+    :class:`~dynjax.coeffs.Given` (or None). Under causal routing, empty slots (position
+    EMPTY) take no expert buffer."""
 
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, x, positions, probs=None):
+    def __call__(self, x, positions, given=None):
         cfg = self.cfg
         causal = {} if cfg.mod_route == "topk" else dict(
             valid=positions < EMPTY, capacity=causal_expert_capacity(cfg, x.shape[1]))
-        a, m, probs, aux, stats = moe.attention_then_moe(cfg, x, positions, probs, **causal)
+        a, m, probs, aux, stats = moe.attention_then_moe(cfg, x, positions, given, **causal)
         return a + m, (probs, aux, stats)
 
 
 class ModLayer(nn.Module):
-    """One block: dense (h + F(h)), or MoD with its router. ``replay``: coefficients or None."""
+    """One block: dense (h + F(h)), or MoD with its router. ``given``: this block's
+    :class:`~dynjax.coeffs.Given` (values ``{"router", ["predictor"], ["moe"]}``) or None."""
 
     cfg: ModelConfig
     routed: bool
 
     @nn.compact
-    def __call__(self, h, positions, replay):
+    def __call__(self, h, positions, given):
         cfg = self.cfg
         staged = self.routed and cfg.variant == "mode_staged"
         block = (StagedBlock if staged else Block)(cfg, name="block")
@@ -271,13 +274,14 @@ class ModLayer(nn.Module):
             return h + block(h, positions)[0], None
         T = h.shape[1]
         pred = Predictor(cfg.mod_predictor_hidden, name="predictor")(h)
-        if replay is None:  # record: the router (and predictor) run
-            coeffs = {"router": Router(name="router")(h)}
-            if cfg.mod_route == "predictor":
-                coeffs["predictor"] = pred
-        else:               # replay: the given scores decide, nothing recomputes them
-            coeffs = replay
-        # Both modes pass through the same barrier, so replay is bitwise equal to record.
+        computed = {"router": Router(name="router")(h)}
+        if cfg.mod_route == "predictor":
+            computed["predictor"] = pred
+        own = coeffs_lib.part(given, lambda v: {k: v[k] for k in computed})  # not "moe"
+        coeffs = coeffs_lib.site(computed, own)
+        # Not for replay (one program either way): without this barrier XLA:CPU schedules
+        # the routed block differently and training moves in the last bits, so it stays to
+        # keep behaviour bitwise (scripts/check_digests.py: mod, mode_staged params).
         h, coeffs = jax.lax.optimization_barrier((h, coeffs))
         scores = coeffs["router"]
         top_idx, top_valid = top_k_slots(scores, capacity(cfg, T))
@@ -286,7 +290,8 @@ class ModLayer(nn.Module):
             idx, valid = top_idx, top_valid
         else:  # causal: the tokens that ask, up to the slot budget
             idx, valid = first_k_slots(asked, decode_slots(cfg, T))
-        run = (lambda x, p: block(x, p, coeffs.get("moe"))) if staged else block
+        run = (lambda x, p: block(x, p, coeffs_lib.part(given, lambda v: v["moe"]))) \
+            if staged else block
         h, extra = routed_update(run, h, positions, scores, idx, valid,
                                  lambda r: router_weight(cfg, r))
         target = jax.lax.stop_gradient(membership(top_idx, top_valid, T))
@@ -315,8 +320,8 @@ class ModGroup(nn.Module):
         h, positions = carry
         outs = []
         for j, routed in enumerate(self.pattern):
-            replay = None if xs is None else jax.tree.map(lambda a: a[len(outs)], xs)
-            h, out = ModLayer(self.cfg, routed, name=f"sub_{j}")(h, positions, replay)
+            given = coeffs_lib.part(xs, lambda v, i=len(outs): jax.tree.map(lambda a: a[i], v))
+            h, out = ModLayer(self.cfg, routed, name=f"sub_{j}")(h, positions, given)
             if routed:
                 outs.append(out)
         return (h, positions), (jax.tree.map(lambda *a: jnp.stack(a), *outs) if outs else None)
@@ -326,13 +331,15 @@ class ModDecoder(nn.Module):
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, tokens, coeffs=None):
+    def __call__(self, tokens, given=None):
+        """``given``: a :class:`~dynjax.coeffs.Given` of the schema's coefficients or None."""
         cfg = self.cfg
         B, T = tokens.shape
         h, positions = embed_tokens(cfg, tokens)
         n_groups, pattern = layout(cfg)
-        xs = None if coeffs is None else jax.tree.map(
-            lambda a: a.astype(jnp.float32).reshape((n_groups, -1) + a.shape[1:]), coeffs)
+        xs = None if cfg.variant == "dense" else coeffs_lib.part(
+            given, lambda v: jax.tree.map(lambda a: a.reshape((n_groups, -1) + a.shape[1:]), v),
+            n_groups)
         (h, _), out = scan_layers(ModGroup, cfg, n_groups, pattern=pattern)((h, positions), xs)
         logits = Head(cfg, name="head")(h)
         if out is None:

@@ -30,7 +30,8 @@ skips the MLP (its update is just its attention output), so the layer computes o
 E real experts' buffers, C = ceil(cf * k * T / (E + 1)) each.
 
 Coefficients: ``{"router": (layer, example, token, expert)}``, the router probabilities.
-Replay recomputes the selection, capacity and weights from them.
+Replay recomputes the selection, capacity and weights from them (the router still runs;
+``coeffs.site`` selects the given probabilities).
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from dynjax import coeffs as coeffs_lib
 from dynjax.coeffs import Axes
 from dynjax.models.activation_sharding import BUFFER_HIDDEN, BUFFERS, TOKENS, constrain
 from dynjax.models.transformer import (Attention, Head, ModelConfig, dense_init, embed_tokens, norm,
@@ -133,24 +135,22 @@ def expert_kernels(module: nn.Module, cfg: ModelConfig, d: int):
 
 
 class MoeFfn(nn.Module):
-    """x (B, T, d) -> (y, probs, aux, stats). ``probs`` given: replay, the router does not run."""
+    """x (B, T, d) -> (y, probs, aux, stats). The router always runs; ``given`` (a
+    :class:`~dynjax.coeffs.Given` of the probabilities, or None) decides which are used."""
 
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, x, probs=None, valid=None, capacity=None):
+    def __call__(self, x, given=None, valid=None, capacity=None):
         """``valid`` (B, T): tokens that may take buffer slots (all when None); ``capacity``:
         the expert buffer size (default ``expert_capacity(cfg, T)``)."""
         cfg = self.cfg
         B, T, d = x.shape
         E, k = cfg.moe_num_experts, cfg.moe_num_experts_per_tok
-        aux = {}
-        if probs is None:
-            logits = router_layer(cfg)(x.astype(jnp.float32))
-            probs = jax.nn.softmax(logits, axis=-1)
-            aux["router_z"] = cfg.moe_router_z_loss_weight * jnp.mean(
-                jax.nn.logsumexp(logits, axis=-1) ** 2)
-        x, probs = jax.lax.optimization_barrier((x, probs))  # replay == record, bitwise
+        logits = router_layer(cfg)(x.astype(jnp.float32))
+        probs = coeffs_lib.site(jax.nn.softmax(logits, axis=-1), given)
+        aux = {"router_z": cfg.moe_router_z_loss_weight * jnp.mean(
+            jax.nn.logsumexp(logits, axis=-1) ** 2)}
         C = expert_capacity(cfg, T) if capacity is None else capacity
         if cfg.moe_routing == "token_choice":
             dispatch, combine, kept = token_choice(probs, k, C, valid,
@@ -206,7 +206,7 @@ class MoeFfnPerToken(nn.Module):
         return jnp.einsum("bk,bkd->bd", gates.astype(dt), y)[:, None], counts
 
 
-def attention_then_moe(cfg: ModelConfig, h, positions, probs=None, **moe_args):
+def attention_then_moe(cfg: ModelConfig, h, positions, given=None, **moe_args):
     """The core's attention, then the MoE FFN: ``(a, m, probs, aux, stats)``; ``moe_args``
     go to ``MoeFfn`` (valid, capacity).
 
@@ -215,20 +215,20 @@ def attention_then_moe(cfg: ModelConfig, h, positions, probs=None, **moe_args):
     share one definition and one parameter layout.
     """
     a, _ = Attention(cfg, name="attn")(norm("attn_norm", cfg)(h), positions)
-    m, probs, aux, stats = MoeFfn(cfg, name="moe")(norm("mlp_norm", cfg)(h + a), probs,
+    m, probs, aux, stats = MoeFfn(cfg, name="moe")(norm("mlp_norm", cfg)(h + a), given,
                                                    **moe_args)
     return a, m, probs, aux, stats
 
 
 class MoeLayer(nn.Module):
-    """Attention then the MoE FFN. Carry (h, positions); xs: replayed probs or None."""
+    """Attention then the MoE FFN. Carry (h, positions); xs: the layer's Given or None."""
 
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, carry, probs):
+    def __call__(self, carry, given):
         h, positions = carry
-        a, m, probs, aux, stats = attention_then_moe(self.cfg, h, positions, probs)
+        a, m, probs, aux, stats = attention_then_moe(self.cfg, h, positions, given)
         return (h + a + m, positions), (probs, aux, stats)
 
 
@@ -236,11 +236,12 @@ class MoeDecoder(nn.Module):
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, tokens, coeffs=None):
+    def __call__(self, tokens, given=None):
+        """``given``: a :class:`~dynjax.coeffs.Given` of ``{"router": ...}`` or None."""
         cfg = self.cfg
         B, T = tokens.shape
         h, positions = embed_tokens(cfg, tokens)
-        xs = None if coeffs is None else coeffs["router"].astype(jnp.float32)
+        xs = coeffs_lib.part(given, lambda v: v["router"], cfg.n_layers)
         (h, _), (probs, aux, stats) = scan_layers(MoeLayer, cfg, cfg.n_layers)((h, positions), xs)
         for name, value in aux.items():  # already weighted; mean over layers
             self.sow("aux_loss", name, value.mean())

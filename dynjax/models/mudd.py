@@ -27,9 +27,8 @@ Variants (``ModelConfig.variant``):
 ``bias_i`` (C_i, S_i) starts with 1 on the newest source and 0 elsewhere, i.e. training
 starts from an ordinary residual network. Coefficients ``{"mix": [A_0 .. A_{L-1}]}`` are the
 totals in float32, with MUDDPythia's schema, so every MUDD intervention applies unchanged.
-Replay uses them verbatim and never runs a DA MLP; coefficients and sources pass one
-``optimization_barrier`` before the (float32) mix and the block output keeps the same
-consumers in both modes (see ``MuddLayer``), so replay is bitwise equal to record under jit.
+Replay uses them verbatim: the DA MLP still runs, and ``coeffs.site`` selects the given
+coefficients by a flag that is data, so record and replay are one compiled program.
 
 Layers are always unrolled (``scan_layers`` is ignored): under ``nn.scan`` every layer must
 have the same shapes, but here layer ``i`` has its own source count ``i + 2`` (bias and DA
@@ -41,6 +40,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from dynjax import coeffs as coeffs_lib
 from dynjax.coeffs import Axes
 from dynjax.models.muddpythia import mix
 from dynjax.models.transformer import (Head, Mlp, ModelConfig, causal_attention, dense_init,
@@ -117,7 +117,8 @@ def _newest_source_init(key, shape, dtype=jnp.float32):
 class MuddLayer(nn.Module):
     """Block ``index`` plus the mix after it.
 
-    ``coef`` is the (C, B, T, S) array to apply (replay), or None to compute it (record).
+    ``given``: this layer's :class:`~dynjax.coeffs.Given` ((C, B, T, S) values or None, and
+    the replay flag). The DA MLP always runs; ``coeffs.site`` picks the coefficients.
     Returns the next streams, the sources X_0 .. X_{i+1} and the coefficients used.
     """
 
@@ -125,27 +126,21 @@ class MuddLayer(nn.Module):
     index: int
 
     @nn.compact
-    def __call__(self, streams, sources, positions, coef):
+    def __call__(self, streams, sources, positions, given):
         cfg = self.cfg
         C, S = n_streams(cfg, self.index), self.index + 2
         x = MuddBlock(cfg, name="block")(streams, positions)
         bias = self.param("static_bias", nn.with_logical_partitioning(
             _newest_source_init, (None, None)), (C, S))
         if cfg.variant == "mudd":
-            # The DA's input norm runs in both modes, so X_{i+1} has the same consumers in
-            # record and replay and XLA fuses the block identically (CPU expands optimization
-            # barriers before fusion; without this, replay of a trained tiny model drifted by
-            # ~8e-6). Replay ties it to the coefficients with weight 0 (exact for finite
-            # values) and never runs the DA MLP.
-            nx = norm("da_norm", cfg)(x)
-            if coef is None:
-                coef = DynamicDense(cfg, C, S, name="da")(nx) + bias[:, None, None, :]
-            else:
-                coef = coef + 0.0 * jnp.sum(nx.astype(jnp.float32), axis=-1)[None, ..., None]
-        elif coef is None:  # mudd_static: the bias is the coefficient
+            coef = DynamicDense(cfg, C, S, name="da")(norm("da_norm", cfg)(x))
+            coef = coef + bias[:, None, None, :]
+        else:  # mudd_static: the bias is the coefficient
             coef = jnp.broadcast_to(bias[:, None, None, :], (C,) + x.shape[:2] + (S,))
-        coef = coef.astype(jnp.float32)
-        # Record and replay both mix through this barrier: one compiled mix for both modes.
+        coef = coeffs_lib.site(coef.astype(jnp.float32), given)
+        # Not for replay (one program either way): without this barrier XLA:CPU fuses the
+        # static variant's broadcast bias into the mix and its training moves in the last
+        # bits, so it stays to keep behaviour bitwise (scripts/check_digests.py).
         coef, sources = jax.lax.optimization_barrier((coef, sources + [x]))
         return tuple(mix(coef, sources, cfg.compute_dtype)), sources, coef
 
@@ -154,14 +149,15 @@ class MuddDecoder(nn.Module):
     cfg: ModelConfig
 
     @nn.compact
-    def __call__(self, tokens, coeffs=None):
+    def __call__(self, tokens, given=None):
+        """``given``: a :class:`~dynjax.coeffs.Given` of ``{"mix": [...]}`` or None."""
         cfg = self.cfg
         x0, positions = embed_tokens(cfg, tokens)
         streams, sources, used = (x0,) * 4, [x0], []
         layer_cls = nn.remat(MuddLayer) if cfg.remat else MuddLayer
         for i in range(cfg.n_layers):
-            coef = None if coeffs is None else coeffs["mix"][i]
+            layer_given = coeffs_lib.part(given, lambda v, i=i: v["mix"][i])
             streams, sources, coef = layer_cls(cfg, i, name=f"layer_{i}")(
-                streams, sources, positions, coef)
+                streams, sources, positions, layer_given)
             used.append(coef)
         return Head(cfg, name="head")(streams[0]), {"mix": used}

@@ -15,8 +15,8 @@ streams are ``sum_s A_i[c, ..., s] * X_s``. Those coefficients are what dynjax r
 replays:
 
     cfg, params = muddpythia_hf.from_state_dict(sd)      # dynjax.loaders: official names
-    logits, coeffs = apply(cfg, params, ids)             # record: the DA MLPs run
-    logits2, _ = apply(cfg, params, ids, coeffs=coeffs)  # replay: the DA MLPs do not run
+    logits, coeffs = apply(cfg, params, ids)             # record: the DA MLPs decide
+    logits2, _ = apply(cfg, params, ids, coeffs=coeffs)  # replay: the given values decide
 
 ``coeffs = {"mix": [A_0, ..., A_{L-1}]}`` holds the *total* coefficients (DA output plus the
 static ``dense_bs`` bias), in float32 whatever the compute dtype, with the schema
@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dynjax import coeffs as coeffs_lib
 from dynjax.coeffs import Axes
 
 F32 = jnp.float32
@@ -313,20 +314,23 @@ def _check_coeffs(cfg: Config, coeffs, B: int, T: int):
 def forward(cfg: Config, params, input_ids, coeffs=None):
     """The full forward pass; returns (logits, coeffs, intermediates).
 
+    ``coeffs``: None records, a coefficient pytree replays, a
+    :class:`~dynjax.coeffs.Given` is either (see ``dynjax.coeffs.as_given``).
     ``intermediates``: ``hidden`` (X_0..X_L), ``streams`` (the mixed streams after each
-    layer) and, when recording, ``dynamic`` (the DA output without ``dense_bs``).
+    layer) and ``dynamic`` (the DA output without ``dense_bs``; the DA runs in both modes).
 
-    Record and replay feed the coefficients and the sources through one
-    ``optimization_barrier`` before mixing, so that XLA compiles the mixing identically in
-    both modes and replay of unmodified coefficients is bitwise equal to record under jit.
+    Every layer's coefficients pass ``coeffs.site``, which selects the given or the DA's
+    values by a flag that is data, so record and replay are one compiled program and replay
+    of unmodified coefficients is bitwise the record.
     """
     dt = jnp.dtype(cfg.dtype)
     params = jax.tree.map(lambda a: a.astype(dt), params)
     B, T = input_ids.shape
     if T > cfg.block_size:
         raise ValueError(f"sequence length {T} exceeds block_size {cfg.block_size}")
-    if coeffs is not None:
-        _check_coeffs(cfg, coeffs, B, T)
+    given = coeffs_lib.as_given(coeffs)
+    if given.values is not None:
+        _check_coeffs(cfg, given.values, B, T)
     cos, sin = rope_table(cfg, T)
 
     x0 = params["embed"][input_ids]
@@ -336,26 +340,22 @@ def forward(cfg: Config, params, input_ids, coeffs=None):
     for i, p in enumerate(params["layers"]):
         x = block(cfg, p, i, streams, cos, sin)
         hidden.append(x)
-        if coeffs is None:
-            dyn, coef = da_coefficients(cfg, p["da"], i, x)
-            dynamic.append(dyn)
-        else:
-            coef = jnp.asarray(coeffs["mix"][i]).astype(F32)   # verbatim: the DA MLP never runs
-        coef, sources = jax.lax.optimization_barrier((coef, sources + [x]))
+        dyn, coef = da_coefficients(cfg, p["da"], i, x)
+        dynamic.append(dyn)
+        coef = coeffs_lib.site(coef, coeffs_lib.part(given, lambda v, i=i: v["mix"][i]))
+        sources = sources + [x]
         out = mix(coef, sources, dt)
         used.append(coef)
         mixed.append(out)
         streams = tuple(out)
     logits = jnp.matmul(_layer_norm(streams[0], params["norm"], cfg.norm_eps), params["lm_head"],
                         precision=_precision(streams[0])).astype(F32)
-    inter = {"hidden": hidden, "streams": mixed}
-    if coeffs is None:
-        inter["dynamic"] = dynamic
+    inter = {"hidden": hidden, "streams": mixed, "dynamic": dynamic}
     return logits, {"mix": used}, inter
 
 
 def apply(cfg: Config, params, input_ids, coeffs=None):
-    """Record (``coeffs=None``: the DA controllers run) or replay (``coeffs`` used verbatim).
+    """Record (``coeffs=None``) or replay (``coeffs`` used verbatim; a Given: either).
 
     Returns ``(logits float32 (B, T, V), {"mix": [A_i (C_i, B, T, S_i) float32]})``.
     """
@@ -396,7 +396,8 @@ def memory_time_estimate(cfg: Config, n_windows: int, seq_len: int, batch: int,
     FLOPs count 2 per multiply-add, attention over the full T x T square as this dense
     implementation computes it. ``activation_bytes_per_batch`` is a rough upper bound of what
     one forward keeps live (all L+1 sources, the float32 streams, scores, FFN hidden, logits).
-    Each replay forward costs ``replay_flops_per_window`` (the DA MLPs do not run).
+    A replay forward costs what a record does: record and replay are one program, whose DA
+    MLPs always run (``replay_flops_per_window`` = ``record_flops_per_window``).
     """
     item = jnp.dtype(cfg.dtype).itemsize
     n_params = sum(math.prod(shape) for _, _, shape, _ in param_table(cfg))
@@ -410,8 +411,7 @@ def memory_time_estimate(cfg: Config, n_windows: int, seq_len: int, batch: int,
         per_token_dense += 2 * cs[i] * D                                   # the mix
         per_token_da += 2 * D * cfg.da_widths[i] + 2 * cfg.da_widths[i] * cs[i]
     attn_per_window = L * 2 * 2 * T * T * D                      # q.k and probs.v
-    replay = T * per_token_dense + attn_per_window
-    record = replay + T * per_token_da
+    record = T * (per_token_dense + per_token_da) + attn_per_window
     n_batches = -(-n_windows // batch)
 
     coeff_bytes_per_window = T * sum(cs) * 4                     # float32 cache
@@ -429,7 +429,7 @@ def memory_time_estimate(cfg: Config, n_windows: int, seq_len: int, batch: int,
         "activation_bytes_per_batch": act,
         "peak_device_bytes_estimate": n_params * item + act + batch * coeff_bytes_per_window,
         "record_flops_per_window": record,
-        "replay_flops_per_window": replay,
+        "replay_flops_per_window": record,
         "record_flops_total": record * n_windows,
         "n_batches": n_batches,
     }
