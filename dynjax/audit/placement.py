@@ -46,9 +46,12 @@ class Placement:
         return jax.device_put(params, shard)
 
     def batch(self, batch):
-        """A host batch (leading axis: rows) split over the data-parallel axes."""
+        """A host batch (leading axis: rows) split over the data-parallel axes; one already
+        placed (device arrays) is returned as is."""
         if self.mesh is None:
             return jax.tree.map(jnp.asarray, batch)
+        if all(isinstance(a, jax.Array) for a in jax.tree.leaves(batch)):
+            return batch
         return distributed.put_global(sharding.batch_sharding(self.mesh), batch)
 
     def coeff_shardings(self, schema, n_examples: int):
