@@ -391,7 +391,7 @@ def score_muddpythia(hf_dir: str, config, out_dir, log=print) -> dict:
 
     audit = _audit(config.audit, out_dir, log, hf_dir, muddpythia_dir=hf_dir)
     target, cfg, tokenizer = inputs.load_muddpythia_target(hf_dir, config.audit.muddpythia.dtype)
-    model, params = build(cfg), target["params"]
+    model, params = build(cfg), jax.device_put(target["params"])   # loaded as host arrays
     seq_len = audit["meta"]["windows"]["seq_len"]
     _, windows, _ = inputs.muddpythia_windows(config.audit.data, tokenizer, cfg.vocab_size,
                                               seq_len, 0, int(config.execution_windows))

@@ -103,8 +103,11 @@ def placement_of(config) -> Placement:
     """The audit config's ``sharding`` (mesh and rules, as train.py's) over every device of
     every process; without that section, every device on the data axis."""
     sc = config.get("sharding")
-    return Placement(sharding.make_mesh(sc), sharding.rules_of(sc) if sc is not None
-                     else sharding.DEFAULT_RULES)
+    try:
+        return Placement(sharding.make_mesh(sc), sharding.rules_of(sc) if sc is not None
+                         else sharding.DEFAULT_RULES)
+    except ValueError as e:   # a mesh the devices do not fill, an unknown preset
+        raise AuditError(str(e)) from None
 
 
 def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings: Settings,
