@@ -3,7 +3,8 @@ MoE model sharded over experts and MLP columns computes the replicated model's l
 every family (gates, mod, moe, mudd, gated_mlp, muddpythia) under FSDP, TP and FSDP+TP on a
 (data 2, fsdp 2, tensor 2) mesh has the unsharded model's loss and gradients, with its
 parameters split as their logical axes say (activations constrained as in training), and
-under fsdp_tp the compiled step's activations are split as the rules say.
+under fsdp_tp the compiled step's activations are split as the rules say. The audit of the
+tiny MUDDPythia under dp and fsdp meshes reports one device's numbers with an exact replay.
 
 Runs in a subprocess: the device count must be set before JAX starts. Multi-device CPU
 simulation can deadlock in collectives on 2 cores when steps are pipelined, so the script

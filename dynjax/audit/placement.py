@@ -73,8 +73,8 @@ class Placement:
         sees the same input shardings in record and replay (one executable)."""
         if self.mesh is None:
             return tree
-        n = jax.tree.leaves(schema, is_leaf=is_axes)[0]
-        n = jax.tree.leaves(tree)[0].shape[n.index("example")]
+        axes = jax.tree.leaves(schema, is_leaf=is_axes)[0]
+        n = jax.tree.leaves(tree)[0].shape[axes.index("example")]
         return jax.device_put(tree, self.coeff_shardings(schema, n))
 
     def flag(self, replay: bool):
