@@ -52,6 +52,12 @@ def get_config():
         small_nll_upper=0.002,       # LayerMean "practically small": CI upper bound < this NLL
         high_retention_lower=0.95))  # static retention "high": CI lower bound > this
 
+    # The device mesh the audit runs under (as train.py's): evaluation rows and the cached
+    # coefficients split over data x fsdp (batch_size must be a multiple of that), parameters
+    # by the preset's rules (fsdp splits the 1.4B MUDDPythia's weights over devices).
+    c.sharding = ml_collections.ConfigDict(dict(
+        preset="dp", mesh=dict(data=-1, fsdp=1, tensor=1), dcn_data=1, rules=()))
+
     c.muddpythia = ml_collections.ConfigDict()
     c.muddpythia.path = ml_collections.FieldReference(None, field_type=str)
     c.muddpythia.dtype = "float32"

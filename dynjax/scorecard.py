@@ -200,7 +200,8 @@ def static_mixing_apply(cfg, params, tokens):
 
 def muddpythia_execution_panel(cfg, params, windows, batches=(1, 8), repeats: int = 5) -> dict:
     """MUDDPythia runs every block for every token (no skipping); its forward's FLOPs
-    (compiled, and analytic from ``muddpythia.memory_time_estimate``: record vs replay) and
+    (compiled, and analytic from ``muddpythia.memory_time_estimate``: with vs without the DA
+    MLPs) and
     latency against :func:`static_mixing_apply`, timed in turns."""
     from dynjax.models import muddpythia
     T = windows.shape[1]
@@ -220,7 +221,7 @@ def muddpythia_execution_panel(cfg, params, windows, batches=(1, 8), repeats: in
             "n_layers": cfg.n_layer, "executed_fraction": 1.0,
             "flops_ratio_compiled": compiled["model"] / compiled["static"],
             "flops_ratio_analytic": est["record_flops_per_window"]
-            / est["replay_flops_per_window"],
+            / est["static_mixing_flops_per_window"],
             "compiled_flops": compiled,
             "dense_twin": "the same weights with static mixing (dense_bs only, no DA MLP)",
             "baseline": "static mixing",
@@ -389,7 +390,7 @@ def score_muddpythia(hf_dir: str, config, out_dir, log=print) -> dict:
 
     audit = _audit(config.audit, out_dir, log, hf_dir, muddpythia_dir=hf_dir)
     target, cfg, tokenizer = inputs.load_muddpythia_target(hf_dir, config.audit.muddpythia.dtype)
-    model, params = build(cfg), target["params"]
+    model, params = build(cfg), jax.device_put(target["params"])   # loaded as host arrays
     seq_len = audit["meta"]["windows"]["seq_len"]
     _, windows, _ = inputs.muddpythia_windows(config.audit.data, tokenizer, cfg.vocab_size,
                                               seq_len, 0, int(config.execution_windows))

@@ -3,7 +3,8 @@ MoE model sharded over experts and MLP columns computes the replicated model's l
 every family (gates, mod, moe, mudd, gated_mlp, muddpythia) under FSDP, TP and FSDP+TP on a
 (data 2, fsdp 2, tensor 2) mesh has the unsharded model's loss and gradients, with its
 parameters split as their logical axes say (activations constrained as in training), and
-under fsdp_tp the compiled step's activations are split as the rules say.
+under fsdp_tp the compiled step's activations are split as the rules say. The audit of the
+tiny MUDDPythia under dp and fsdp meshes reports one device's numbers with an exact replay.
 
 Runs in a subprocess: the device count must be set before JAX starts. Multi-device CPU
 simulation can deadlock in collectives on 2 cores when steps are pipelined, so the script
@@ -258,3 +259,72 @@ def test_activations_are_sharded_under_fsdp_tp(tmp_path):
     # the memory plan's per-device parameters and optimizer state, plus the step counter and
     # a quarter of the int32 batch, are exactly the compiled step's per-device arguments
     assert info["arguments"] == info["planned_state"] + 4 + 8 * 32 * 4 // 4
+
+
+AUDIT = textwrap.dedent(r"""
+    # audit.py's program on the tiny MUDDPythia HF directory under the audit config's mesh:
+    # one device, or 8 devices as dp (rows split 8 ways, parameters replicated) and fsdp
+    # (rows split 2 x 4, parameters split over fsdp)
+    import json, pathlib, sys, jax, numpy as np
+    sys.path.insert(0, {root!r})
+    from configs import audit_muddpythia
+    from dynjax.audit import run
+    from dynjax.audit.engine import Engine
+    from dynjax.audit.placement import Placement
+    from dynjax.audit.settings import AuditError
+    from dynjax.train import sharding
+    from tests.test_audit_run import muddpythia_audit_config, small
+    from tests.test_muddpythia import write_tiny_hf_dir
+    tmp = pathlib.Path(sys.argv[1]).parent
+    hf = write_tiny_hf_dir(tmp / "hf")
+    meshes = {{"one": ("dp", dict(data=-1))}} if jax.device_count() == 1 else {{
+        "dp": ("dp", dict(data=-1)), "fsdp": ("fsdp", dict(data=2, fsdp=-1))}}
+    out = {{}}
+    for name, (preset, mesh) in meshes.items():
+        cfg = muddpythia_audit_config(small(audit_muddpythia.get_config()), tmp)
+        cfg.reassignments = 2
+        cfg.conditions = "correct,cross_input,token_shuffle,static_profile"
+        cfg.sharding.preset, cfg.sharding.mesh = preset, mesh
+        res = run.audit_from_config(cfg, muddpythia_dir=hf, progress=False, log=lambda *a: 0)
+        out[name] = {{"replay": res["replay"], "conditions": {{
+            k: [c["estimate"], c["ci_low"], c["ci_high"]] for k, c in res["conditions"].items()}}}}
+    if jax.device_count() > 1:
+        # where the arrays live: the record's cache split over data x fsdp, and fsdp's params
+        target, mcfg, _ = run.load_muddpythia_target(hf, "float32")
+        mesh = sharding.make_mesh(cfg.sharding)
+        eng = Engine(target["apply_fn"], target["schema"], 16, 32,
+                     placement=Placement(mesh, sharding.PRESETS["fsdp"]))
+        params = eng.place_params(target["params"], target["logical_axes"])
+        rec = eng.record(params, np.random.default_rng(0).integers(0, 256, (16, 32)))
+        leaf = jax.tree.leaves(rec.coeffs)[0]
+        out["cache_shards"] = len({{str(s.index) for s in leaf.addressable_shards}})
+        out["params_split"] = sum(a.addressable_shards[0].data.size < a.size
+                                  for a in jax.tree.leaves(params))
+        out["replay_exact"] = rec.max_abs_dlogit == 0.0 and bool(
+            np.array_equal(rec.nll_record, rec.nll_replay))
+        try:
+            Engine(target["apply_fn"], target["schema"], 12, 32, placement=eng.place)
+        except AuditError as e:
+            out["error"] = str(e)
+    print(json.dumps(out))
+""")
+
+
+def test_sharded_audit_matches_one_device(tmp_path):
+    """An audit under an 8-device mesh (dp: windows split 8 ways; fsdp: 2 x 4, the
+    MUDDPythia's parameters split) reports the one-device numbers within float tolerance, and
+    its replay gate is exact (replay compared with a record made under the same mesh)."""
+    one, _ = _run(tmp_path, 1, script_text=AUDIT)
+    eight, _ = _run(tmp_path, 8, script_text=AUDIT)
+    ref = one["one"]
+    for name in ("dp", "fsdp"):
+        got = eight[name]
+        assert got["replay"]["exact"] and got["replay"]["max_abs_dlogit"] == 0.0, name
+        np.testing.assert_allclose(got["replay"]["nll"], ref["replay"]["nll"], rtol=1e-5)
+        assert got["conditions"].keys() == ref["conditions"].keys()
+        for cond, want in ref["conditions"].items():
+            np.testing.assert_allclose(got["conditions"][cond], want, rtol=1e-4, atol=1e-5,
+                                       err_msg=f"{name}/{cond}")
+    assert eight["cache_shards"] == 8        # each device holds its 2 windows' coefficients
+    assert eight["params_split"] > 0 and eight["replay_exact"]
+    assert "not a multiple of the 8 data-parallel devices" in eight["error"]

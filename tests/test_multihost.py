@@ -1,5 +1,6 @@
 """Many hosts on one machine: train.py on 2 processes x 2 CPU devices (gloo collectives)
-equals 1 process x 4 devices and 1 device, and its checkpoint restores in one process.
+equals 1 process x 4 devices and 1 device, and its checkpoint restores in one process;
+audit.py on 2 processes x 2 devices reports one device's numbers.
 
 Each process builds only its rows of every batch, so the global batch, and therefore the
 loss, must not depend on the process count: a process that read another's rows (or all
@@ -38,7 +39,12 @@ def _free_port():
 
 
 def _train(workdir, devices=1, processes=1):
-    cmd = [sys.executable, "train.py", f"--workdir={workdir}", *TINY]
+    return _launch([sys.executable, "train.py", f"--workdir={workdir}", *TINY], devices,
+                   processes)
+
+
+def _launch(cmd, devices=1, processes=1):
+    """``cmd`` on ``processes`` processes of ``devices`` CPU devices each (completed runs)."""
     if processes == 1:
         out = subprocess.run(cmd, env=_env(devices), cwd=ROOT, capture_output=True, text=True,
                              timeout=TIMEOUT)
@@ -111,3 +117,34 @@ def test_two_processes_equal_one(tmp_path):
     assert _losses(resumed)[:3] == _losses(two)[:3]
     np.testing.assert_allclose(_losses(resumed), _losses(two), rtol=2e-5)
     np.testing.assert_allclose(_params(resumed), p2, rtol=0, atol=1e-5)
+
+
+def test_audit_on_two_processes_equals_one(tmp_path):
+    """audit.py --muddpythia on 2 processes x 2 devices (each process puts only its rows of
+    every batch; the coefficient cache is split over the 4 devices; results are gathered
+    replicated) has an exact replay and one device's numbers; process 0 alone writes."""
+    from dynjax.data import text
+    from tests.test_muddpythia import write_tiny_hf_dir
+
+    hf = write_tiny_hf_dir(tmp_path / "hf")
+    splits = text.load_splits()
+    for name, split in (("valid", "validation"), ("test", "test")):
+        (tmp_path / f"{name}.txt").write_bytes(splits[split][:4000].tobytes())
+    cmd = [sys.executable, "audit.py", "--config=configs/audit_muddpythia.py",
+           f"--muddpythia={hf}", "--config.data.seq_len=32",
+           f"--config.data.validation_path={tmp_path / 'valid.txt'}",
+           f"--config.data.test_path={tmp_path / 'test.txt'}", "--config.reassignments=2",
+           "--config.batch_size=8", "--config.data.calib_windows=16",
+           "--config.data.eval_windows=16", "--config.stats.n_resamples=99",
+           "--config.conditions=correct,cross_input,token_shuffle,static_profile"]
+    outs = _launch(cmd + [f"--out={tmp_path / 'two'}"], devices=2, processes=2)
+    assert "replay: exact" in outs[0].stdout and outs[1].stdout == ""
+    _launch(cmd + [f"--out={tmp_path / 'one'}"])
+    two, one = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("two", "one"))
+    assert two["replay"]["exact"] and two["replay"]["max_abs_dlogit"] == 0.0
+    np.testing.assert_allclose(two["replay"]["nll"], one["replay"]["nll"], rtol=1e-6)
+    for name, want in one["conditions"].items():
+        got = two["conditions"][name]
+        np.testing.assert_allclose([got[k] for k in ("estimate", "ci_low", "ci_high")],
+                                   [want[k] for k in ("estimate", "ci_low", "ci_high")],
+                                   rtol=1e-4, atol=1e-6, err_msg=name)

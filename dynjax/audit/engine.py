@@ -25,6 +25,7 @@ import numpy as np
 from dynjax import coeffs as coeffs_lib
 from dynjax.audit import interventions
 from dynjax.audit.settings import LM, AuditError, Settings, Task, n_windows
+from dynjax.audit.placement import Placement
 from dynjax.coeffs import is_axes
 
 
@@ -145,9 +146,6 @@ def _max_abs_diff(a, b, keep):
     return jnp.max(jnp.where(~rows | (a == b), 0.0, jnp.abs(a - b)))
 
 
-_max_abs_diff_jit = jax.jit(_max_abs_diff)
-
-
 def keys_per_chunk(R: int, group_bytes: int, budget: int) -> int:
     """Reassignments materialised at once: as many as ``budget`` bytes allow, in even chunks
     (fewer distinct shapes to compile)."""
@@ -167,10 +165,13 @@ class Engine:
     pytree of ShapeDtypeStructs (:func:`window_spec`); ``task``: the loss hook (:data:`LM`,
     :data:`CLASSIFY`). ``forward`` (the jitted ``apply_fn``, record and replay) is this
     model's only compiled forward; everything else runs in :class:`CoeffPrograms`.
+    ``placement`` (:class:`~dynjax.audit.placement.Placement`) runs it under a device mesh:
+    rows split over the data-parallel axes, parameters as :meth:`place_params` puts them.
     ``forwards`` counts the forward calls made (by program).
     """
 
-    def __init__(self, apply_fn: Callable, schema, rows: int, window, task: Task = LM):
+    def __init__(self, apply_fn: Callable, schema, rows: int, window, task: Task = LM,
+                 placement: Placement | None = None):
         leaves = jax.tree.leaves(schema, is_leaf=is_axes)
         if not leaves:
             raise AuditError("the model records no coefficients (empty schema), so there is "
@@ -186,28 +187,48 @@ class Engine:
         self.rows, self.window, self.task = int(rows), window, task
         self.programs = coeff_programs(schema)
         self.forwards = collections.Counter()
+        self.place = Placement() if placement is None else placement
+        self.place.check_rows(self.rows)
 
         # The model's own apply, jitted as is, serves both modes as one program: record and
         # replay differ only in the Given's arrays (see dynjax.coeffs.site). The loss is a
         # separate program on the logits, so the forward is the model's alone.
         self.forward = jax.jit(apply_fn)
-        self._nll = jax.jit(task.loss)
+        self._nll = self.place.jit_to_host(task.loss)
+        self._max_abs_diff = self.place.jit_to_host(_max_abs_diff)
+        self._replicate = self.place.jit_to_host(lambda tree: tree)
         self._zeros = None  # the record's Given values: zeros shaped like one batch's coeffs
+
+    def place_params(self, params, logical_axes: Callable | None = None):
+        """``params`` where this engine's forward wants them: by the placement's rules from
+        ``logical_axes(inputs)`` (the model's logical specs of its parameters; None:
+        replicated)."""
+        specs = None
+        if logical_axes is not None and self.place.mesh is not None:
+            one = jax.tree.map(lambda s: np.zeros((1,) + s.shape, s.dtype), self.window)
+            specs = logical_axes(self.task.inputs(one))
+        return self.place.params(params, specs)
+
+    def to_host(self, tree):
+        """A device pytree as NumPy, on every process (replicated first under a mesh)."""
+        return jax.device_get(tree if self.place.mesh is None else self._replicate(tree))
 
     def record_fn(self, params, batch):
         """``(per-window loss, logits, coeffs)``: the controller's values are used."""
-        batch = jax.tree.map(jnp.asarray, batch)
+        batch = self.place.batch(batch)
         if self._zeros is None:
-            self._zeros = coeffs_lib.zeros_like(self.coeff_shapes(params))
+            self._zeros = self.place.coeffs(
+                self.schema, coeffs_lib.zeros_like(self.coeff_shapes(params)))
         logits, coeffs = self.forward(params, self.task.inputs(batch),
-                                      coeffs_lib.recording(self._zeros))
+                                      coeffs_lib.Given(self._zeros, self.place.flag(False)))
         return self._nll(logits, batch), logits, coeffs
 
     def replay_fn(self, params, batch, coeffs):
-        """``(per-window loss, logits)`` with ``coeffs`` used verbatim (the same program)."""
-        batch = jax.tree.map(jnp.asarray, batch)
-        logits, _ = self.forward(params, self.task.inputs(batch),
-                                 coeffs_lib.replaying(coeffs))
+        """``(per-window loss, logits)`` with ``coeffs`` used verbatim (the same program:
+        under a mesh, the coefficients get the record's input shardings first)."""
+        batch = self.place.batch(batch)
+        given = coeffs_lib.Given(self.place.coeffs(self.schema, coeffs), self.place.flag(True))
+        logits, _ = self.forward(params, self.task.inputs(batch), given)
         return self._nll(logits, batch), logits
 
     def _chunks(self, n: int):
@@ -246,12 +267,14 @@ class Engine:
             shape = list(s.shape)
             shape[axes.index("example")] = W
             return jnp.zeros(shape, s.dtype)
-        cache = jax.tree.map(full, self.schema, shapes, is_leaf=is_axes)
+        zeros = lambda: jax.tree.map(full, self.schema, shapes, is_leaf=is_axes)
+        cache = zeros() if self.place.mesh is None else jax.jit(
+            zeros, out_shardings=self.place.coeff_shardings(self.schema, W))()
 
         P = self.programs
         nll_rec, nll_rep, diffs = [], [], []
         for start, keep in chunks:
-            w_idx = jnp.arange(start, start + self.rows, dtype=jnp.int32)
+            w_idx = np.arange(start, start + self.rows, dtype=np.int32)
             batch = _rows(windows, slice(start, start + self.rows))
             nll, logits, chunk = self.record_fn(params, batch)
             self.forwards["record"] += 1
@@ -261,10 +284,11 @@ class Engine:
                 nll2, logits2 = self.replay_fn(params, batch, P.take_cached(cache, w_idx))
                 self.forwards["replay"] += 1
                 nll_rep.append((nll2, keep))
-                diffs.append(_max_abs_diff_jit(logits, logits2, keep))
+                diffs.append(self._max_abs_diff(logits, logits2, keep))
             if bar is not None:
                 bar.update(1 + check)
-        if not check:
+        cache = self.place.coeffs(self.schema, cache)   # the canonical sharding (a no-op
+        if not check:                                   # without a mesh)
             return Recording(cache, _gather(nll_rec), None, None)
         d = np.asarray(jax.device_get(diffs), np.float64)
         max_d = float(np.nan if np.isnan(d).any() else d.max())
@@ -276,7 +300,7 @@ class Engine:
         windows = self.task.prepare(windows)
         fn, parts = self.programs.transform(name), []
         for start, keep in self._chunks(n_windows(windows)):
-            w_idx = jnp.arange(start, start + self.rows, dtype=jnp.int32)
+            w_idx = np.arange(start, start + self.rows, dtype=np.int32)
             nll, _ = self.replay_fn(params, _rows(windows, slice(start, start + self.rows)),
                                     fn(rec.coeffs, calib, w_idx))
             self.forwards["replay"] += 1
@@ -305,8 +329,8 @@ class Engine:
             parts = {n: [] for n in names}
             for start, keep in self._chunks(n_keys * W):
                 p = np.arange(start, start + self.rows)
-                r_idx, w_idx = jnp.asarray(p // W, jnp.int32), jnp.asarray(p % W, jnp.int32)
-                batch = jax.tree.map(jnp.asarray, _rows(windows, p % W))
+                r_idx, w_idx = (p // W).astype(np.int32), (p % W).astype(np.int32)
+                batch = self.place.batch(_rows(windows, p % W))
                 for name, stack in zip(names, stacks):
                     rows = self.programs.take(stack, r_idx, w_idx)
                     nll, _ = self.replay_fn(params, batch, rows)

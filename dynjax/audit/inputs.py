@@ -1,5 +1,6 @@
 """An audit's inputs from disk: run directories (opened through :mod:`dynjax.rundir`,
-never the trainer) or a MUDDPythia HF directory as targets (apply_fn, schema, params, info),
+never the trainer) or a MUDDPythia HF directory as targets (apply_fn, schema, params,
+logical_axes, info),
 and calibration / evaluation windows of their data. Kept apart from the engine so file
 formats stay out of it; failures are AuditErrors that name the fix."""
 from __future__ import annotations
@@ -68,9 +69,16 @@ def load_classifier(run_dir, config):
     i.e. the function the run's own evaluation measured; hard masks are re-thresholded from
     the (replayed) gate probabilities.
     """
+    apply_fn, _, params, step, sched = _load_classifier(run_dir, config)
+    return apply_fn, params, step, sched
+
+
+def _load_classifier(run_dir, config):
+    """:func:`load_classifier`'s values with the model after the apply_fn."""
     run = _open(run_dir, config)
     sched = gate_schedule.apply_settings(config, run.step)
-    return functools.partial(run.model.apply, **sched), run.params, int(run.step), sched
+    return (functools.partial(run.model.apply, **sched), run.model, run.params,
+            int(run.step), sched)
 
 
 def load_run_targets(run_dirs: Sequence[str]) -> tuple[list[dict], list]:
@@ -116,7 +124,7 @@ def load_run_targets(run_dirs: Sequence[str]) -> tuple[list[dict], list]:
     for d, config in zip(run_dirs, configs):
         extra = {}
         if is_classifier_run(config):
-            apply_fn, params, step, sched = load_classifier(d, config)
+            apply_fn, model, params, step, sched = _load_classifier(d, config)
             extra["gate_schedule"] = sched
             key = [config.model.to_dict(), sched]
         else:
@@ -135,7 +143,8 @@ def load_run_targets(run_dirs: Sequence[str]) -> tuple[list[dict], list]:
             info["note"] = (f"{d} has no eval.json (training unfinished?): auditing its latest "
                             f"checkpoint, step {step}")
         targets.append({"apply_fn": apply_fn, "schema": model.schema, "params": params,
-                        "info": info, "engine_key": json.dumps(key, sort_keys=True)})
+                        "logical_axes": model.logical_axes, "info": info,
+                        "engine_key": json.dumps(key, sort_keys=True)})
     return targets, configs
 
 
@@ -315,12 +324,11 @@ def load_muddpythia_target(path: str, dtype: str):
     except FileNotFoundError as e:
         raise AuditError(f"{e}; the directory needs config.json and the *.safetensors "
                          "weights") from None
-    params = jax.device_put(params)
     info = {"name": pathlib.Path(path).resolve().name, "run_dir": str(pathlib.Path(path).resolve()),
             "family": "muddpythia", "variant": "muddpythia", "dtype": cfg.dtype,
             "params_sha256": params_sha256(params),
             "n_params": int(sum(np.size(x) for x in jax.tree.leaves(params)))}
     model = build(cfg)
     target = {"apply_fn": model.apply, "schema": model.schema, "params": params, "info": info,
-              "engine_key": ("muddpythia", cfg)}
+              "logical_axes": model.logical_axes, "engine_key": ("muddpythia", cfg)}
     return target, cfg, tokenizer

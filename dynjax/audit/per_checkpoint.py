@@ -14,7 +14,6 @@ import collections
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from dynjax.audit import interventions, variance
@@ -77,8 +76,8 @@ def audit_checkpoint(engine: Engine, params, calib_windows, eval_windows, settin
             nll = engine.deterministic_nll(name, params, eval_windows, rec, cal.coeffs, bar=bar)
             delta[name] = nll.astype(np.float64) - base
             rows = engine.programs.transform(name)(
-                rec.coeffs, cal.coeffs, jnp.arange(engine.rows, dtype=jnp.int32))
-            constant[name] = constant_along(jax.device_get(rows), engine.schema)
+                rec.coeffs, cal.coeffs, np.arange(engine.rows, dtype=np.int32))
+            constant[name] = constant_along(engine.to_host(rows), engine.schema)
         seconds[name] = time.perf_counter() - t
     delta = {n: delta[n] for n in settings.conditions}
     out = {
@@ -91,7 +90,7 @@ def audit_checkpoint(engine: Engine, params, calib_windows, eval_windows, settin
         "delta": delta,
         "constant_along": constant,
     }
-    cache = jax.device_get(rec.coeffs)
+    cache = engine.to_host(rec.coeffs)
     if settings.variance:
         out["variance"] = variance.decompose_coeffs(cache, engine.schema)
     out["profiles"] = coefficient_profiles(cache, engine.schema)

@@ -18,11 +18,12 @@ from dynjax.audit.inputs import (_opt, _resolve_seq_len, classifier_windows, fam
                                  load_run_targets, muddpythia_plan, muddpythia_windows,
                                  run_windows)
 from dynjax.audit.per_checkpoint import audit_checkpoint
+from dynjax.audit.placement import Placement
 from dynjax.audit.report import replay_status
 from dynjax.audit.settings import (CLASSIFY, LM, AuditError, ReplayError, Settings, Task,
                                    applicable, n_windows, window_spec, windows_sha256)
 from dynjax.audit.summary import assemble_results
-from dynjax.train import distributed
+from dynjax.train import distributed, sharding
 
 __all__ = ["AuditError", "ReplayError", "audit_from_config", "verdict_table"]
 
@@ -81,7 +82,7 @@ def audit_from_config(config, run_dirs: Sequence[str] = (), muddpythia_dir: str 
     meta.update(config=config.to_dict(), data=data_info)
     t0 = time.perf_counter()
     results = audit_targets(targets, calib, ev, settings, title, meta=meta, progress=progress,
-                            task=task)
+                            task=task, placement=placement_of(config))
     for name in results["meta"]["not_applicable"]:
         log(f"note: {name} not applicable: {results['meta']['not_applicable'][name]}")
     results["meta"]["wall_seconds"] = time.perf_counter() - t0
@@ -98,15 +99,29 @@ def audit_from_config(config, run_dirs: Sequence[str] = (), muddpythia_dir: str 
     return results
 
 
+def placement_of(config) -> Placement:
+    """The audit config's ``sharding`` (mesh and rules, as train.py's) over every device of
+    every process; without that section, every device on the data axis."""
+    sc = config.get("sharding")
+    try:
+        return Placement(sharding.make_mesh(sc), sharding.rules_of(sc) if sc is not None
+                         else sharding.DEFAULT_RULES)
+    except ValueError as e:   # a mesh the devices do not fill, an unknown preset
+        raise AuditError(str(e)) from None
+
+
 def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings: Settings,
                   title: str, meta: dict | None = None, progress: bool = True,
-                  engines: dict | None = None, task: Task = LM) -> dict:
+                  engines: dict | None = None, task: Task = LM,
+                  placement: Placement | None = None) -> dict:
     """Audit every target (one checkpoint each) on the same windows; the results dict.
 
-    A target is ``{"apply_fn", "schema", "params", "info": {...}}``; targets that share an
+    A target is ``{"apply_fn", "schema", "params", "info": {...}}`` and optionally
+    ``"logical_axes"`` (the model's, for ``placement``'s rules); targets that share an
     ``engine_key`` share one compiled Engine (pass ``engines``, a dict, to keep them across
     calls). ``task`` says what a window is and how it is scored (:data:`LM`, :data:`CLASSIFY`).
     Conditions that cannot apply to the schema are skipped and reported (:func:`applicable`).
+    ``placement`` runs every engine under a device mesh (:class:`Placement`).
     """
     from tqdm.auto import tqdm
 
@@ -124,9 +139,9 @@ def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings
     engines = {} if engines is None else engines
     engine_of = []
     for t in targets:
-        key = (t.get("engine_key", id(t)), rows, str(spec), task.name)
+        key = (t.get("engine_key", id(t)), rows, str(spec), task.name, id(placement))
         if key not in engines:
-            engines[key] = Engine(t["apply_fn"], t["schema"], rows, spec, task)
+            engines[key] = Engine(t["apply_fn"], t["schema"], rows, spec, task, placement)
         engine_of.append(engines[key])
     total = 0
     for t, eng in zip(targets, engine_of):
@@ -137,8 +152,10 @@ def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings
     try:
         for t, eng in zip(targets, engine_of):
             bar.set_postfix_str(t["info"].get("name", ""))
-            ckpts.append(audit_checkpoint(eng, t["params"], calib_windows, eval_windows,
+            params = eng.place_params(t["params"], t.get("logical_axes"))
+            ckpts.append(audit_checkpoint(eng, params, calib_windows, eval_windows,
                                           settings, bar=bar))
+            del params
     finally:
         bar.close()
     meta = dict(meta or {})

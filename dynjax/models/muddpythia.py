@@ -397,7 +397,8 @@ def memory_time_estimate(cfg: Config, n_windows: int, seq_len: int, batch: int,
     implementation computes it. ``activation_bytes_per_batch`` is a rough upper bound of what
     one forward keeps live (all L+1 sources, the float32 streams, scores, FFN hidden, logits).
     A replay forward costs what a record does: record and replay are one program, whose DA
-    MLPs always run (``replay_flops_per_window`` = ``record_flops_per_window``).
+    MLPs always run (``replay_flops_per_window`` = ``record_flops_per_window``);
+    ``static_mixing_flops_per_window`` is the same model without its DA MLPs (fixed mixing).
     """
     item = jnp.dtype(cfg.dtype).itemsize
     n_params = sum(math.prod(shape) for _, _, shape, _ in param_table(cfg))
@@ -430,6 +431,7 @@ def memory_time_estimate(cfg: Config, n_windows: int, seq_len: int, batch: int,
         "peak_device_bytes_estimate": n_params * item + act + batch * coeff_bytes_per_window,
         "record_flops_per_window": record,
         "replay_flops_per_window": record,
+        "static_mixing_flops_per_window": record - T * per_token_da,
         "record_flops_total": record * n_windows,
         "n_batches": n_batches,
     }
