@@ -1,9 +1,9 @@
 """Execution measures of MoD: executed blocks per token and FLOPs (compiled vs analytic)."""
-
 import jax
 import numpy as np
 import pytest
 
+from dynjax import coeffs as coeffs_lib
 from dynjax.measure import execution as ex
 from dynjax.models import build
 from dynjax.models.transformer import ModelConfig
@@ -49,7 +49,7 @@ def test_executed_blocks_of_integrated_mode_count_only_blocks_whose_ffn_ran():
     # Send every token of layer 0 to the no-op expert, every token of layer 1 to expert 0.
     probs = np.zeros((2, 2, 16, 5), np.float32)
     probs[0, ..., 4], probs[1, ..., 0] = 1.0, 1.0
-    _, sown = m.module.apply({"params": params}, tokens, {"router": probs},
+    _, sown = m.module.apply({"params": params}, tokens, coeffs_lib.replaying({"router": probs}),
                              mutable=["moe_stats"])
     ran = np.asarray(sown["moe_stats"]["stats"][0]["ffn_ran"])
     np.testing.assert_array_equal(ran.sum(0), np.ones((2, 16)))
