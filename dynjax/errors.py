@@ -9,6 +9,7 @@ a usage error), never a traceback. Anything else is a bug and keeps its tracebac
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 
 from dynjax.data.text import DataError
@@ -42,10 +43,17 @@ def config_errors():
 
 
 def exit_with_error(prog: str, message) -> None:
-    """Print ``PROG: error: MESSAGE`` (one line) to stderr and exit with status 2."""
+    """Print ``PROG: error: MESSAGE`` (one line) to stderr and exit with status 2.
+
+    The exit skips interpreter teardown (``os._exit``): a failed orbax read leaves I/O
+    callbacks that print tracebacks into a closed event loop at shutdown, after our one
+    line. Nothing is lost by skipping it: every file dynjax writes is replaced atomically.
+    """
     line = " ".join(str(message).split())
     print(f"{prog}: error: {line}", file=sys.stderr)
-    sys.exit(EXIT_USAGE)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_USAGE)
 
 
 def run_program(prog: str, fn, errors: tuple = ()):

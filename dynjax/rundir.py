@@ -19,7 +19,10 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import pathlib
+import sys
+import time
 from typing import Any
 
 import jax
@@ -137,6 +140,20 @@ def quiet_asyncio():
         log.setLevel(level)
 
 
+@contextlib.contextmanager
+def _stderr_silenced():
+    """File descriptor 2 to /dev/null: tensorstore's I/O threads print there directly."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def restore_params(run_dir, abstract_params, step: int):
     """The ``params`` subtree of step ``step``, onto ``abstract_params``' shapes, dtypes and
     shardings (ShapeDtypeStructs with .sharding); the optimizer state is not read. A
@@ -145,11 +162,21 @@ def restore_params(run_dir, abstract_params, step: int):
         lambda s: ocp.ArrayRestoreArgs(sharding=s.sharding, global_shape=s.shape,
                                        dtype=s.dtype), abstract_params)
     path = (pathlib.Path(run_dir) / CHECKPOINTS / str(step) / STATE_ITEM).resolve()
+    # A failed read leaves tensorstore reads in flight whose callbacks find orbax's event
+    # loop closed and print tracebacks from I/O threads straight to file descriptor 2,
+    # around the one line we report: the read runs with fd 2 silenced, and on failure
+    # the stragglers get a second to finish unheard.
     try:
-        with quiet_asyncio(), ocp.PyTreeCheckpointer() as ckptr:
-            return ckptr.restore(path, args=ocp.args.PyTreeRestore(
-                item={"params": abstract_params}, restore_args={"params": restore_args},
-                partial_restore=True))["params"]
+        with _stderr_silenced():
+            try:
+                with quiet_asyncio(), ocp.PyTreeCheckpointer() as ckptr:
+                    return ckptr.restore(path, args=ocp.args.PyTreeRestore(
+                        item={"params": abstract_params},
+                        restore_args={"params": restore_args},
+                        partial_restore=True))["params"]
+            except Exception:
+                time.sleep(1.0)
+                raise
     except Exception as e:  # noqa: BLE001  orbax/tensorstore raise many types for bad files
         raise CheckpointError(
             f"checkpoint step {step} of run {run_dir} cannot be restored ({why(e)}); re-run "
