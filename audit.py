@@ -28,7 +28,7 @@ from ml_collections import config_flags
 
 from dynjax import errors
 from dynjax.audit import run
-from dynjax.train import distributed
+from dynjax.parallel import distributed
 
 config_flags.DEFINE_config_file("config", "configs/audit_tiny.py", "configs/NAME.py",
                                 lock_config=True)

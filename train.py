@@ -12,7 +12,8 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from dynjax import errors
-from dynjax.train import distributed, loop
+from dynjax.parallel import distributed
+from dynjax.train import loop
 
 config_flags.DEFINE_config_file("config", None, "configs/NAME.py[:ARG]", lock_config=True)
 flags.DEFINE_string("workdir", None, "run directory: checkpoints, metrics.jsonl, eval.json")

@@ -29,7 +29,7 @@ import optax
 
 from dynjax.models import build
 from dynjax.models.transformer import next_token_nll
-from dynjax.train import sharding
+from dynjax.parallel import sharding
 from dynjax.train.lm import init_state, make_optimizer
 
 GiB = 1024 ** 3

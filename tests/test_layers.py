@@ -8,7 +8,8 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "dynjax"
 # Lowest first; a module may import its own layer or any layer below it.
-LAYERS = (("coeffs", "jsonio", "_alloc"), ("data",), ("errors",), ("models", "gate_schedule"),
+LAYERS = (("coeffs", "jsonio", "_alloc"), ("data",), ("errors",), ("parallel",),
+          ("models", "gate_schedule"),
           ("loaders", "decoding", "skip"), ("measure",), ("rundir",), ("train",),
           ("audit", "plan"), ("scorecard",))
 RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}

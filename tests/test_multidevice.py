@@ -26,7 +26,8 @@ SCRIPT = textwrap.dedent("""
     from tests.conftest import tiny_config
     from dynjax.models import build
     from dynjax.models.transformer import next_token_nll
-    from dynjax.train import lm as lm_task, sharding
+    from dynjax.parallel import sharding
+    from dynjax.train import lm as lm_task
     import optax
     def sharded_families():
         # FSDP, TP and FSDP+TP on a (data 2, fsdp 2, tensor 2) mesh, for every family: loss
@@ -152,7 +153,8 @@ ACTIVATIONS = textwrap.dedent(r"""
     from tests.conftest import tiny_config
     from dynjax.models import build
     from dynjax.models.activation_sharding import traced_under
-    from dynjax.train import lm, sharding
+    from dynjax.parallel import sharding
+    from dynjax.train import lm
     c = tiny_config("feature_gate", n_layers=2)
     model = build(c.model.to_dict()); tx = lm.make_optimizer(c.train)
     mesh = sharding.make_mesh(ml_collections.ConfigDict(dict(mesh=dict(data=2, fsdp=2,
@@ -272,7 +274,7 @@ AUDIT = textwrap.dedent(r"""
     from dynjax.audit.engine import Engine
     from dynjax.audit.placement import Placement
     from dynjax.audit.settings import AuditError
-    from dynjax.train import sharding
+    from dynjax.parallel import sharding
     from tests.test_audit_run import muddpythia_audit_config, small
     from tests.test_muddpythia import write_tiny_hf_dir
     tmp = pathlib.Path(sys.argv[1]).parent

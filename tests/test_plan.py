@@ -11,7 +11,8 @@ import pytest
 
 from dynjax import plan
 from dynjax.models import build
-from dynjax.train import lm, sharding
+from dynjax.parallel import sharding
+from dynjax.train import lm
 from tests.conftest import tiny_config
 
 ONE = {"data": 1, "fsdp": 1, "tensor": 1}

@@ -11,7 +11,7 @@ import numpy as np
 
 from dynjax.audit.settings import AuditError
 from dynjax.coeffs import is_axes
-from dynjax.train import distributed, sharding
+from dynjax.parallel import distributed, sharding
 
 
 class Placement:

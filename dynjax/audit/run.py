@@ -23,7 +23,7 @@ from dynjax.audit.report import replay_status
 from dynjax.audit.settings import (CLASSIFY, LM, AuditError, ReplayError, Settings, Task,
                                    applicable, n_windows, window_spec, windows_sha256)
 from dynjax.audit.summary import assemble_results
-from dynjax.train import distributed, sharding
+from dynjax.parallel import distributed, sharding
 
 __all__ = ["AuditError", "ReplayError", "audit_from_config", "verdict_table"]
 

@@ -7,7 +7,7 @@ cross-layer mix). Positions are explicit per token, so a family that gathers a s
 tokens (Mixture-of-Depths) keeps their original rotary angles and causal order.
 
 Parameters carry logical axis names (``embed``, ``heads``, ``mlp``, ``vocab``; ``layers``
-when scanned) that ``dynjax.train.sharding`` maps onto a device mesh; the embeddings,
+when scanned) that ``dynjax.parallel.sharding`` maps onto a device mesh; the embeddings,
 queries, keys, values, MLP hidden layer, attention, MLP and block outputs and the logits
 carry them too (``activation_sharding.constrain``, a no-op outside a sharded step).
 """

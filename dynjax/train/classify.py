@@ -29,7 +29,8 @@ from dynjax.data import tabular, tfds_classify
 from dynjax.gate_schedule import gate_schedule
 from dynjax.measure import macs as macs_lib
 from dynjax.models.gated_mlp import MLPConfig, gate_penalty
-from dynjax.train import distributed, sharding, sparse
+from dynjax.parallel import distributed, sharding
+from dynjax.train import sparse
 from dynjax.train.optim import check_train_config, make_optimizer
 
 SPARSE_METHODS = ("none", "rigl", "prune")

@@ -26,7 +26,7 @@ import numpy as np
 from dynjax import decoding
 from dynjax.models import build, mod, moe
 from dynjax.models.transformer import ModelConfig, next_token_nll
-from dynjax.train import distributed, sharding
+from dynjax.parallel import distributed, sharding
 
 LN2 = math.log(2.0)
 

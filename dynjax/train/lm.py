@@ -17,7 +17,8 @@ from dynjax.data import text as text_data
 from dynjax.models import build
 from dynjax.models.activation_sharding import traced_under
 from dynjax.models.transformer import next_token_nll
-from dynjax.train import distributed, families, sharding
+from dynjax.parallel import distributed, sharding
+from dynjax.train import families
 from dynjax.train.evaluation import LN2, Evaluator
 from dynjax.train.optim import check_train_config, make_optimizer
 

@@ -11,7 +11,7 @@ restores), then per step the task's batch and jitted step, logging every
 The train state is a plain dict {step, params, opt_state} so it goes straight into orbax
 and NamedSharding. A task's batch for step s depends only on (seed, s), so a run stopped
 and resumed from a checkpoint is bitwise identical to an uninterrupted one. On many
-processes (:mod:`dynjax.train.distributed`) each builds only its rows of that batch, so
+processes (:mod:`dynjax.parallel.distributed`) each builds only its rows of that batch, so
 the run does not depend on the number of processes; process 0 alone writes the run
 directory's files and the progress bar.
 """
@@ -26,7 +26,8 @@ from tqdm.auto import tqdm
 
 from dynjax import errors, rundir
 from dynjax.jsonio import write_json_atomic
-from dynjax.train import checkpoint, classify, distributed, lm
+from dynjax.parallel import distributed
+from dynjax.train import checkpoint, classify, lm
 from dynjax.train.metrics import JsonlWriter
 
 
