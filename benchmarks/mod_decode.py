@@ -42,7 +42,7 @@ from dynjax import decoding  # noqa: E402
 from dynjax.measure import latency  # noqa: E402
 from dynjax.models import build, mod  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402
-from dynjax.train.metrics import write_json_atomic  # noqa: E402
+from dynjax.jsonio import write_json_atomic  # noqa: E402
 
 MODELS = {"tiny_T128": ("tiny", 128), "tiny_T1024": ("tiny", 1024), "mid_T1024": ("mid", 1024),
           "gpu_T2048": ("gpu", 2048)}  # results/gpu/mod_speed_gpu.json's model, for an accelerator
