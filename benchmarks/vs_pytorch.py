@@ -12,7 +12,13 @@ AdamW (weight decay on matrices, warm-up cosine schedule). Forward: logits, no g
 The PyTorch models here are this file's own implementation (SDPA attention, causal).
 
 Every timed call of every model and framework is interleaved round by round, so load from
-other processes falls on all alike; medians after warm-up (compilation excluded). The JSON
+other processes falls on all alike; medians after warm-up (compilation excluded). Within
+its turn each timed call follows ``--settle`` untimed calls of the same function (default
+1), so it runs as a training loop's step does, right after the previous one: XLA:CPU frees
+its temporaries after each call, and on this machine (a Firecracker VM with free-page
+reporting) pages left free for the seconds another framework's turn takes return to the
+host and fault back in slowly, which made dynjax's train step 1.7-2x slower in the
+previous, unsettled version of this benchmark. The JSON
 names the command, the load average before and after, and tokens/s ratios of dynjax over
 PyTorch eager (the goals: train >= 1.25, forward >= 1.5) and over ``torch.compile``.
 """
@@ -162,6 +168,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--attn-block", type=int, default=ModelConfig.attn_block,
                     help="dynjax's model.attn_block (0: full T x T attention)")
+    ap.add_argument("--settle", type=int, default=1,
+                    help="untimed calls before each timed call, as in a loop of steps")
     ap.add_argument("--variants", default="dense,mod")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--out")
@@ -187,14 +195,14 @@ def main():
                 notes[f"{variant}_torch_compile"] = f"failed: {type(e).__name__}: {e}"[:500]
     load_before = os.getloadavg()
     t0 = time.time()
-    medians = paired_medians(timers, args.repeats)
+    medians = paired_medians(timers, args.repeats, args.settle)
     tokens_per_call = args.batch_size * args.seq_len
     res = {"command": "python " + " ".join(sys.argv), "torch": torch.__version__,
            "jax": jax.__version__, "torch_threads": torch.get_num_threads(),
            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
            "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
            "load_average_before": load_before, "load_average_after": os.getloadavg(),
-           "timed_s": time.time() - t0, "repeats": args.repeats,
+           "timed_s": time.time() - t0, "repeats": args.repeats, "settle": args.settle,
            "batch_size": args.batch_size, "seq_len": args.seq_len,
            "attn_block": args.attn_block, "notes": notes,
            "note": "medians of interleaved calls in one run; seconds per call; ratios are "
