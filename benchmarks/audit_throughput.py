@@ -15,7 +15,9 @@ ratio <= 1.3. These machines are noisy: compare ratios from one run.
 """
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 
 import jax
@@ -88,6 +90,8 @@ def main():
     bound_programs = forwards.get("record", 0) * t_record + forwards.get("replay", 0) * t_replay
 
     out = {
+        "command": "python benchmarks/audit_throughput.py " + " ".join(sys.argv[1:]),
+        "load_average_after": os.getloadavg(),
         "backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
         "variant": args.variant, "seq_len": args.seq_len, "rows_per_forward": engine.rows,
         "windows": args.windows, "reassignments": args.reassignments,

@@ -1,43 +1,59 @@
 """What one-program replay costs: FLOPs and times of the audit's record and replay forwards.
 
-    python benchmarks/replay_cost.py     # from a checkout's root; prints one JSON line
+    python -m benchmarks.replay_cost [--repeats 15] [--out FILE]    # prints JSON
 
 configs/tiny.py-sized models (d=128, 4 layers, T=128, 16 rows; layers unrolled so
 cost_analysis counts every layer) of four families. Since record and replay became one
 program (dynjax.coeffs.site) the controller runs in replay too; run this in a checkout from
-before that change (7e561ab, where replay skipped the controller) and in one after to
-compare. FLOPs are exact; times are medians of interleaved calls (noisy on a shared machine).
+before that change (7e561ab, where replay skipped the controller and this file ran as a plain
+script) and in one after to compare (results/replay_cost.json). FLOPs are exact; times are
+medians of interleaved calls (noisy on a shared machine).
 """
-import json, sys, time, statistics
-sys.path.insert(0, ".")
-import jax, jax.numpy as jnp
+import argparse
+import json
+import sys
+
+import jax
+
+from dynjax import coeffs
+from dynjax.jsonio import write_json_atomic
+from dynjax.measure.latency import paired_times
 from dynjax.models import build
-new = hasattr(__import__("dynjax.coeffs").coeffs, "site")
-out = {}
-for fam, var in [("gates", "feature_gate"), ("mudd", "mudd"), ("mod", "mod"), ("moe", "moe")]:
-    m = build(dict(family=fam, variant=var, d_model=128, n_heads=4, n_layers=4, d_ff=512,
-                   scan_layers=False))
-    tok = jax.random.randint(jax.random.key(1), (16, 128), 0, 256)
-    p = m.init(jax.random.key(0), tok)
-    f = jax.jit(m.apply)
-    if new:
-        from dynjax import coeffs as C
-        shapes = jax.eval_shape(lambda p, t: m.apply(p, t)[1], p, tok)
-        rec_args = (p, tok, C.recording(C.zeros_like(shapes)))
-        _, c = f(*rec_args)
-        rep_args = (p, tok, C.replaying(c))
-    else:
-        rec_args = (p, tok)
-        _, c = f(*rec_args)
-        rep_args = (p, tok, c)
-    fl = lambda a: f.lower(*a).compile().cost_analysis()["flops"]
-    ts = {"record": [], "replay": []}
-    for _ in range(3):
-        jax.block_until_ready(f(*rec_args)); jax.block_until_ready(f(*rep_args))
-    for _ in range(15):
-        for k, a in (("record", rec_args), ("replay", rep_args)):
-            t0 = time.perf_counter(); jax.block_until_ready(f(*a)); ts[k].append(time.perf_counter() - t0)
-    out[f"{fam}/{var}"] = {"flops_record": fl(rec_args), "flops_replay": fl(rep_args),
-                           "median_s_record": statistics.median(ts["record"]),
-                           "median_s_replay": statistics.median(ts["replay"])}
-print(json.dumps({"code": "new" if new else "old", **out}))
+
+FAMILIES = (("gates", "feature_gate"), ("mudd", "mudd"), ("mod", "mod"), ("moe", "moe"))
+
+
+def programs(family: str, variant: str):
+    """The jitted forward and its record and replay arguments for one tiny model."""
+    model = build(dict(family=family, variant=variant, d_model=128, n_heads=4, n_layers=4,
+                       d_ff=512, scan_layers=False))
+    tokens = jax.random.randint(jax.random.key(1), (16, 128), 0, 256)
+    params = model.init(jax.random.key(0), tokens)
+    forward = jax.jit(model.apply)
+    shapes = jax.eval_shape(lambda p, t: model.apply(p, t)[1], params, tokens)
+    record = (params, tokens, coeffs.recording(coeffs.zeros_like(shapes)))
+    _, recorded = forward(*record)
+    return forward, {"record": record, "replay": (params, tokens, coeffs.replaying(recorded))}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    out = {"command": "python -m benchmarks.replay_cost " + " ".join(sys.argv[1:])}
+    for family, variant in FAMILIES:
+        forward, calls = programs(family, variant)
+        times = paired_times({k: (lambda a=a: forward(*a)) for k, a in calls.items()},
+                             args.repeats)
+        out[f"{family}/{variant}"] = {
+            **{f"flops_{k}": forward.lower(*a).compile().cost_analysis()["flops"]
+               for k, a in calls.items()},
+            **{f"median_s_{k}": t["median_s"] for k, t in times.items()}}
+    print(json.dumps(out, indent=1))
+    if args.out:
+        write_json_atomic(args.out, out)
+
+
+if __name__ == "__main__":
+    main()

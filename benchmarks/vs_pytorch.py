@@ -197,7 +197,8 @@ def main():
     t0 = time.time()
     medians = paired_medians(timers, args.repeats, args.settle)
     tokens_per_call = args.batch_size * args.seq_len
-    res = {"command": "python " + " ".join(sys.argv), "torch": torch.__version__,
+    res = {"command": "python -m benchmarks.vs_pytorch " + " ".join(sys.argv[1:]),
+           "torch": torch.__version__,
            "jax": jax.__version__, "torch_threads": torch.get_num_threads(),
            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
            "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),

@@ -22,6 +22,7 @@ import logging
 import os
 import pathlib
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -141,17 +142,30 @@ def quiet_asyncio():
 
 
 @contextlib.contextmanager
-def _stderr_silenced():
-    """File descriptor 2 to /dev/null: tensorstore's I/O threads print there directly."""
+def guarded_read():
+    """Run a checkpoint read so that a failure is one line, and a success loses nothing.
+
+    A failed read leaves tensorstore reads in flight whose callbacks find orbax's event loop
+    closed and print tracebacks from I/O threads straight to file descriptor 2, around the
+    one line we report. So file descriptor 2 goes to a temporary file while the read runs:
+    on success what was written there (warnings, say) is passed on to the real stderr; on
+    failure the stragglers get a second to finish, and their output is dropped."""
     sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            with quiet_asyncio():
+                yield
+        except BaseException:
+            time.sleep(1.0)
+            raise
+        else:
+            captured.seek(0)
+            os.write(saved, captured.read())
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def restore_params(run_dir, abstract_params, step: int):
@@ -162,21 +176,11 @@ def restore_params(run_dir, abstract_params, step: int):
         lambda s: ocp.ArrayRestoreArgs(sharding=s.sharding, global_shape=s.shape,
                                        dtype=s.dtype), abstract_params)
     path = (pathlib.Path(run_dir) / CHECKPOINTS / str(step) / STATE_ITEM).resolve()
-    # A failed read leaves tensorstore reads in flight whose callbacks find orbax's event
-    # loop closed and print tracebacks from I/O threads straight to file descriptor 2,
-    # around the one line we report: the read runs with fd 2 silenced, and on failure
-    # the stragglers get a second to finish unheard.
     try:
-        with _stderr_silenced():
-            try:
-                with quiet_asyncio(), ocp.PyTreeCheckpointer() as ckptr:
-                    return ckptr.restore(path, args=ocp.args.PyTreeRestore(
-                        item={"params": abstract_params},
-                        restore_args={"params": restore_args},
-                        partial_restore=True))["params"]
-            except Exception:
-                time.sleep(1.0)
-                raise
+        with guarded_read(), ocp.PyTreeCheckpointer() as ckptr:
+            return ckptr.restore(path, args=ocp.args.PyTreeRestore(
+                item={"params": abstract_params}, restore_args={"params": restore_args},
+                partial_restore=True))["params"]
     except Exception as e:  # noqa: BLE001  orbax/tensorstore raise many types for bad files
         raise CheckpointError(
             f"checkpoint step {step} of run {run_dir} cannot be restored ({why(e)}); re-run "

@@ -169,6 +169,21 @@ def test_resume_falls_back_past_a_damaged_checkpoint(straight_run, tmp_path, cap
     assert result["test"] == straight_run[1]["test"]
 
 
+def test_guarded_read_passes_on_a_successful_reads_stderr_and_drops_a_failed_ones(capfd):
+    """What I/O threads write to file descriptor 2 during a read reaches stderr after a
+    success (a warning is not lost) and is dropped after a failure (one clear line)."""
+    with rundir.guarded_read():
+        os.write(2, b"orbax warning during a good read\n")
+    assert "orbax warning during a good read" in capfd.readouterr().err
+    with pytest.raises(ValueError, match="bad file"):
+        with rundir.guarded_read():
+            os.write(2, b"Traceback from a tensorstore thread\n")
+            raise ValueError("bad file")
+    assert "tensorstore" not in capfd.readouterr().err
+    os.write(2, b"stderr is back\n")
+    assert "stderr is back" in capfd.readouterr().err
+
+
 def test_no_restorable_checkpoint_is_a_clear_error(straight_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(straight_run[0], run)

@@ -52,7 +52,7 @@ def restore(mngr: ocp.CheckpointManager, abstract_state, step=None):
 def try_restore(mngr: ocp.CheckpointManager, abstract_state, step: int):
     """``(state, None)``, or ``(None, why)`` when step ``step`` cannot be restored."""
     try:
-        with rundir.quiet_asyncio():
+        with rundir.guarded_read():
             return restore(mngr, abstract_state, step), None
     except Exception as e:  # noqa: BLE001  orbax/tensorstore raise many types for bad files
         return None, rundir.why(e)
