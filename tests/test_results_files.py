@@ -54,3 +54,42 @@ def test_a_stale_figure_is_caught():
     name = next(iter(n for n in results["conditions"] if n != "correct"))
     results["conditions"][name]["p"] = 0.123456
     assert [m for m in mismatches(results) if m.startswith(f"conditions/{name}/p:")]
+
+
+COMMANDS_INDEX = pathlib.Path(ROOT, "results", "COMMANDS.md")
+
+
+def names_its_command(data) -> bool:
+    """A top-level ``command``, an audit's ``meta.command``, or every section's own
+    ``command`` (a file of several measurements, e.g. timings.json)."""
+    if not isinstance(data, dict):
+        return False
+    if isinstance(data.get("command"), str) or isinstance(data.get("meta", {}).get("command"), str):
+        return True
+    sections = [v for v in data.values() if isinstance(v, dict)]
+    return bool(sections) and all(isinstance(v.get("command"), str) for v in sections)
+
+
+def indexed_paths() -> list[str]:
+    """The paths (files, or directories ending in /) that results/COMMANDS.md gives commands for."""
+    rows = [line.split("|") for line in COMMANDS_INDEX.read_text().splitlines()
+            if line.startswith("| `results/")]
+    return [row[1].strip().strip("`") for row in rows if row[2].strip()]
+
+
+def test_every_results_json_names_the_command_that_made_it():
+    indexed = indexed_paths()
+    missing = []
+    for path in sorted(pathlib.Path(ROOT, "results").rglob("*.json")):
+        rel = path.relative_to(ROOT).as_posix()
+        if not names_its_command(json.loads(path.read_text())) and not any(
+                rel == p or (p.endswith("/") and rel.startswith(p)) for p in indexed):
+            missing.append(rel)
+    assert missing == [], f"add a command to these files or to results/COMMANDS.md: {missing}"
+
+
+def test_commands_index_and_its_check_catch_an_unnamed_file():
+    assert "results/main/" in indexed_paths()
+    assert not names_its_command({"step_s": 1.0})
+    assert not names_its_command({"a": {"command": "x"}, "b": {"step_s": 1.0}})
+    assert names_its_command({"meta": {"command": "python audit.py"}})

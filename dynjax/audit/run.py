@@ -6,6 +6,8 @@ checkpoints on the same windows; :func:`verdict_table` prints the outcome.
 """
 from __future__ import annotations
 
+import shlex
+import sys
 import time
 from typing import Sequence
 
@@ -86,6 +88,7 @@ def audit_from_config(config, run_dirs: Sequence[str] = (), muddpythia_dir: str 
     for name in results["meta"]["not_applicable"]:
         log(f"note: {name} not applicable: {results['meta']['not_applicable'][name]}")
     results["meta"]["wall_seconds"] = time.perf_counter() - t0
+    results["meta"]["command"] = "python " + shlex.join(sys.argv)   # what wrote the report
     if not results["replay"]["exact"]:
         log(f"warning: replay {replay_status(results['replay'])}")
     if results.get("small_n_warning"):
