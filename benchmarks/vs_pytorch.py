@@ -1,4 +1,4 @@
-"""dynjax against PyTorch on the same CPU: the same dense and MoD models, one run, interleaved.
+"""dynjax against PyTorch on the same CPU: the same dense and MoD models, timed in turns.
 
     pip install -e '.[bench]'        # torch==2.13.0, the CPU build (or: pip install torch==2.13.0)
     python -m benchmarks.vs_pytorch --out results/vs_pytorch.json
@@ -11,22 +11,26 @@ losses), as ``configs/mod_tiny.py``. Train step: forward, backward, global-norm 
 AdamW (weight decay on matrices, warm-up cosine schedule). Forward: logits, no gradient.
 The PyTorch models here are this file's own implementation (SDPA attention, causal).
 
-Every timed call of every model and framework is interleaved round by round, so load from
-other processes falls on all alike; medians after warm-up (compilation excluded). Within
-its turn each timed call follows ``--settle`` untimed calls of the same function (default
-1), so it runs as a training loop's step does, right after the previous one: XLA:CPU frees
-its temporaries after each call, and on this machine (a Firecracker VM with free-page
-reporting) pages left free for the seconds another framework's turn takes return to the
-host and fault back in slowly, which made dynjax's train step 1.7-2x slower in the
-previous, unsettled version of this benchmark. The JSON
-names the command, the load average before and after, and tokens/s ratios of dynjax over
-PyTorch eager (the goals: train >= 1.25, forward >= 1.5) and over ``torch.compile``.
+Each framework runs in its own process, as a user runs it (dynjax, PyTorch eager and
+``torch.compile``, all under ``glibc.malloc.hugetlb=1``); the processes take turns, one call
+of every model and framework per round, so load from other processes falls on all alike;
+medians after warm-up (compilation excluded). Within its turn each timed call follows
+``--settle`` untimed calls of the same function (default 1), so it runs as a training loop's
+step does, right after the previous one. Why both matter on this machine (a Firecracker VM
+with free-page reporting): XLA:CPU frees its temporaries after every call, memory left free
+for the seconds another turn takes goes back to the host and faults in again slowly, and in
+one process with PyTorch the dynjax step ran at 3.1-4.4 s in every arrangement against 2.2-2.3
+s alone (``benchmarks/interleave_cost.py``). The JSON names the command, the load average
+before and after, and tokens/s ratios of dynjax over PyTorch eager (the goals: train >= 1.25,
+forward >= 1.5) and over ``torch.compile``.
 """
 import argparse
 import json
 import math
 import os
 import platform
+import statistics
+import subprocess
 import sys
 import time
 
@@ -41,9 +45,9 @@ except ImportError:
     raise SystemExit("vs_pytorch.py needs PyTorch: pip install -e '.[bench]' (torch==2.13.0, "
                      "CPU build) or pip install torch==2.13.0") from None
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 
 from benchmarks.common import D, D_FF, HEADS, LAYERS, VOCAB, bench_config, dynjax_timers  # noqa: E402
-from benchmarks.mod_speed import paired_medians  # noqa: E402
 from configs import mod_tiny  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402
 from dynjax.jsonio import write_json_atomic  # noqa: E402
@@ -161,6 +165,56 @@ def torch_timers(variant, args, tokens, compile_):
     return {"train": train, "forward": forward}
 
 
+def timers_of(framework, args):
+    """This process's timers, (variant, name) -> fn, for one framework."""
+    tokens = np.random.default_rng(1).integers(0, VOCAB, (args.batch_size, args.seq_len))
+    timers = {}
+    for variant in args.variants.split(","):
+        if framework == "dynjax":
+            config = bench_config(variant, args.batch_size, args.seq_len,
+                                  attn_block=args.attn_block)
+            fns = dynjax_timers(config, jax.numpy.asarray(tokens, dtype="int32"))
+        else:
+            torch.manual_seed(0)
+            fns = torch_timers(variant, args, torch.from_numpy(tokens), framework == "torch_compile")
+        for name, fn in fns.items():
+            timers[(variant, name)] = fn
+    return timers
+
+
+def worker(framework, args):
+    """Serve timings over stdin/stdout: warm up every timer (compiling), say "ready"; then
+    for each line "VARIANT NAME", run ``--settle`` untimed calls and print one call's seconds."""
+    try:
+        timers = timers_of(framework, args)
+        for fn in timers.values():
+            block(fn())
+    except Exception as e:  # noqa: BLE001 - torch.compile may fail on a CPU; report it
+        print(json.dumps({"failed": f"{type(e).__name__}: {e}"[:500]}), flush=True)
+        return
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        fn = timers[tuple(line.split())]
+        for _ in range(args.settle):
+            block(fn())
+        t0 = time.perf_counter()
+        block(fn())
+        print(json.dumps({"seconds": time.perf_counter() - t0}), flush=True)
+
+
+def block(x):
+    """Wait for a result of either framework (JAX dispatches asynchronously)."""
+    return jax.block_until_ready(x) if not isinstance(x, torch.Tensor) else x
+
+
+def read_reply(proc) -> dict:
+    """The worker's next JSON line (other lines a library prints are skipped)."""
+    for line in proc.stdout:
+        if line.startswith("{"):
+            return json.loads(line)
+    return {"failed": f"the worker exited ({proc.wait()})"}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq-len", type=int, default=1024)
@@ -172,38 +226,46 @@ def main():
                     help="untimed calls before each timed call, as in a loop of steps")
     ap.add_argument("--variants", default="dense,mod")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--out")
     args = ap.parse_args()
-    torch.manual_seed(0)
-    np_tokens = jax.random.randint(jax.random.key(1), (args.batch_size, args.seq_len), 0, VOCAB)
-    jtokens, ttokens = np_tokens, torch.from_numpy(jax.device_get(np_tokens).astype("int64"))
-    timers, notes = {}, {}
-    for variant in args.variants.split(","):
-        config = bench_config(variant, args.batch_size, args.seq_len, attn_block=args.attn_block)
-        for name, fn in dynjax_timers(config, jtokens).items():
-            timers[(variant, "dynjax", name)] = fn
-        for name, fn in torch_timers(variant, args, ttokens, False).items():
-            timers[(variant, "torch_eager", name)] = fn
-        if not args.no_compile:
-            try:
-                compiled = torch_timers(variant, args, ttokens, True)
-                for fn in compiled.values():
-                    fn()  # compiles here, so a failure is caught here
-                for name, fn in compiled.items():
-                    timers[(variant, "torch_compile", name)] = fn
-            except Exception as e:  # noqa: BLE001 - report, and benchmark the rest
-                notes[f"{variant}_torch_compile"] = f"failed: {type(e).__name__}: {e}"[:500]
+    if args.worker:
+        return worker(args.worker, args)
+    frameworks = ["dynjax", "torch_eager"] + ([] if args.no_compile else ["torch_compile"])
+    workers, notes = {}, {}
+    for fw in frameworks:   # one process each, started and warmed up one after another
+        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.vs_pytorch", "--worker", fw,
+                                 *sys.argv[1:]], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+        reply = read_reply(proc)
+        if "failed" in reply:
+            notes[fw] = "failed: " + reply["failed"]
+            proc.kill()
+        else:
+            workers[fw] = proc
     load_before = os.getloadavg()
     t0 = time.time()
-    medians = paired_medians(timers, args.repeats, args.settle)
+    times = {}
+    for _ in range(args.repeats):   # every (variant, framework, call) takes a turn per round
+        for variant in args.variants.split(","):
+            for fw, proc in workers.items():
+                for name in ("train", "forward"):
+                    proc.stdin.write(f"{variant} {name}\n")
+                    proc.stdin.flush()
+                    times.setdefault((variant, fw, name), []).append(read_reply(proc)["seconds"])
+    for proc in workers.values():
+        proc.stdin.close()
+        proc.wait()
+    medians = {k: statistics.median(v) for k, v in times.items()}
     tokens_per_call = args.batch_size * args.seq_len
     res = {"command": "python -m benchmarks.vs_pytorch " + " ".join(sys.argv[1:]),
            "torch": torch.__version__,
-           "jax": jax.__version__, "torch_threads": torch.get_num_threads(),
+           "jax": jax.__version__, "torch_threads": torch.get_num_threads(), "settle": args.settle,
+           "processes": "one per framework (dynjax, torch_eager, torch_compile), taking turns",
            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
            "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
            "load_average_before": load_before, "load_average_after": os.getloadavg(),
-           "timed_s": time.time() - t0, "repeats": args.repeats, "settle": args.settle,
+           "timed_s": time.time() - t0, "repeats": args.repeats,
            "batch_size": args.batch_size, "seq_len": args.seq_len,
            "attn_block": args.attn_block, "notes": notes,
            "note": "medians of interleaved calls in one run; seconds per call; ratios are "
