@@ -20,23 +20,16 @@ import jax.numpy as jnp
 from dynjax import decoding
 
 
-def paired_times(timers: dict, repeats: int, settle: int = 0) -> dict:
+def paired_times(timers: dict, repeats: int) -> dict:
     """Seconds of each zero-argument function in ``timers`` (name -> fn), measured in
     ``repeats`` interleaved rounds after one warm-up call each: name -> {"median_s",
     "min_s", "repeats"}. The minimum is the better estimate of a call's own cost where other
-    processes add delays (a shared CPU); the median is what a user waits, typically.
-
-    ``settle`` untimed calls precede each timed one within its turn, so a call is timed in
-    the state a loop of back-to-back calls leaves (a training loop's): XLA:CPU frees its
-    temporaries after every call, and on a virtual machine pages left free for a few
-    seconds while other functions run go back to the host and fault in again slowly."""
+    processes add delays (a shared CPU); the median is what a user waits, typically."""
     for fn in timers.values():
         jax.block_until_ready(fn())  # warm-up (compiles)
     times = {name: [] for name in timers}
     for _ in range(repeats):
         for name, fn in timers.items():
-            for _ in range(settle):
-                jax.block_until_ready(fn())
             t0 = time.perf_counter()
             jax.block_until_ready(fn())
             times[name].append(time.perf_counter() - t0)
@@ -44,9 +37,9 @@ def paired_times(timers: dict, repeats: int, settle: int = 0) -> dict:
             for name, t in times.items()}
 
 
-def paired_medians(timers: dict, repeats: int, settle: int = 0) -> dict:
+def paired_medians(timers: dict, repeats: int) -> dict:
     """Median seconds of each function in ``timers``, measured as ``paired_times`` does."""
-    return {name: t["median_s"] for name, t in paired_times(timers, repeats, settle).items()}
+    return {name: t["median_s"] for name, t in paired_times(timers, repeats).items()}
 
 
 def forward_timer(model, params, tokens):
