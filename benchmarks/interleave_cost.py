@@ -36,7 +36,8 @@ from dynjax.jsonio import write_json_atomic  # noqa: E402
 
 def cpu_ticks() -> dict:
     """The whole machine's user, system and steal time in clock ticks (/proc/stat)."""
-    f = open("/proc/stat").readline().split()
+    with open("/proc/stat") as stat:
+        f = stat.readline().split()
     return {"user": int(f[1]), "system": int(f[3]), "steal": int(f[8])}
 
 
@@ -51,7 +52,8 @@ def timed(fn):
 def page_reporting() -> str | None:
     """The kernel command line's page_reporting settings, if any (Linux)."""
     try:
-        words = open("/proc/cmdline").read().split()
+        with open("/proc/cmdline") as cmdline:
+            words = cmdline.read().split()
     except OSError:
         return None
     found = [w for w in words if w.startswith("page_reporting")]

@@ -239,8 +239,10 @@ def main():
                                 text=True, env=dict(os.environ, PYTHONPATH=os.getcwd()))
         reply = read_reply(proc)
         if "failed" in reply:
-            notes[fw] = "failed: " + reply["failed"]
             proc.kill()
+            if fw != "torch_compile":   # the comparison needs dynjax and PyTorch eager
+                raise SystemExit(f"vs_pytorch: the {fw} worker failed: {reply['failed']}")
+            notes[fw] = "failed: " + reply["failed"]
         else:
             workers[fw] = proc
     load_before = os.getloadavg()
