@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from dynjax.decoding.cache import CachedBlock, append_slots, layer_cache, layer_slices
 from dynjax.models import gates, mod
 from dynjax.models.transformer import (MASK_VALUE, Embed, Head, ModelConfig,
-                                       attention_scores)
+                                       attention_scores, take_tokens, token_positions)
 
 BRANCHES = ("cond", "masked")
 
@@ -56,14 +56,9 @@ def init_cache(cfg: ModelConfig, batch: int, slots) -> list:
     return caches
 
 
-def _take(a, idx):
-    """Rows ``idx`` (B, k) of a (B, n, ...)."""
-    return jnp.take_along_axis(a, idx.reshape(idx.shape + (1,) * (a.ndim - 2)), 1)
-
-
 def _put(a, idx, valid, new):
     """a with rows ``idx`` replaced by ``new`` where ``valid``."""
-    new = jnp.where(valid.reshape(valid.shape + (1,) * (a.ndim - 2)), new, _take(a, idx))
+    new = jnp.where(valid.reshape(valid.shape + (1,) * (a.ndim - 2)), new, take_tokens(a, idx))
     return jax.vmap(lambda ab, ib, nb: ab.at[ib].set(nb, unique_indices=True))(a, idx, new)
 
 
@@ -94,14 +89,14 @@ def _layer(cfg, p, predictor, c, h, pos, ref, branch):
 
     def run(state):
         h, c, (q_ref, k_ref) = state
-        c = dict(c, kp=c["kp"].at[rows, slot].set(_take(k_ref, idx), mode="drop"))
+        c = dict(c, kp=c["kp"].at[rows, slot].set(take_tokens(k_ref, idx), mode="drop"))
         out = {}
 
         def block(x, x_pos):  # the gated update, so routed_update's weight is 1
             (update, c_new, (logits, lse, _)), sown = CachedBlock(cfg).apply(
                 {"params": p["block"]}, x, x_pos, c, slot, mutable=["intermediates"])
-            per_head = gates.row_features(logits, lse,
-                                          reference_logp(_take(q_ref, idx), c_new["kp"], logits))
+            ref_logp = reference_logp(take_tokens(q_ref, idx), c_new["kp"], logits)
+            per_head = gates.row_features(logits, lse, ref_logp)
             g = gates.Controller(cfg).apply({"params": p["controller"]},
                                             gates.attention_features(per_head, update, x))
             attn = sown["intermediates"]["attn"]
@@ -133,7 +128,7 @@ def chunk(cfg: ModelConfig, params, predictor, cache, tokens, pos, branch: str =
     if branch not in BRANCHES:
         raise ValueError(f"branch={branch!r}; use one of {BRANCHES}")
     h = Embed(cfg).apply({"params": params["embed"]}, tokens)
-    pos = pos.astype(jnp.int32)
+    pos = token_positions(cfg, pos)
     zeros = jnp.zeros(tokens.shape + (cfg.n_heads, cfg.head_dim), cfg.compute_dtype)
     ref, new_cache, info = (zeros, zeros), [], []
     for l, (p, c) in enumerate(zip(layer_slices(cfg, params["layers"], cfg.n_layers), cache)):

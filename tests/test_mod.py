@@ -12,7 +12,7 @@ from dynjax.coeffs import replaying
 from dynjax.decoding.cache import CachedBlock
 from dynjax.measure import routing
 from dynjax.models import build, mod
-from dynjax.models.transformer import Block, ModelConfig, next_token_nll
+from dynjax.models.transformer import Block, ModelConfig, next_token_nll, token_positions
 
 B, T, D = 2, 16, 32
 CFG = ModelConfig(family="mod", variant="mod", d_model=D, n_heads=2, n_layers=2, d_ff=64,
@@ -25,11 +25,12 @@ def layer():
     """One MoD layer (raw router weight), its params, an input h and positions."""
     cfg = CFG.replace(mod_router_weight="raw")
     h = jax.random.normal(jax.random.key(0), (B, T, D))
-    pos = jnp.broadcast_to(jnp.arange(T), (B, T))
+    pos = token_positions(cfg, jnp.broadcast_to(jnp.arange(T), (B, T)))
     module = mod.ModLayer(cfg, True)
     params = nn.meta.unbox(module.init(jax.random.key(1), h, pos, None))
     run = jax.jit(lambda h, scores: module.apply(params, h, pos, replaying({"router": scores}))[0])
-    block = lambda x, p: Block(cfg).apply({"params": params["params"]["block"]}, x, p)[0]
+    block = lambda x, p: Block(cfg).apply({"params": params["params"]["block"]}, x,
+                                          token_positions(cfg, p))[0]
     return run, block, h, pos
 
 

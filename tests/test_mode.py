@@ -12,7 +12,7 @@ from dynjax.coeffs import replaying
 from dynjax.measure import routing
 from dynjax.models import build, mod
 from tests.test_mod import assert_causal_at_every_split
-from dynjax.models.transformer import ModelConfig
+from dynjax.models.transformer import ModelConfig, token_positions
 
 B, T, D, E = 2, 16, 32, 4
 K = 4  # floor(0.25 * 16)
@@ -42,7 +42,7 @@ def test_record_replay_bitwise_with_both_routings():
 
 def test_unselected_tokens_bitwise_unchanged():
     h = jax.random.normal(jax.random.key(2), (B, T, D))
-    pos = jnp.broadcast_to(jnp.arange(T), (B, T))
+    pos = token_positions(CFG, jnp.broadcast_to(jnp.arange(T), (B, T)))
     layer = mod.ModLayer(CFG, True)
     params = nn.meta.unbox(layer.init(jax.random.key(3), h, pos, None))
     assert "moe" in params["params"]["block"]          # the routed block's FFN is the MoE

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from dynjax.decoding import gates, mod, moe, mudd
-from dynjax.models.transformer import Embed, Head, ModelConfig
+from dynjax.models.transformer import Embed, Head, ModelConfig, token_positions
 
 FAMILIES = {"gates": gates, "mod": mod, "moe": moe, "mudd": mudd}
 BRANCHES = mod.BRANCHES
@@ -57,7 +57,8 @@ def cache_bytes(cache) -> int:
 def _chunk(cfg: ModelConfig, params, cache, tokens, pos, branch):
     """tokens, pos (B, n) -> logits (B, n, V), cache, info (leaves (layers, B, n))."""
     h = Embed(cfg).apply({"params": params["embed"]}, tokens)
-    h, cache, info = _family(cfg).layers(cfg, params, cache, h, pos.astype(jnp.int32), branch)
+    h, cache, info = _family(cfg).layers(cfg, params, cache, h, token_positions(cfg, pos),
+                                          branch)
     return Head(cfg).apply({"params": params["head"]}, h), cache, info
 
 

@@ -60,8 +60,8 @@ class CachedAttention(nn.Module):
         q, k, v = project_qkv(self.cfg, xq, xk, xv, pos, pos)
         self.sow("intermediates", "rotary_query", q)
         self.sow("intermediates", "rotary_key", k)
-        cache = write(cache, slot, k, v, pos)
-        out, lse, logits = causal_attention(q, cache["k"], cache["v"], pos, cache["pos"],
+        cache = write(cache, slot, k, v, pos.index)
+        out, lse, logits = causal_attention(q, cache["k"], cache["v"], pos.index, cache["pos"],
                                             row_stats=lambda _, logits, lse: logits)
         return out_projection(self.cfg)(out), cache, (logits, lse)
 

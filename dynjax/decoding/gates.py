@@ -48,18 +48,18 @@ class CachedGateLayer(nn.Module):
     def __call__(self, h, pos, cache, prev_logp, gate):
         cfg = self.cfg
         update, cache, (logits, lse, _) = CachedBlock(cfg, name="block")(
-            h, pos, cache, append_slots(cache, jnp.ones(pos.shape, bool)))
+            h, pos, cache, append_slots(cache, jnp.ones(h.shape[:2], bool)))
         if cfg.variant in ("dense", "fixed_depth"):
-            return h + update, cache, prev_logp, jnp.ones(pos.shape, jnp.float32)
+            return h + update, cache, prev_logp, jnp.ones(h.shape[:2], jnp.float32)
         if cfg.variant == "feature_gate":
             if prev_logp is None:
-                prev_logp = uniform_logp(pos, cache["pos"], cfg.n_heads)
+                prev_logp = uniform_logp(pos.index, cache["pos"], cfg.n_heads)
             per_head = gates.row_features(logits, lse, prev_logp)
             prev_logp = logits - lse[..., None]
             g = gates.Controller(cfg, name="controller")(
                 gates.attention_features(per_head, update, h))
         else:
-            g = jnp.broadcast_to(gate, pos.shape).astype(jnp.float32)
+            g = jnp.broadcast_to(gate, h.shape[:2]).astype(jnp.float32)
         return h + g[..., None].astype(h.dtype) * update, cache, prev_logp, g
 
 

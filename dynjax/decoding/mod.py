@@ -110,10 +110,10 @@ def layers(cfg: ModelConfig, params, cache, h, pos, branch):
             entered.append(enter)
         else:
             update, c, _ = CachedBlock(cfg).apply(
-                {"params": p["block"]}, h, pos, c, append_slots(c, jnp.ones(pos.shape, bool)))
+                {"params": p["block"]}, h, pos, c, append_slots(c, jnp.ones(h.shape[:2], bool)))
             h = h + update
         new_cache.append(c)
-    B, n = pos.shape
+    B, n = h.shape[:2]
     return h, new_cache, {"entered": jnp.stack(entered) if entered
                           else jnp.zeros((0, B, n), bool)}
 

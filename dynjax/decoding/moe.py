@@ -47,7 +47,7 @@ def layers(cfg: ModelConfig, params, cache, h, pos, branch):
     new_cache, ran = [], []
     for p, c in zip(layer_slices(cfg, params["layers"], cfg.n_layers), cache):
         update, c, (_, _, r) = CachedBlock(cfg, capacity).apply(
-            {"params": p}, h, pos, c, append_slots(c, jnp.ones(pos.shape, bool)))
+            {"params": p}, h, pos, c, append_slots(c, jnp.ones(h.shape[:2], bool)))
         h = h + update
         new_cache.append(c)
         ran.append(r)

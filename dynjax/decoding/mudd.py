@@ -47,7 +47,7 @@ class CachedMuddLayer(nn.Module):
         cfg = self.cfg
         C, S = mudd.n_streams(cfg, self.index), self.index + 2
         x, cache = CachedMuddBlock(cfg, name="block")(
-            streams, pos, cache, append_slots(cache, jnp.ones(pos.shape, bool)))
+            streams, pos, cache, append_slots(cache, jnp.ones(streams[0].shape[:2], bool)))
         bias = self.param("static_bias", nn.initializers.zeros, (C, S))
         if cfg.variant == "mudd":
             coef = mudd.DynamicDense(cfg, C, S, name="da")(norm("da_norm", cfg)(x))

@@ -149,7 +149,8 @@ class GateLayer(nn.Module):
         update, (q, k, lse, per_head) = Block(self.cfg, name="block")(
             h, positions, row_stats=attention_row_features(prev) if fg else None)
         if fg and per_head is None:  # a fused attention: the features without probabilities
-            per_head, lse = online_row_features(q, k, positions, prev, self.cfg.attn_block or 128)
+            per_head, lse = online_row_features(q, k, positions.index, prev,
+                                                 self.cfg.attn_block or 128)
         if self.cfg.variant in ("dense", "fixed_depth"):
             return (h + update, positions, prev), None
         if fg:

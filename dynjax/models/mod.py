@@ -66,7 +66,7 @@ from dynjax import coeffs as coeffs_lib
 from dynjax.coeffs import Axes
 from dynjax.models import moe
 from dynjax.models.transformer import (Block, Head, ModelConfig, dense_init, embed_tokens,
-                                       scan_layers)
+                                       scan_layers, take_tokens)
 
 VARIANTS = ("dense", "mod", "mode_staged")
 ROUTER_AXES = Axes(("layer", "example", "token"))
@@ -189,9 +189,10 @@ def routed_update(block, h, positions, scores, idx, valid, weight):
     k tokens asked to enter) get the EMPTY position, so no real token attends to them, and
     are written back unchanged.
     """
-    take = lambda a: jnp.take_along_axis(a, idx.reshape(idx.shape + (1,) * (a.ndim - 2)), 1)
+    take = lambda a: take_tokens(a, idx)
     x = take(h)                                                        # (B, k, d)
-    update, extra = block(x, jnp.where(valid, take(positions), EMPTY))  # original positions
+    routed = positions.take(idx)                                       # original positions
+    update, extra = block(x, routed._replace(index=jnp.where(valid, routed.index, EMPTY)))
     w = weight(take(scores))[..., None].astype(x.dtype)
     new = jnp.where(valid[..., None], x + w * update, x)
     scatter = lambda hb, ib, nb: hb.at[ib].set(nb, indices_are_sorted=True, unique_indices=True)
@@ -252,7 +253,7 @@ class StagedBlock(nn.Module):
     def __call__(self, x, positions, given=None):
         cfg = self.cfg
         causal = {} if cfg.mod.route == "topk" else dict(
-            valid=positions < EMPTY, capacity=causal_expert_capacity(cfg, x.shape[1]))
+            valid=positions.index < EMPTY, capacity=causal_expert_capacity(cfg, x.shape[1]))
         a, m, probs, aux, stats = moe.attention_then_moe(cfg, x, positions, given, **causal)
         return a + m, (probs, aux, stats)
 

@@ -70,7 +70,7 @@ class StreamAttention(nn.Module):
     def __call__(self, xq, xk, xv, positions):
         cfg = self.cfg
         q, k, v = project_qkv(cfg, xq, xk, xv, positions, positions)
-        out, _, _ = causal_attention(q, k, v, positions, positions, cfg.attn_block)
+        out, _, _ = causal_attention(q, k, v, positions.index, positions.index, cfg.attn_block)
         return per_token(out_projection(cfg), out)
 
 
