@@ -1,13 +1,14 @@
-"""Which C allocator setting dynjax's entry points should use: train-step time and page faults.
+"""Which C allocator setting dynjax's entry points should use: step times and page faults.
 
     python -m benchmarks.alloc_speed --out results/alloc_speed.json [--rounds 2] [--steps 4]
 
-The allocator is fixed when a process starts, so each setting runs in its own process (the
-dense benchmark model of ``benchmarks/common.py``, T=1024, batch 8, f32): ``system`` (glibc
-defaults), ``hugetlb`` (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``, what ``dynjax._alloc``
-sets by default), and, where Debian's libjemalloc2 is installed, ``jemalloc`` (decay off).
-The processes run one after another, round by round, so load falls on each alike; each
-reports its median step time after one warm-up step and its minor page faults per step.
+The allocator is fixed when a process starts, so each setting of ``dynjax._alloc`` runs in
+its own process (the dense benchmark model of ``benchmarks/common.py``, T=1024, batch 8,
+f32): ``system`` (glibc defaults), ``hugetlb`` (transparent huge pages), ``retain`` (huge
+pages, freed memory kept: the default) and, where Debian's libjemalloc2 is installed,
+``jemalloc`` (decay off). The processes run one after another, round by round, so load
+falls on each alike; each reports the median time of its train step and of its forward
+after one warm-up call of each, their minor page faults per call, and its peak resident size.
 """
 import argparse
 import json
@@ -26,17 +27,21 @@ def child(args):
 
     from benchmarks.common import bench_config, dynjax_timers
     tokens = jax.random.randint(jax.random.key(1), (args.batch_size, args.seq_len), 0, 256)
-    train = dynjax_timers(bench_config("dense", args.batch_size, args.seq_len), tokens)["train"]
-    jax.block_until_ready(train())
-    times, r0 = [], resource.getrusage(resource.RUSAGE_SELF)
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(train())
-        times.append(time.perf_counter() - t0)
-    r1 = resource.getrusage(resource.RUSAGE_SELF)
-    print(json.dumps({"step_s": statistics.median(times),
-                      "minor_faults_per_step": (r1.ru_minflt - r0.ru_minflt) / args.steps,
-                      "sys_s_per_step": (r1.ru_stime - r0.ru_stime) / args.steps}))
+    timers = dynjax_timers(bench_config("dense", args.batch_size, args.seq_len), tokens)
+    out = {}
+    for name, call in (("step", timers["train"]), ("forward", timers["forward"])):
+        jax.block_until_ready(call())
+        times, r0 = [], resource.getrusage(resource.RUSAGE_SELF)
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            jax.block_until_ready(call())
+            times.append(time.perf_counter() - t0)
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        out.update({f"{name}_s": statistics.median(times),
+                    f"minor_faults_per_{name}": (r1.ru_minflt - r0.ru_minflt) / args.steps,
+                    f"sys_s_per_{name}": (r1.ru_stime - r0.ru_stime) / args.steps})
+    out["max_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+    print(json.dumps(out))
 
 
 def main():
@@ -70,7 +75,11 @@ def main():
     for name, rs in runs.items():
         res[name] = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         res[name]["step_s_per_round"] = [r["step_s"] for r in rs]
-    res["step_time_over_system"] = {n: res[n]["step_s"] / res["system"]["step_s"] for n in runs}
+        res[name]["forward_s_per_round"] = [r["forward_s"] for r in rs]
+    res["default"] = _alloc.DEFAULT
+    for call in ("step", "forward"):
+        res[f"{call}_time_over_system"] = {n: res[n][f"{call}_s"] / res["system"][f"{call}_s"]
+                                           for n in runs}
     print(json.dumps(res, indent=2))
     if args.out:
         from dynjax.jsonio import write_json_atomic

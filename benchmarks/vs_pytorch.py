@@ -12,8 +12,9 @@ AdamW (weight decay on matrices, warm-up cosine schedule). Forward: logits, no g
 The PyTorch models here are this file's own implementation (SDPA attention, causal).
 
 Each framework runs in its own process, as a user runs it (dynjax, PyTorch eager and
-``torch.compile``, all under ``glibc.malloc.hugetlb=1``); the processes take turns, one call
-of every model and framework per round, so load from other processes falls on all alike;
+``torch.compile``, all under dynjax's allocator setting, ``dynjax/_alloc.py``); the processes
+take turns, one call of every model and framework per round, so load from other processes
+falls on all alike;
 medians after warm-up (compilation excluded). Within its turn each timed call follows
 ``--settle`` untimed calls of the same function (default 1), so it runs as a training loop's
 step does, right after the previous one. Why both matter on this machine (a Firecracker VM

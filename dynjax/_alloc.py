@@ -2,49 +2,61 @@
 
 XLA:CPU allocates its large temporaries afresh on every execution; above glibc's mmap
 threshold each one is a fresh mapping whose 4 KB pages fault in one by one (about 0.9 M
-faults per d=256, T=1024 train step). ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` has malloc
-ask for transparent huge pages instead (70x fewer faults). glibc reads it only when a
-process starts, so ``train.py``, ``audit.py`` and the benchmarks call
-``reexec(__name__)`` before anything else: run as a program without the setting, they
-replace themselves with the same command line and the setting added.
+faults per d=256, T=1024 train step) and are zeroed by the kernel. The default, ``retain``,
+sets ``GLIBC_TUNABLES`` so that malloc asks for transparent huge pages
+(``glibc.malloc.hugetlb=1``: 70x fewer faults) and keeps what XLA frees for the next
+execution instead of returning it (``mmap_max=0``, a 16 GiB ``trim_threshold``): no fresh
+pages to zero after the first step, at the price of a resident size that stays at its peak.
+glibc reads the tunables only when a process starts, so ``train.py``, ``audit.py`` and the
+benchmarks call ``reexec(__name__)`` before anything else: run as a program without the
+setting, they replace themselves with the same command line and the setting added.
 
-``DYNJAX_MALLOC`` chooses: ``hugetlb`` (the default), ``jemalloc`` (LD_PRELOAD of Debian's
-libjemalloc2 with decay off, where installed) or ``system`` (leave the process as started).
-Figures: ``benchmarks/alloc_speed.py``.
+``DYNJAX_MALLOC`` chooses: ``retain`` (the default), ``hugetlb`` (huge pages only),
+``jemalloc`` (LD_PRELOAD of Debian's libjemalloc2 with decay off, where installed) or
+``system`` (leave the process as started). Figures: ``benchmarks/alloc_speed.py``.
 """
 import os
 import sys
 
-TUNABLE = "glibc.malloc.hugetlb=1"
+HUGETLB = "glibc.malloc.hugetlb=1"
+RETAIN = f"{HUGETLB}:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold={16 << 30}"
 JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 SETTINGS = {"system": {},
-            "hugetlb": {"GLIBC_TUNABLES": TUNABLE},
+            "hugetlb": {"GLIBC_TUNABLES": HUGETLB},
+            "retain": {"GLIBC_TUNABLES": RETAIN},
             "jemalloc": {"LD_PRELOAD": JEMALLOC,
                          "MALLOC_CONF": "dirty_decay_ms:-1,muzzy_decay_ms:-1,retain:true"}}
+DEFAULT = "retain"
 _APPLIED = "DYNJAX_MALLOC_APPLIED"
+_SEPARATOR = {"GLIBC_TUNABLES": ":", "LD_PRELOAD": " "}
 
 
 def environment(setting: str, env=None) -> dict:
     """``env`` (default: os.environ) with ``setting``'s variables added (GLIBC_TUNABLES and
-    LD_PRELOAD extended, not replaced)."""
+    LD_PRELOAD extended by the parts they lack, not replaced)."""
     env = dict(os.environ if env is None else env)
     for name, value in SETTINGS[setting].items():
-        sep = ":" if name == "GLIBC_TUNABLES" else " " if name == "LD_PRELOAD" else None
-        if sep and env.get(name) and value not in env[name]:
-            value = env[name] + sep + value
+        sep = _SEPARATOR.get(name)
+        if sep and env.get(name):
+            have = env[name].split(sep)
+            value = sep.join(have + [part for part in value.split(sep) if part not in have])
         env[name] = value
     return env
+
+
+def applied(setting: str, env=None) -> bool:
+    """Whether ``env`` (default: os.environ) already has everything ``setting`` sets."""
+    return environment(setting, env) == dict(os.environ if env is None else env)
 
 
 def reexec(module_name: str):
     """Re-execute this program with the chosen setting, if it is the main program on Linux
     and has not been re-executed yet; otherwise (imported, e.g. by a test) do nothing."""
-    setting = os.environ.get("DYNJAX_MALLOC", "hugetlb")
+    setting = os.environ.get("DYNJAX_MALLOC", DEFAULT)
     if setting not in SETTINGS:
         raise SystemExit(f"DYNJAX_MALLOC={setting!r}; use one of {sorted(SETTINGS)}")
     if (module_name != "__main__" or not sys.platform.startswith("linux")
-            or setting == "system" or os.environ.get(_APPLIED)
-            or (setting == "hugetlb" and TUNABLE in os.environ.get("GLIBC_TUNABLES", ""))
+            or os.environ.get(_APPLIED) or applied(setting)
             or (setting == "jemalloc" and not os.path.exists(JEMALLOC))):
         return
     sys.stdout.flush()

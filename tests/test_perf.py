@@ -1,6 +1,11 @@
 """CPU speed-ups that must not change results: per-token projections are bitwise neutral
 for training; block-causal attention equals the full T x T form within float tolerance."""
 
+import os
+import pathlib
+import subprocess
+import sys
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -12,6 +17,7 @@ from dynjax.models import build, gates, mudd, transformer
 from dynjax.models.transformer import ModelConfig, causal_attention
 from dynjax.train.lm import make_train_step
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 B, T = 2, 32
 BASE = dict(d_model=32, n_heads=2, n_layers=2, d_ff=64, attn_block=8)
 # MoD at k = 8 routed tokens per example: at k <= 4 XLA:CPU's tiny-matmul emitter sums the
@@ -143,17 +149,35 @@ def test_online_row_features_equal_blockwise():
     np.testing.assert_allclose(got_lse, lse, atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("setting,variable,value", [
-    ("hugetlb", "GLIBC_TUNABLES", "glibc.malloc.hugetlb=1"), ("system", "GLIBC_TUNABLES", "None")])
-def test_entry_points_reexec_with_the_allocator_setting(setting, variable, value):
-    """A program that calls _alloc.reexec(__name__) runs with the setting without being told."""
-    import os
-    import subprocess
-    import sys
-    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "DYNJAX_MALLOC_APPLIED")}
+@pytest.mark.parametrize("setting", ["retain", "hugetlb", "system", None])
+def test_entry_points_reexec_with_the_allocator_setting(setting):
+    """A program that calls _alloc.reexec(__name__) runs with the setting without being told
+    (None: DYNJAX_MALLOC unset, the default)."""
+    from dynjax import _alloc
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GLIBC_TUNABLES", "DYNJAX_MALLOC", "DYNJAX_MALLOC_APPLIED")}
+    if setting:
+        env["DYNJAX_MALLOC"] = setting
     code = ("from dynjax._alloc import reexec; reexec(__name__); import os; "
-            f"print(os.environ.get({variable!r}))")
-    out = subprocess.run([sys.executable, "-c", code], env=dict(env, DYNJAX_MALLOC=setting),
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+            "print(os.environ.get('GLIBC_TUNABLES'))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, timeout=60,
                          capture_output=True, text=True, check=True).stdout
-    assert out.strip() == value
+    want = _alloc.SETTINGS[setting or _alloc.DEFAULT].get("GLIBC_TUNABLES")
+    assert out.strip() == str(want)
+
+
+@pytest.mark.parametrize("setting", ["retain", "hugetlb", "system", None])
+def test_env_sh_sets_what_alloc_sets(setting):
+    """scripts/env.sh (sourced by the shell scripts, twice here: it is idempotent) and
+    dynjax/_alloc.py give the same GLIBC_TUNABLES, also on top of one already set."""
+    from dynjax import _alloc
+    for before in ({}, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}):
+        env = dict({k: v for k, v in os.environ.items()
+                    if k not in ("GLIBC_TUNABLES", "DYNJAX_MALLOC")}, **before)
+        if setting:
+            env["DYNJAX_MALLOC"] = setting
+        out = subprocess.run(["bash", "-c", "source scripts/env.sh; source scripts/env.sh; "
+                              "echo \"${GLIBC_TUNABLES:-None}\""], env=env, cwd=ROOT,
+                             timeout=30, capture_output=True, text=True, check=True).stdout
+        want = _alloc.environment(setting or _alloc.DEFAULT, before).get("GLIBC_TUNABLES")
+        assert out.strip() == str(want)
