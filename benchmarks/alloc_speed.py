@@ -4,8 +4,8 @@
 
 The allocator is fixed when a process starts, so each setting of ``dynjax._alloc`` runs in
 its own process (the dense benchmark model of ``benchmarks/common.py``, T=1024, batch 8,
-f32): ``system`` (glibc defaults), ``hugetlb`` (transparent huge pages), ``retain`` (huge
-pages, freed memory kept: the default) and, where Debian's libjemalloc2 is installed,
+f32): ``system`` (glibc defaults), ``hugetlb`` (transparent huge pages: the default),
+``retain`` (huge pages, freed memory kept) and, where Debian's libjemalloc2 is installed,
 ``jemalloc`` (decay off). The processes run one after another, round by round, so load
 falls on each alike; each reports the median time of its train step and of its forward
 after one warm-up call of each, their minor page faults per call, and its peak resident size.

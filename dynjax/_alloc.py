@@ -2,18 +2,18 @@
 
 XLA:CPU allocates its large temporaries afresh on every execution; above glibc's mmap
 threshold each one is a fresh mapping whose 4 KB pages fault in one by one (about 0.9 M
-faults per d=256, T=1024 train step) and are zeroed by the kernel. The default, ``retain``,
-sets ``GLIBC_TUNABLES`` so that malloc asks for transparent huge pages
-(``glibc.malloc.hugetlb=1``: 70x fewer faults) and keeps what XLA frees for the next
-execution instead of returning it (``mmap_max=0``, a 16 GiB ``trim_threshold``): no fresh
-pages to zero after the first step, at the price of a resident size that stays at its peak.
-glibc reads the tunables only when a process starts, so ``train.py``, ``audit.py`` and the
-benchmarks call ``reexec(__name__)`` before anything else: run as a program without the
-setting, they replace themselves with the same command line and the setting added.
+faults per d=256, T=1024 train step) and are zeroed by the kernel.
+``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` has malloc ask for transparent huge pages instead
+(200x fewer faults). glibc reads it only when a process starts, so ``train.py``,
+``audit.py`` and the benchmarks call ``reexec(__name__)`` before anything else: run as a
+program without the setting, they replace themselves with the same command line and the
+setting added.
 
-``DYNJAX_MALLOC`` chooses: ``retain`` (the default), ``hugetlb`` (huge pages only),
+``DYNJAX_MALLOC`` chooses: ``hugetlb`` (the default), ``retain`` (huge pages, and what XLA
+frees is kept for the next execution: ``mmap_max=0``, a 16 GiB ``trim_threshold``),
 ``jemalloc`` (LD_PRELOAD of Debian's libjemalloc2 with decay off, where installed) or
-``system`` (leave the process as started). Figures: ``benchmarks/alloc_speed.py``.
+``system`` (leave the process as started). Figures: ``benchmarks/alloc_speed.py``
+(``retain`` measured no faster than ``hugetlb``, with a larger resident size).
 """
 import os
 import sys
@@ -26,7 +26,7 @@ SETTINGS = {"system": {},
             "retain": {"GLIBC_TUNABLES": RETAIN},
             "jemalloc": {"LD_PRELOAD": JEMALLOC,
                          "MALLOC_CONF": "dirty_decay_ms:-1,muzzy_decay_ms:-1,retain:true"}}
-DEFAULT = "retain"
+DEFAULT = "hugetlb"
 _APPLIED = "DYNJAX_MALLOC_APPLIED"
 _SEPARATOR = {"GLIBC_TUNABLES": ":", "LD_PRELOAD": " "}
 
