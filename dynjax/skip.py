@@ -33,7 +33,8 @@ import jax.numpy as jnp
 from dynjax.decoding.cache import CachedBlock, append_slots, layer_cache, layer_slices
 from dynjax.models import gates, mod
 from dynjax.models.transformer import (MASK_VALUE, Embed, Head, ModelConfig,
-                                       attention_scores, take_tokens, token_positions)
+                                       Positions, attention_scores, take_tokens,
+                                       token_positions, window_positions)
 
 BRANCHES = ("cond", "masked")
 
@@ -117,9 +118,9 @@ def _layer(cfg, p, predictor, c, h, pos, ref, branch):
     return h, c, ref, (ask, mod.membership(idx, valid, h.shape[1]), gate)
 
 
-def chunk(cfg: ModelConfig, params, predictor, cache, tokens, pos, branch: str = "cond",
-          keep_inputs: bool = False):
-    """tokens, pos (B, n) -> logits (B, n, V), the caches, info (leaves (layers, B, n)):
+def chunk(cfg: ModelConfig, params, predictor, cache, tokens, pos: Positions,
+          branch: str = "cond", keep_inputs: bool = False):
+    """tokens (B, n) at ``pos`` -> logits (B, n, V), the caches, info (leaves (layers, B, n)):
     ``asked``, ``entered`` (asked and fitted: the block ran for it), ``gate`` (the gate of
     its update, 0 where skipped) and with ``keep_inputs`` ``h`` (layers, B, n, d), each
     block's input. ``predictor``: stacked per-block ``mod.Predictor`` params, or None (every
@@ -128,7 +129,6 @@ def chunk(cfg: ModelConfig, params, predictor, cache, tokens, pos, branch: str =
     if branch not in BRANCHES:
         raise ValueError(f"branch={branch!r}; use one of {BRANCHES}")
     h = Embed(cfg).apply({"params": params["embed"]}, tokens)
-    pos = token_positions(cfg, pos)
     zeros = jnp.zeros(tokens.shape + (cfg.n_heads, cfg.head_dim), cfg.compute_dtype)
     ref, new_cache, info = (zeros, zeros), [], []
     for l, (p, c) in enumerate(zip(layer_slices(cfg, params["layers"], cfg.n_layers), cache)):
@@ -148,16 +148,16 @@ def forward(cfg: ModelConfig, params, predictor, tokens, slots=None, branch="con
     default T: no capacity limit): logits and info as ``chunk``."""
     B, T = tokens.shape
     cache = init_cache(cfg, B, [T] * cfg.n_layers if slots is None else slots)
-    pos = jnp.broadcast_to(jnp.arange(T), (B, T))
-    logits, _, info = chunk(cfg, params, predictor, cache, tokens, pos, branch, keep_inputs)
+    logits, _, info = chunk(cfg, params, predictor, cache, tokens, window_positions(cfg, B, T),
+                            branch, keep_inputs)
     return logits, info
 
 
 def decode_step(cfg: ModelConfig, params, predictor, cache, token, pos, branch="cond"):
     """One token per sequence (B,) at positions ``pos`` (B,): logits (B, V), the caches,
     info (leaves (layers, B)). A block runs only when some sequence's token enters it."""
-    logits, cache, info = chunk(cfg, params, predictor, cache, token[:, None], pos[:, None],
-                                branch)
+    logits, cache, info = chunk(cfg, params, predictor, cache, token[:, None],
+                                token_positions(cfg, pos[:, None]), branch)
     return logits[:, 0], cache, jax.tree.map(lambda a: a[..., 0], info)
 
 

@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 
 from dynjax.decoding import gates, mod, moe, mudd
-from dynjax.models.transformer import Embed, Head, ModelConfig, token_positions
+from dynjax.models.transformer import (Embed, Head, ModelConfig, Positions, token_positions,
+                                       window_positions)
 
 FAMILIES = {"gates": gates, "mod": mod, "moe": moe, "mudd": mudd}
 BRANCHES = mod.BRANCHES
@@ -54,11 +55,10 @@ def cache_bytes(cache) -> int:
     return sum(layer[n].nbytes for layer in cache for n in ("k", "v"))
 
 
-def _chunk(cfg: ModelConfig, params, cache, tokens, pos, branch):
-    """tokens, pos (B, n) -> logits (B, n, V), cache, info (leaves (layers, B, n))."""
+def _chunk(cfg: ModelConfig, params, cache, tokens, positions: Positions, branch):
+    """tokens (B, n) at ``positions`` -> logits (B, n, V), cache, info (leaves (layers, B, n))."""
     h = Embed(cfg).apply({"params": params["embed"]}, tokens)
-    h, cache, info = _family(cfg).layers(cfg, params, cache, h, token_positions(cfg, pos),
-                                          branch)
+    h, cache, info = _family(cfg).layers(cfg, params, cache, h, positions, branch)
     return Head(cfg).apply({"params": params["head"]}, h), cache, info
 
 
@@ -67,7 +67,8 @@ def decode_step(cfg: ModelConfig, params, cache, token, pos, branch: str = "cond
     new cache, info (leaves (layers, B)). ``branch`` (MoD): "cond" runs a MoD block only
     when some sequence's token enters it; "masked" always runs it, keeping the result only
     where a token entered. Either way the cache grows only for the entering tokens."""
-    logits, cache, info = _chunk(cfg, params, cache, token[:, None], pos[:, None], branch)
+    logits, cache, info = _chunk(cfg, params, cache, token[:, None],
+                                 token_positions(cfg, pos[:, None]), branch)
     return logits[:, 0], cache, jax.tree.map(lambda a: a[..., 0], info)
 
 
@@ -77,7 +78,7 @@ def prefill(cfg: ModelConfig, params, prompt, max_len: int | None = None):
     info (leaves (layers, B, P))."""
     B, P = prompt.shape
     cache = init_cache(cfg, B, max_len or P)
-    return _chunk(cfg, params, cache, prompt, jnp.broadcast_to(jnp.arange(P), (B, P)), "cond")
+    return _chunk(cfg, params, cache, prompt, window_positions(cfg, B, P), "cond")
 
 
 def cached_forward(cfg: ModelConfig, params, tokens, branch: str = "cond", max_len=None):

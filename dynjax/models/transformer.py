@@ -154,6 +154,12 @@ def token_positions(cfg: ModelConfig, index, bound: int | None = None) -> Positi
     return Positions(index, table(jnp.cos), table(jnp.sin))
 
 
+def window_positions(cfg: ModelConfig, batch: int, length: int) -> Positions:
+    """The :class:`Positions` of ``batch`` whole windows of ``length`` tokens from position 0."""
+    index = jnp.broadcast_to(jnp.arange(length), (batch, length))
+    return token_positions(cfg, index, bound=length)
+
+
 def rotary(x, positions: Positions):
     """Rotate-half rotary embedding of x (B, T, H, Dh) at ``positions``."""
     half = x.shape[-1] // 2
@@ -317,8 +323,7 @@ def embed_tokens(cfg: ModelConfig, tokens):
     """Every decoder's start: token embeddings (B, T, D) and the tokens' :class:`Positions`.
     Call from a compact method; the embedding table is created as its child "embed"."""
     B, T = tokens.shape
-    return Embed(cfg, name="embed")(tokens), token_positions(
-        cfg, jnp.broadcast_to(jnp.arange(T), (B, T)), bound=T)
+    return Embed(cfg, name="embed")(tokens), window_positions(cfg, B, T)
 
 
 class Head(nn.Module):
