@@ -187,26 +187,14 @@ def classifier_execution_panel(model, params, x, settings: dict, batches=(1, 8),
     return out
 
 
-def static_mixing_apply(cfg, params, tokens):
-    """MUDDPythia with static mixing: the same weights, each layer's coefficients its
-    ``dense_bs`` bias for every token, so the DA MLPs do not run (replay of constants)."""
-    from dynjax.models import muddpythia
-    B, T = tokens.shape
-    mix = [jnp.broadcast_to(p["da"]["bias"].astype(jnp.float32)[:, None, None, :],
-                            (cfg.n_streams(i), B, T, cfg.n_sources(i)))
-           for i, p in enumerate(params["layers"])]
-    return muddpythia.apply(cfg, params, tokens, {"mix": mix})
-
-
 def muddpythia_execution_panel(cfg, params, windows, batches=(1, 8), repeats: int = 5) -> dict:
     """MUDDPythia runs every block for every token (no skipping); its forward's FLOPs
-    (compiled, and analytic from ``muddpythia.memory_time_estimate``: with vs without the DA
-    MLPs) and
-    latency against :func:`static_mixing_apply`, timed in turns."""
+    (compiled, and analytic from ``muddpythia.memory_time_estimate``) and latency, timed in
+    turns, against ``muddpythia.apply_static_mixing``: the same weights, no DA MLP."""
     from dynjax.models import muddpythia
     T = windows.shape[1]
     programs = {"model": lambda p, t: muddpythia.apply(cfg, p, t)[0],
-                "static": lambda p, t: static_mixing_apply(cfg, p, t)[0]}
+                "static": lambda p, t: muddpythia.apply_static_mixing(cfg, p, t)[0]}
     one = jnp.asarray(windows[:1])
     compiled = {k: execution.compiled_cost(f, params, one)["flops"] for k, f in programs.items()}
     est = muddpythia.memory_time_estimate(cfg, 1, T, 1)

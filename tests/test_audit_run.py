@@ -318,17 +318,37 @@ def test_muddpythia_scorecard_reuses_the_audit(mudd_audit, tmp_path):
     mcfg, params, _ = muddpythia_hf.load_hf_dir(hf)
     one = jnp.zeros((1, T), jnp.int32)
     flops = lambda f: compiled_cost(lambda p, t: f(mcfg, p, t)[0], params, one)["flops"]
-    assert ex["flops_ratio_compiled"] == (flops(muddpythia.apply)
-                                          / flops(scorecard.static_mixing_apply))
+    model_flops, static_flops = flops(muddpythia.apply), flops(muddpythia.apply_static_mixing)
+    assert ex["flops_ratio_compiled"] == model_flops / static_flops
     est = muddpythia.memory_time_estimate(mcfg, 1, T, 1)
     assert ex["flops_ratio_analytic"] == (est["record_flops_per_window"]
                                           / est["static_mixing_flops_per_window"]) > 1
+    assert model_flops > static_flops
     assert card["verdicts"]["execution"].startswith("no skipping") and \
         "static mixing" in card["verdicts"]["execution"]
-    _, used = scorecard.static_mixing_apply(mcfg, params, one)   # the bias, for every token
+
+
+def test_static_mixing_is_replay_of_the_biases_without_the_da_mlps(mudd_audit):
+    """apply_static_mixing returns each layer's dense_bs bias for every token as its mix, and
+    the logits of replaying exactly those coefficients (the program that runs the DA MLPs)."""
+    from dynjax.loaders import muddpythia_hf
+    from dynjax.models import muddpythia
+
+    mcfg, params, _ = muddpythia_hf.load_hf_dir(mudd_audit[0])
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, mcfg.vocab_size, (2, T)), jnp.int32)
+    logits, used = muddpythia.apply_static_mixing(mcfg, params, tokens)
     for p, u in zip(params["layers"], used["mix"]):
         np.testing.assert_array_equal(np.asarray(u), np.broadcast_to(
             np.asarray(p["da"]["bias"], np.float32)[:, None, None, :], u.shape))
+    replayed, _ = muddpythia.apply(mcfg, params, tokens, used)
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(replayed), rtol=1e-5, atol=1e-5)
+
+    def matmuls(f):   # the dot_generals its program traces (two per DA MLP)
+        jaxpr = jax.make_jaxpr(lambda p, t: f(mcfg, p, t)[0])(params, tokens)
+        return sum(e.primitive.name == "dot_general" for e in jaxpr.eqns)
+    assert matmuls(muddpythia.apply) - matmuls(muddpythia.apply_static_mixing) == 2 * mcfg.n_layer
+    with pytest.raises(ValueError, match="static_mixing"):
+        muddpythia.forward(mcfg, params, tokens, used, static_mixing=True)
 
 
 def test_scorecard_reuses_the_audit_and_flop_report_numbers(fg_run, fg_audit, tmp_path):

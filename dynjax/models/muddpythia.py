@@ -311,7 +311,13 @@ def _check_coeffs(cfg: Config, coeffs, B: int, T: int):
             raise ValueError(f"coeffs['mix'][{i}] has shape {tuple(np.shape(a))}, expected {want}")
 
 
-def forward(cfg: Config, params, input_ids, coeffs=None):
+def static_coefficients(cfg: Config, p, i: int, B: int, T: int):
+    """Static mixing after block i: the ``dense_bs`` bias for every token, (C, B, T, S) f32."""
+    bias = p["bias"].astype(F32)[:, None, None, :]
+    return jnp.broadcast_to(bias, (cfg.n_streams(i), B, T, cfg.n_sources(i)))
+
+
+def forward(cfg: Config, params, input_ids, coeffs=None, *, static_mixing: bool = False):
     """The full forward pass; returns (logits, coeffs, intermediates).
 
     ``coeffs``: None records, a coefficient pytree replays, a
@@ -321,13 +327,17 @@ def forward(cfg: Config, params, input_ids, coeffs=None):
 
     Every layer's coefficients pass ``coeffs.site``, which selects the given or the DA's
     values by a flag that is data, so record and replay are one compiled program and replay
-    of unmodified coefficients is bitwise the record.
+    of unmodified coefficients is bitwise the record. That program therefore always runs the
+    DA MLPs; ``static_mixing=True`` is a different program, the model without them (each
+    layer mixes by its ``dense_bs`` bias, ``dynamic`` is empty): what fixed mixing executes.
     """
     dt = jnp.dtype(cfg.dtype)
     params = jax.tree.map(lambda a: a.astype(dt), params)
     B, T = input_ids.shape
     if T > cfg.block_size:
         raise ValueError(f"sequence length {T} exceeds block_size {cfg.block_size}")
+    if static_mixing and coeffs is not None:
+        raise ValueError("static_mixing mixes by the dense_bs biases; pass coeffs=None with it")
     given = coeffs_lib.as_given(coeffs)
     if given.values is not None:
         _check_coeffs(cfg, given.values, B, T)
@@ -340,9 +350,12 @@ def forward(cfg: Config, params, input_ids, coeffs=None):
     for i, p in enumerate(params["layers"]):
         x = block(cfg, p, i, streams, cos, sin)
         hidden.append(x)
-        dyn, coef = da_coefficients(cfg, p["da"], i, x)
-        dynamic.append(dyn)
-        coef = coeffs_lib.site(coef, coeffs_lib.part(given, lambda v, i=i: v["mix"][i]))
+        if static_mixing:
+            coef = static_coefficients(cfg, p["da"], i, B, T)
+        else:
+            dyn, coef = da_coefficients(cfg, p["da"], i, x)
+            dynamic.append(dyn)
+            coef = coeffs_lib.site(coef, coeffs_lib.part(given, lambda v, i=i: v["mix"][i]))
         sources = sources + [x]
         out = mix(coef, sources, dt)
         used.append(coef)
@@ -360,6 +373,13 @@ def apply(cfg: Config, params, input_ids, coeffs=None):
     Returns ``(logits float32 (B, T, V), {"mix": [A_i (C_i, B, T, S_i) float32]})``.
     """
     logits, used, _ = forward(cfg, params, input_ids, coeffs)
+    return logits, used
+
+
+def apply_static_mixing(cfg: Config, params, input_ids):
+    """The same weights with fixed mixing (``forward(static_mixing=True)``): no DA MLP runs.
+    Returns ``(logits, {"mix": the biases broadcast to every token})``."""
+    logits, used, _ = forward(cfg, params, input_ids, static_mixing=True)
     return logits, used
 
 
