@@ -334,7 +334,6 @@ class ModDecoder(nn.Module):
     def __call__(self, tokens, given=None):
         """``given``: a :class:`~dynjax.coeffs.Given` of the schema's coefficients or None."""
         cfg = self.cfg
-        B, T = tokens.shape
         h, positions = embed_tokens(cfg, tokens)
         n_groups, pattern = layout(cfg)
         xs = None if cfg.variant == "dense" else coeffs_lib.part(
@@ -345,9 +344,7 @@ class ModDecoder(nn.Module):
         if out is None:
             return logits, {}
         recorded, aux, stats = jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), out)
-        for name, value in aux.items():  # already weighted; mean over MoD blocks
-            self.sow("aux_loss", name, value.mean())
-        self.sow("mod_stats", "stats", stats)
+        moe.sow_routing(self, aux, "mod_stats", stats)   # aux: mean over MoD blocks
         return logits, recorded
 
 

@@ -239,12 +239,18 @@ class MoeDecoder(nn.Module):
     def __call__(self, tokens, given=None):
         """``given``: a :class:`~dynjax.coeffs.Given` of ``{"router": ...}`` or None."""
         cfg = self.cfg
-        B, T = tokens.shape
         h, positions = embed_tokens(cfg, tokens)
         xs = coeffs_lib.part(given, lambda v: v["router"], cfg.n_layers)
         (h, _), (probs, aux, stats) = scan_layers(MoeLayer, cfg, cfg.n_layers)((h, positions), xs)
-        for name, value in aux.items():  # already weighted; mean over layers
-            self.sow("aux_loss", name, value.mean())
-        self.sow("moe_stats", "stats", stats)
+        sow_routing(self, aux, "moe_stats", stats)
         return Head(cfg, name="head")(h), {"router": probs}
+
+
+def sow_routing(module: nn.Module, aux: dict, collection: str, stats) -> None:
+    """A routed decoder's side outputs: each auxiliary loss (already weighted, one value per
+    routed layer) as its mean over layers into ``aux_loss``, which training adds to the loss,
+    and the per-layer routing statistics into ``collection``."""
+    for name, value in aux.items():
+        module.sow("aux_loss", name, value.mean())
+    module.sow(collection, "stats", stats)
 
