@@ -20,6 +20,7 @@ import sys
 import time
 
 from dynjax import _alloc  # noqa: E402
+from dynjax.jsonio import command_line, publish_json  # noqa: E402
 
 def child(args):
     """Time the train step in this process; print one JSON line."""
@@ -68,7 +69,7 @@ def main():
                                   "--batch-size", str(args.batch_size)], env=env, check=True,
                                  capture_output=True, text=True).stdout
             runs[name].append(json.loads(out.strip().splitlines()[-1]))
-    res = {"command": "python " + " ".join(sys.argv), "load_average_before": load_before,
+    res = {"command": command_line(), "load_average_before": load_before,
            "load_average_after": os.getloadavg(),
            "settings": {name: _alloc.SETTINGS[name] for name in settings},
            "note": "one process per setting and round; medians over rounds; compare ratios"}
@@ -80,10 +81,7 @@ def main():
     for call in ("step", "forward"):
         res[f"{call}_time_over_system"] = {n: res[n][f"{call}_s"] / res["system"][f"{call}_s"]
                                            for n in runs}
-    print(json.dumps(res, indent=2))
-    if args.out:
-        from dynjax.jsonio import write_json_atomic
-        write_json_atomic(args.out, res)
+    publish_json(res, args.out, indent=2)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,8 @@ whole audit (plus variance decomposition and the statistics). Prints JSON. Aim: 
 ratio <= 1.3. These machines are noisy: compare ratios from one run.
 """
 import argparse
-import json
 import os
 import statistics
-import sys
 import time
 
 import jax
@@ -29,7 +27,7 @@ from dynjax.audit.settings import Settings  # noqa: E402
 from dynjax.data import text  # noqa: E402
 from dynjax.measure.latency import paired_medians as median_times  # noqa: E402
 from dynjax.models import build  # noqa: E402
-from dynjax.jsonio import write_json_atomic  # noqa: E402
+from dynjax.jsonio import command_line, publish_json  # noqa: E402
 
 
 def main():
@@ -90,7 +88,7 @@ def main():
     bound_programs = forwards.get("record", 0) * t_record + forwards.get("replay", 0) * t_replay
 
     out = {
-        "command": "python benchmarks/audit_throughput.py " + " ".join(sys.argv[1:]),
+        "command": command_line(),
         "load_average_after": os.getloadavg(),
         "backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
         "variant": args.variant, "seq_len": args.seq_len, "rows_per_forward": engine.rows,
@@ -109,9 +107,7 @@ def main():
             "cold_audit_vs_plain": walls["cold"]["audit"] / bound_plain,
         },
     }
-    print(json.dumps(out, indent=1))
-    if args.out:
-        write_json_atomic(args.out, out)
+    publish_json(out, args.out, indent=1)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ Prints a Markdown table and writes JSON (with the command and the load average) 
 import argparse
 import importlib
 import json
-import sys
 import time
 
 import jax
@@ -43,7 +42,7 @@ from dynjax.measure import execution as ex  # noqa: E402
 from dynjax.measure import latency  # noqa: E402
 from dynjax.models import build  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402
-from dynjax.jsonio import write_json_atomic  # noqa: E402
+from dynjax.jsonio import command_line, write_json_atomic  # noqa: E402
 
 PRESETS = {"tiny": dict(config="tiny", seq_len=128, repeats=21),
            "76m": dict(config="featuregate_76m", seq_len=512, repeats=9)}
@@ -151,7 +150,7 @@ def main():
     batches = [int(b) for b in args.batches.split(",")]
     repeats = args.repeats or preset["repeats"]
     seq_len = args.seq_len or preset["seq_len"]
-    res = {"command": "python " + " ".join(sys.argv), "preset": args.preset,
+    res = {"command": command_line(), "preset": args.preset,
            "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
            "seq_len": seq_len, "batches": batches, "repeats": repeats,
            "load_average_before": latency.load_average(),

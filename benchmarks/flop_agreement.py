@@ -13,7 +13,7 @@ import json
 
 from dynjax.measure import execution  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402
-from dynjax.jsonio import write_json_atomic  # noqa: E402
+from dynjax.jsonio import command_line, write_json_atomic  # noqa: E402
 
 SIZE = dict(d_model=256, n_heads=4, n_layers=2, d_ff=1024, scan_layers=False)
 BATCH, SEQ = 1, 64
@@ -52,7 +52,7 @@ def main():
     ap.add_argument("--out", default="results/flop_agreement.json")
     args = ap.parse_args()
     rows = {name: agreement(name) for name in CASES}
-    write_json_atomic(args.out, {"command": "python benchmarks/flop_agreement.py",
+    write_json_atomic(args.out, {"command": command_line(),
                                  "size": SIZE, "batch": BATCH, "seq_len": SEQ,
                                  "compiled": "XLA cost analysis, unrolled layers, all ops",
                                  "analytic": "matmuls and controllers, 2 x MACs",

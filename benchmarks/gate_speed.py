@@ -31,7 +31,7 @@ import numpy as np
 
 from dynjax.measure import macs
 from dynjax.models.gated_mlp import GatedMLP, MLPConfig, structured_forward
-from dynjax.jsonio import write_json_atomic
+from dynjax.jsonio import command_line, write_json_atomic
 
 
 def median_latency(fn, *args, repeats: int) -> float:
@@ -87,7 +87,7 @@ def main():
     base = dict(in_dim=784, hidden=(args.hidden, args.hidden), n_classes=10, gate_hidden=16,
                 gate_bias_init=0.0, block_size=args.block, keep_fraction=args.keep)
     key = jax.random.key(0)
-    results = {"device": str(jax.devices()[0]), "platform": platform.platform(),
+    results = {"command": command_line(), "device": str(jax.devices()[0]), "platform": platform.platform(),
                "jax": jax.__version__, "config": base, "repeats": args.repeats, "runs": []}
     for batch in [int(b) for b in args.batches.split(",")]:
         x = jax.random.uniform(jax.random.key(batch), (batch, 784))

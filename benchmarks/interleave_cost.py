@@ -17,11 +17,9 @@ Each reports the median wall time and the process's system (kernel) time during 
 The JSON names the kernel's page-reporting setting when its command line has one.
 """
 import argparse
-import json
 import os
 import resource
 import statistics
-import sys
 import time
 
 from dynjax import _alloc  # noqa: E402
@@ -31,7 +29,7 @@ _alloc.reexec(__name__)
 import jax  # noqa: E402
 
 from benchmarks.common import VOCAB, bench_config, dynjax_timers  # noqa: E402
-from dynjax.jsonio import write_json_atomic  # noqa: E402
+from dynjax.jsonio import command_line, publish_json  # noqa: E402
 
 
 def cpu_ticks() -> dict:
@@ -87,7 +85,7 @@ def main():
         for name, first in before.items():
             first()
             runs[name].append(timed(step))
-    res = {"command": "python -m benchmarks.interleave_cost " + " ".join(sys.argv[1:]),
+    res = {"command": command_line(),
            "page_reporting": page_reporting(), "pause_s": args.pause, "repeats": args.repeats,
            "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
            "load_average_before": load_before, "load_average_after": os.getloadavg(),
@@ -99,9 +97,7 @@ def main():
                      "machine_ticks_per_round": [r[2] for r in rs]}
     res["step_over_back_to_back"] = {name: res[name]["step_s"] / res["back_to_back"]["step_s"]
                                      for name in runs}
-    print(json.dumps(res, indent=1))
-    if args.out:
-        write_json_atomic(args.out, res)
+    publish_json(res, args.out, indent=1)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ ratios to dense of medians and of minima (steadier on a loaded machine) beside t
 analytic FLOP ratio (``mod_speed.decode_flops``). Prints JSON, writes it to ``--out``.
 """
 import argparse
-import json
 import os
 import sys
 import time
@@ -42,7 +41,7 @@ from dynjax import decoding  # noqa: E402
 from dynjax.measure import latency  # noqa: E402
 from dynjax.models import build, mod  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402
-from dynjax.jsonio import write_json_atomic  # noqa: E402
+from dynjax.jsonio import command_line, publish_json  # noqa: E402
 
 MODELS = {"tiny_T128": ("tiny", 128), "tiny_T1024": ("tiny", 1024), "mid_T1024": ("mid", 1024),
           "gpu_T2048": ("gpu", 2048)}  # results/gpu/mod_speed_gpu.json's model, for an accelerator
@@ -130,8 +129,11 @@ def main():
     ap.add_argument("--out")
     args = ap.parse_args()
     names = args.models.split(",")
+    unknown = sorted(set(names) - set(MODELS))
+    if unknown:
+        ap.error(f"--models: unknown {', '.join(unknown)}; choose from {', '.join(sorted(MODELS))}")
     backend = jax.default_backend()
-    res = {"command": "python " + " ".join(sys.argv), "backend": backend,
+    res = {"command": command_line(), "backend": backend,
            "device_kind": jax.devices()[0].device_kind, "repeats": args.repeats,
            "goal_mod_step_vs_dense": GOAL.get(backend, GOAL["gpu"]),
            "xla_flags": os.environ.get("XLA_FLAGS", ""),
@@ -147,9 +149,7 @@ def main():
                                    cfgs[name], MODELS[name][1]) for name in names}
     res["load_average_after"] = latency.load_average()
     res["wall_s"] = round(time.time() - t0, 1)
-    print(json.dumps(res, indent=1))
-    if args.out:
-        write_json_atomic(args.out, res)
+    publish_json(res, args.out, indent=1)
 
 
 if __name__ == "__main__":

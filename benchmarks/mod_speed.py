@@ -23,7 +23,6 @@ the analytic matmul count; train step from the compiled unrolled step; decode an
 Prints JSON (and writes it to ``--out``).
 """
 import argparse
-import json
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +34,7 @@ from dynjax.measure.latency import decode_timer, paired_medians  # noqa: E402
 from dynjax.models import build, mod  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402
 from dynjax.train.lm import init_state, make_optimizer, make_train_step  # noqa: E402
-from dynjax.jsonio import write_json_atomic  # noqa: E402
+from dynjax.jsonio import command_line, publish_json  # noqa: E402
 
 
 def decode_flops(cfg: ModelConfig, max_len: int, enter_fraction: float) -> float:
@@ -128,7 +127,7 @@ def main():
     ap.add_argument("--dtype", choices=("float32", "bfloat16"))
     ap.add_argument("--out")
     args = ap.parse_args()
-    res = {"backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
+    res = {"command": command_line(), "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
            "devices": jax.device_count(), "model": {k: getattr(args, k) for k in
                                                     ("d_model", "n_heads", "n_layers", "dtype")},
            "seq_len": args.seq_len, "batch_size": args.batch_size,
@@ -159,9 +158,7 @@ def main():
         "decode_analytic_flops": ratio(m["decode_flops_analytic"], d["decode_flops_analytic"]),
         "cache_bytes": ratio(m["cache_bytes"], d["cache_bytes"]),
     }
-    print(json.dumps(res, indent=2))
-    if args.out:
-        write_json_atomic(args.out, res)
+    publish_json(res, args.out, indent=2)
 
 
 if __name__ == "__main__":

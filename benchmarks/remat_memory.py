@@ -8,14 +8,13 @@ XLA's memory and cost analyses of the compiled program, not timings: they do not
 the load of a shared machine. Gradients of the three programs are compared too.
 """
 import argparse
-import json
 
 import jax
 
 from configs import common  # noqa: E402
 from dynjax.models import build, gates  # noqa: E402
 from dynjax.models.transformer import next_token_nll  # noqa: E402
-from dynjax.jsonio import write_json_atomic  # noqa: E402
+from dynjax.jsonio import command_line, publish_json  # noqa: E402
 
 
 def measure(args, remat: bool, save_features: bool):
@@ -50,7 +49,7 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--out")
     args = ap.parse_args()
-    res, grads = {"args": vars(args)}, {}
+    res, grads = {"command": command_line(), "args": vars(args)}, {}
     for name, remat, save in (("no_remat", False, True), ("remat_features_saved", True, True),
                               ("remat_features_recomputed", True, False)):
         res[name], grads[name] = measure(args, remat, save)
@@ -60,9 +59,7 @@ def main():
     saved, recomputed = res["remat_features_saved"], res["remat_features_recomputed"]
     res["saved_over_recomputed"] = {k: saved[k] / recomputed[k]
                                     for k in ("temp_bytes", "bytes_accessed", "flops")}
-    print(json.dumps(res, indent=1))
-    if args.out:
-        write_json_atomic(args.out, res)
+    publish_json(res, args.out, indent=1)
 
 
 if __name__ == "__main__":

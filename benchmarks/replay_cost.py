@@ -10,13 +10,11 @@ script) and in one after to compare (results/replay_cost.json). FLOPs are exact;
 medians of interleaved calls (noisy on a shared machine).
 """
 import argparse
-import json
-import sys
 
 import jax
 
 from dynjax import coeffs
-from dynjax.jsonio import write_json_atomic
+from dynjax.jsonio import command_line, publish_json
 from dynjax.measure.latency import paired_times
 from dynjax.models import build
 
@@ -41,7 +39,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--out")
     args = ap.parse_args()
-    out = {"command": "python -m benchmarks.replay_cost " + " ".join(sys.argv[1:])}
+    out = {"command": command_line()}
     for family, variant in FAMILIES:
         forward, calls = programs(family, variant)
         times = paired_times({k: (lambda a=a: forward(*a)) for k, a in calls.items()},
@@ -50,9 +48,7 @@ def main():
             **{f"flops_{k}": forward.lower(*a).compile().cost_analysis()["flops"]
                for k, a in calls.items()},
             **{f"median_s_{k}": t["median_s"] for k, t in times.items()}}
-    print(json.dumps(out, indent=1))
-    if args.out:
-        write_json_atomic(args.out, out)
+    publish_json(out, args.out, indent=1)
 
 
 if __name__ == "__main__":

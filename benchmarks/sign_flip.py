@@ -9,7 +9,6 @@ Carlo error. Peak memory from ``tracemalloc`` (NumPy allocations), time from
 ``time.perf_counter``; JSON out.
 """
 import argparse
-import json
 import time
 import tracemalloc
 
@@ -17,7 +16,7 @@ import numpy as np
 import scipy.stats
 
 from dynjax.audit import stats  # noqa: E402
-from dynjax.jsonio import write_json_atomic  # noqa: E402
+from dynjax.jsonio import command_line, publish_json  # noqa: E402
 
 
 def scipy_sign_flip(x, n_resamples, seed):
@@ -45,15 +44,13 @@ def main():
     ap.add_argument("--out")
     args = ap.parse_args()
     x = np.random.default_rng(0).normal(args.effect, 1.0, args.windows)
-    res = {"args": vars(args),
+    res = {"command": command_line(), "args": vars(args),
            "dynjax": profile(lambda: stats.sign_flip_test(x, max_exact=0,
                                                           n_resamples=args.resamples)["p"]),
            "scipy": profile(lambda: scipy_sign_flip(x, args.resamples, 0))}
     res["ratio_dynjax_over_scipy"] = {k: res["dynjax"][k] / res["scipy"][k]
                                       for k in ("seconds", "peak_mb")}
-    print(json.dumps(res, indent=1))
-    if args.out:
-        write_json_atomic(args.out, res)
+    publish_json(res, args.out, indent=1)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ tokens/s, analytic model FLOPs per step and MFU against ``dynjax.measure.mfu.PEA
 import argparse
 import ast
 import importlib
-import json
 import statistics
 import time
 
@@ -21,7 +20,7 @@ import jax
 from dynjax.measure import mfu  # noqa: E402
 from dynjax.models import build  # noqa: E402
 from dynjax.train.lm import init_state, make_optimizer, make_train_step  # noqa: E402
-from dynjax.jsonio import write_json_atomic  # noqa: E402
+from dynjax.jsonio import command_line, publish_json  # noqa: E402
 
 VARIANTS = ("dense", "uniform", "layer_static", "feature_gate", "fixed_depth2")
 
@@ -81,7 +80,7 @@ def main():
     ap.add_argument("--out")
     args = ap.parse_args()
     config_module = importlib.import_module(f"configs.{args.config}")
-    res = {"backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
+    res = {"command": command_line(), "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
            "devices": jax.device_count(), "config": args.config, "model_set": args.model_set,
            "batch_size": args.batch_size, "seq_len": args.seq_len, "variants": {}}
     res["variants"] = measure(config_module, args.variants.split(","), args.steps, args.repeats,
@@ -92,9 +91,7 @@ def main():
             v: r["median_step_s"] / vs["dense"]["median_step_s"] for v, r in vs.items()}
         if "feature_gate" in vs:
             res["feature_gate_overhead_vs_dense"] = res["step_time_ratio_vs_dense"]["feature_gate"] - 1
-    print(json.dumps(res, indent=1))
-    if args.out:
-        write_json_atomic(args.out, res)
+    publish_json(res, args.out, indent=1)
 
 
 if __name__ == "__main__":

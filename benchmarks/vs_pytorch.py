@@ -51,7 +51,7 @@ import numpy as np  # noqa: E402
 from benchmarks.common import D, D_FF, HEADS, LAYERS, VOCAB, bench_config, dynjax_timers  # noqa: E402
 from configs import mod_tiny  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402
-from dynjax.jsonio import write_json_atomic  # noqa: E402
+from dynjax.jsonio import command_line, publish_json  # noqa: E402
 
 
 # ------------------------------------------------------------------------- PyTorch
@@ -261,7 +261,7 @@ def main():
         proc.wait()
     medians = {k: statistics.median(v) for k, v in times.items()}
     tokens_per_call = args.batch_size * args.seq_len
-    res = {"command": "python -m benchmarks.vs_pytorch " + " ".join(sys.argv[1:]),
+    res = {"command": command_line(),
            "torch": torch.__version__,
            "jax": jax.__version__, "torch_threads": torch.get_num_threads(), "settle": args.settle,
            "processes": "one per framework (dynjax, torch_eager, torch_compile), taking turns",
@@ -285,9 +285,7 @@ def main():
         eager = r["dynjax_over_torch_eager"]
         r["goals_met"] = {"train_ge_1.25x_eager": eager["train"] >= 1.25,
                           "forward_ge_1.5x_eager": eager["forward"] >= 1.5}
-    print(json.dumps(res, indent=2))
-    if args.out:
-        write_json_atomic(args.out, res)
+    publish_json(res, args.out, indent=2)
 
 
 if __name__ == "__main__":

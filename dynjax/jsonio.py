@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shlex
+import sys
 import tempfile
 from typing import Callable
 
@@ -53,6 +55,23 @@ def write_json_atomic(path, obj, **dumps) -> None:
     sort_keys=True."""
     dumps = {"indent": 1, "sort_keys": True, **dumps}
     write_text_atomic(path, json.dumps(to_python(obj), **dumps))
+
+
+def command_line() -> str:
+    """How this program was started, as a user retypes it from the directory it ran in: the
+    command a results file names. ``python -m PKG.MOD ARGS`` when started with ``-m`` (kept
+    across dynjax._alloc's re-execution), else ``python PATH ARGS``; shell-quoted."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    program = ["-m", spec.name] if spec is not None else [os.path.relpath(sys.argv[0])]
+    return "python " + shlex.join(program + sys.argv[1:])
+
+
+def publish_json(result, out=None, indent: int = 1) -> None:
+    """A benchmark's answer: ``result`` as JSON on stdout and, with ``out``, written there
+    atomically."""
+    print(json.dumps(to_python(result), indent=indent))
+    if out:
+        write_json_atomic(out, result)
 
 
 def read_json(path):

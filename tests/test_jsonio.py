@@ -35,3 +35,37 @@ def test_failed_write_keeps_the_old_file_and_no_temp(tmp_path):
     with pytest.raises(ValueError):   # NaN refused where asked, old file kept
         jsonio.write_json_atomic(path, {"x": float("nan")}, allow_nan=False)
     assert path.read_text() == "old"
+
+
+@pytest.mark.parametrize("how", ["module", "path", "module_reexec"])
+def test_command_line_is_the_command_a_user_retypes(tmp_path, how):
+    """A results file names the command that made it: ``-m`` stays ``-m`` (also after
+    _alloc's re-execution, where sys.argv[0] becomes a path), a script path stays a path
+    relative to where it ran, and arguments are shell-quoted."""
+    import subprocess
+    import sys
+
+    pkg = tmp_path / "bench"
+    pkg.mkdir()
+    reexec = "from dynjax import _alloc\n_alloc.reexec(__name__)\n" if "reexec" in how else ""
+    (pkg / "probe.py").write_text(f"{reexec}import os\nfrom dynjax.jsonio import command_line\n"
+                                  "print(os.environ.get('DYNJAX_MALLOC_APPLIED'))\n"
+                                  "print(command_line())\n")
+    program = ["bench/probe.py"] if how == "path" else ["-m", "bench.probe"]
+    env = {k: v for k, v in os.environ.items() if k not in ("DYNJAX_MALLOC_APPLIED",)}
+    env["DYNJAX_MALLOC"] = "retain" if "reexec" in how else "system"
+    out = subprocess.run([sys.executable, *program, "--label", "two words"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=120, check=True)
+    applied, line = out.stdout.strip().splitlines()
+    assert applied == ("retain" if "reexec" in how else "None")   # it did re-execute
+    shown = "bench/probe.py" if how == "path" else "-m bench.probe"
+    assert line == f"python {shown} --label 'two words'"
+
+
+def test_publish_json_prints_and_writes_only_with_out(tmp_path, capsys):
+    jsonio.publish_json({"ratio": np.float64(1.5), "n": jnp.int32(3)}, None)
+    assert json.loads(capsys.readouterr().out) == {"ratio": 1.5, "n": 3}
+    assert list(tmp_path.iterdir()) == []
+    jsonio.publish_json({"ratio": 2.0}, tmp_path / "r.json")
+    assert json.loads(capsys.readouterr().out) == jsonio.read_json(tmp_path / "r.json") == {
+        "ratio": 2.0}
