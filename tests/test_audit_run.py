@@ -318,12 +318,11 @@ def test_muddpythia_scorecard_reuses_the_audit(mudd_audit, tmp_path):
     mcfg, params, _ = muddpythia_hf.load_hf_dir(hf)
     one = jnp.zeros((1, T), jnp.int32)
     flops = lambda f: compiled_cost(lambda p, t: f(mcfg, p, t)[0], params, one)["flops"]
-    model_flops, static_flops = flops(muddpythia.apply), flops(muddpythia.apply_static_mixing)
-    assert ex["flops_ratio_compiled"] == model_flops / static_flops
+    assert ex["flops_ratio_compiled"] == (flops(muddpythia.apply)
+                                          / flops(muddpythia.apply_static_mixing))
     est = muddpythia.memory_time_estimate(mcfg, 1, T, 1)
     assert ex["flops_ratio_analytic"] == (est["record_flops_per_window"]
                                           / est["static_mixing_flops_per_window"]) > 1
-    assert model_flops > static_flops
     assert card["verdicts"]["execution"].startswith("no skipping") and \
         "static mixing" in card["verdicts"]["execution"]
 
