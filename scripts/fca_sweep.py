@@ -1,7 +1,9 @@
 """Do the audit paper's conclusions emerge with training and size? The FCA trend sweep.
 
     python scripts/fca_sweep.py --runs=/work/runs/sweep                 # train + audit, resumable
-    python scripts/fca_sweep.py --runs=/work/runs/sweep --budget-minutes=9   # one device call
+    python scripts/fca_sweep.py --runs=runs/sweep_gpu --rows=large --budget-minutes=9  # a device
+    python scripts/fca_sweep.py --runs=runs/sweep_gpu --export=$OUT/sweep.tgz  # ...sends it back
+    python scripts/fca_sweep.py --runs=/work/runs/sweep --import=sweep.tgz   # ...added here
     python scripts/fca_sweep.py --runs=/work/runs/sweep --plan          # what is done / left
     python scripts/fca_sweep.py --runs=/work/runs/sweep --report        # results/fca_sweep/
 
@@ -23,6 +25,10 @@ resumes an interrupted run from its last checkpoint (train.py's resume), so the 
 continues after a kill, on this machine or another. ``--budget-minutes`` stops starting new
 work once that much time has passed, so one bounded device call does as much as fits.
 Each run records where it ran (``RUN/sweep_device.json``); the report names it per row.
+A device call does only the rows it is given (``--rows``) and sends back, in one archive, all
+but the checkpoints (``--export``); ``--import`` adds what this sweep has not done, and a
+trained run counts as done here when its row's audit came with it.
+(``bash scripts/gpu_checks.sh sweep`` is that device call.)
 On a machine without the registries (a device machine), copy the four text archives
 (``python -m dynjax.data.fetch`` puts them in .data/) to a directory and set $DYNJAX_DATA to it.
 """
@@ -102,8 +108,30 @@ def train_config(row, seed: int):
     return c
 
 
+def _read_json(path: pathlib.Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def run_trained(path: pathlib.Path, steps: int) -> bool:
+    """Trained to the end: its final evaluation (train.py writes eval.json last) is there."""
+    ev = _read_json(path / "eval.json")
+    return isinstance(ev, dict) and ev.get("step") == steps
+
+
 def run_finished(path: pathlib.Path, steps: int) -> bool:
-    return (path / "eval.json").exists() and (path / "checkpoints" / str(steps)).is_dir()
+    """Trained, with the final checkpoint an audit loads."""
+    return run_trained(path, steps) and (path / "checkpoints" / str(steps)).is_dir()
+
+
+def run_done(runs: pathlib.Path, row, seed: int) -> bool:
+    """Nothing left to train: finished, or trained and nothing more needs its checkpoint (an
+    unaudited row, or an audit already done), as an imported device run comes back."""
+    path = run_dir(runs, row, seed)
+    return run_finished(path, row["steps"]) or (run_trained(path, row["steps"]) and (
+        not row["audited"] or audit_finished(runs, row)))
 
 
 def audit_finished(runs: pathlib.Path, row) -> bool:
@@ -136,12 +164,16 @@ def device_info() -> dict:
             "devices": jax.device_count(), "host": platform.node(), "cpus": os.cpu_count()}
 
 
-def work(runs: pathlib.Path):
-    """The remaining work items, in order: ("train", row, seed) and ("audit", row)."""
+def work(runs: pathlib.Path, rows: str | None = None):
+    """The remaining work items, in order: ("train", row, seed) and ("audit", row). ``rows``:
+    comma-separated parts of row names; only rows whose name contains one are planned."""
+    parts = [r for r in (rows or "").split(",") if r]
     items = []
     for row in planned_rows():
+        if parts and not any(part in row_name(row) for part in parts):
+            continue
         for seed in SEEDS:
-            if not run_finished(run_dir(runs, row, seed), row["steps"]):
+            if not run_done(runs, row, seed):
                 items.append(("train", row, seed))
         if row["audited"] and not audit_finished(runs, row):
             items.append(("audit", row, None))
@@ -153,7 +185,7 @@ def describe(item) -> str:
     return f"{kind} {row_name(row)}" + (f" seed {seed}" if seed is not None else "")
 
 
-def run_sweep(runs: pathlib.Path, budget_s: float | None, log=print) -> list:
+def run_sweep(runs: pathlib.Path, budget_s: float | None, log=print, rows=None) -> list:
     """Do the remaining work in order until done or ``budget_s`` has passed; returns what is
     left. Each item is timed into RUNS/sweep_log.jsonl."""
     from dynjax.audit import run as audit_run
@@ -162,7 +194,7 @@ def run_sweep(runs: pathlib.Path, budget_s: float | None, log=print) -> list:
 
     runs.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    items = work(runs)
+    items = work(runs, rows)
     while items:
         if budget_s is not None and time.monotonic() - t0 > budget_s:
             log(f"budget of {budget_s / 60:.1f} min spent; {len(items)} items left, first: "
@@ -189,6 +221,63 @@ def run_sweep(runs: pathlib.Path, budget_s: float | None, log=print) -> list:
     return items
 
 
+# ---------------------------------------------------------------------------- transfer
+
+def export_runs(runs: pathlib.Path, archive: pathlib.Path) -> None:
+    """``runs`` without checkpoints as one .tar.gz, written atomically: what a device run sends
+    back (its checkpoints are too large to travel; eval.json, metrics and audits are not)."""
+    import tarfile
+
+    from dynjax.jsonio import atomic_write
+
+    if not runs.is_dir():
+        raise SystemExit(f"fca_sweep.py: error: --runs={runs} does not exist")
+
+    def without_checkpoints(info):
+        return None if "checkpoints" in pathlib.PurePath(info.name).parts else info
+
+    def write(f):
+        with tarfile.open(fileobj=f, mode="w:gz") as tar:
+            for path in sorted(runs.iterdir()):
+                tar.add(path, arcname=path.name, filter=without_checkpoints)
+    atomic_write(archive, write)
+
+
+def import_runs(archive: pathlib.Path, runs: pathlib.Path) -> list:
+    """Add an exported sweep to ``runs``: each run it trained that ``runs`` has not (a partial
+    local run is replaced) and each audit it finished that ``runs`` has not; its work log's new
+    lines are appended. Returns what was added. A run that comes without its row's audit has no
+    checkpoint to audit, so the sweep here trains it again."""
+    import shutil
+    import tarfile
+    import tempfile
+
+    runs.mkdir(parents=True, exist_ok=True)
+    added = []
+    with tempfile.TemporaryDirectory(prefix=".import-", dir=runs) as tmp:
+        tmp = pathlib.Path(tmp)
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+        for row in planned_rows():
+            moves = [(run_dir(tmp, row, s), run_dir(runs, row, s)) for s in SEEDS
+                     if run_trained(run_dir(tmp, row, s), row["steps"])
+                     and not run_trained(run_dir(runs, row, s), row["steps"])]
+            if row["audited"] and audit_finished(tmp, row) and not audit_finished(runs, row):
+                moves.append((audit_dir(tmp, row), audit_dir(runs, row)))
+            for src, dst in moves:
+                shutil.rmtree(dst, ignore_errors=True)
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(src, dst)
+                added.append(str(dst.relative_to(runs)))
+        log, here = tmp / "sweep_log.jsonl", runs / "sweep_log.jsonl"
+        if log.exists():
+            known = set(here.read_text().splitlines()) if here.exists() else set()
+            with open(here, "a") as f:
+                f.writelines(line + "\n" for line in log.read_text().splitlines()
+                             if line not in known)
+    return added
+
+
 # ------------------------------------------------------------------------------ report
 
 # The paper's figures (shared/papers, the FCA paper): FeatureGate 76M (7 seeds) and
@@ -206,19 +295,12 @@ CONDITIONS = ("cross_input", "token_shuffle", "cross_shuffle", "layer_position_m
               "static_profile", "structure_removed")
 
 
-def _read_json(path: pathlib.Path):
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _bpb(runs: pathlib.Path, row) -> dict:
     """Test bits/byte of the row's finished seeds (seed -> value)."""
     out = {}
     for seed in SEEDS:
         ev = _read_json(run_dir(runs, row, seed) / "eval.json")
-        if ev is not None and run_finished(run_dir(runs, row, seed), row["steps"]):
+        if run_trained(run_dir(runs, row, seed), row["steps"]):
             out[seed] = ev["test"]["bpb"]
     return out
 
@@ -458,10 +540,27 @@ def main(argv=None):
                    help="write the table, JSON and figures from whatever has finished")
     p.add_argument("--out", default=str(ROOT / "results" / "fca_sweep"),
                    help="--report's output directory")
+    p.add_argument("--rows", default=None,
+                   help="plan only rows whose name contains one of these comma-separated "
+                        "parts, e.g. --rows=large (a device call for the larger size)")
+    p.add_argument("--export", metavar="FILE.tgz",
+                   help="write the runs and audits without checkpoints to FILE.tgz and exit")
+    p.add_argument("--import", dest="import_", metavar="FILE.tgz",
+                   help="add the runs and audits of an --export to --runs and exit")
     args = p.parse_args(argv)
     runs = pathlib.Path(args.runs)
+    if args.export:
+        export_runs(runs, pathlib.Path(args.export))
+        print(f"wrote {args.export}")
+        return
+    if args.import_:
+        if not pathlib.Path(args.import_).is_file():
+            raise SystemExit(f"fca_sweep.py: error: --import={args.import_} is not a file")
+        added = import_runs(pathlib.Path(args.import_), runs)
+        print(f"added {len(added)}: {', '.join(added)}" if added else "nothing new to add")
+        return
     if args.plan:
-        left = work(runs)
+        left = work(runs, args.rows)
         print("\n".join(describe(i) for i in left) or "nothing left: the sweep is complete")
         return
     if args.report:
@@ -471,7 +570,8 @@ def main(argv=None):
     from dynjax.data.text import DataError
 
     try:
-        left = run_sweep(runs, None if args.budget_minutes is None else args.budget_minutes * 60)
+        left = run_sweep(runs, None if args.budget_minutes is None else args.budget_minutes * 60,
+                         rows=args.rows)
     except (DataError, AuditError, ReplayError, ValueError) as e:
         raise SystemExit(f"fca_sweep.py: error: {e}") from None
     print("sweep complete" if not left else f"{len(left)} items left; rerun to continue")

