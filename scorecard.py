@@ -9,12 +9,12 @@ directory (recognised by its *.safetensors). Writes DIR/scorecard.json, DIR/scor
 and DIR/scorecard_<i>.png (three panels), and each audited run's audit under DIR/<i>/audit.
 Library: ``dynjax/scorecard.py``.
 """
-import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from dynjax import errors, scorecard
+from dynjax.jsonio import command_line
 from dynjax.audit import run as audit_run
 
 config_flags.DEFINE_config_file("config", "configs/scorecard.py", "configs/NAME.py",
@@ -36,7 +36,7 @@ def main(argv):
 
     def score():
         cards = [fn(r, flags.FLAGS.config, f"{out}/{i}") for i, (r, fn) in enumerate(runs)]
-        scorecard.write(cards, out, "python scorecard.py " + " ".join(sys.argv[1:]))
+        scorecard.write(cards, out, command_line())
         return cards
     cards = errors.run_program("scorecard.py", score,
                                errors=(audit_run.AuditError, audit_run.ReplayError,

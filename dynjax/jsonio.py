@@ -60,9 +60,11 @@ def write_json_atomic(path, obj, **dumps) -> None:
 def command_line() -> str:
     """How this program was started, as a user retypes it from the directory it ran in: the
     command a results file names. ``python -m PKG.MOD ARGS`` when started with ``-m`` (kept
-    across dynjax._alloc's re-execution), else ``python PATH ARGS``; shell-quoted."""
+    across dynjax._alloc's re-execution), else ``python PATH ARGS``; shell-quoted. A main
+    run in-process under another program (a test sets ``sys.argv``) is named by that argv."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    program = ["-m", spec.name] if spec is not None else [os.path.relpath(sys.argv[0])]
+    started_with_m = spec is not None and sys.argv[0] == spec.origin
+    program = ["-m", spec.name] if started_with_m else [os.path.relpath(sys.argv[0])]
     return "python " + shlex.join(program + sys.argv[1:])
 
 

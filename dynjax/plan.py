@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import re
-import sys
 
 import flax.linen as nn
 import jax
@@ -163,7 +162,7 @@ def main(argv):
     from absl import flags, logging
 
     from dynjax import errors
-    from dynjax.jsonio import write_json_atomic
+    from dynjax.jsonio import command_line, write_json_atomic
 
     del argv
     logging.set_verbosity(logging.WARNING)  # no "Unable to initialize backend" notes
@@ -180,7 +179,7 @@ def main(argv):
     result["fits"] = fits(result["total"], memory)
     result["fits_no_remat"] = fits(result["total_no_remat"], memory)
     result["fits_remat"] = fits(result["total_remat"], memory)
-    result["command"] = "python -m dynjax.plan " + " ".join(sys.argv[1:])
+    result["command"] = command_line()
     print(describe(result, memory))
     if f.out:
         write_json_atomic(f.out, result)

@@ -39,6 +39,7 @@ import json
 import os
 import pathlib
 import platform
+import shlex
 import sys
 import time
 
@@ -519,7 +520,7 @@ def write_report(runs: pathlib.Path, out: pathlib.Path, argv) -> None:
     if not any(r["test_bpb"] for r in data["rows"]):
         raise SystemExit(f"fca_sweep.py: error: no finished run under {runs} yet; run the "
                          "sweep first (`--plan` lists what is left)")
-    command = "python scripts/fca_sweep.py " + " ".join(argv)
+    command = "python scripts/fca_sweep.py " + shlex.join(argv)
     data = dict(data, command=command, generated=time.strftime("%Y-%m-%d %H:%M:%S"),
                 ratios=ratios(data["rows"]))
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -12,14 +12,13 @@ OUT/skipping.json (with the command) and OUT/skipping.png, atomically.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from dynjax.audit.report import _save_fig  # noqa: E402
 from dynjax.data import text  # noqa: E402
 from dynjax.measure import skipping  # noqa: E402
 from dynjax import rundir  # noqa: E402
-from dynjax.jsonio import write_json_atomic  # noqa: E402
+from dynjax.jsonio import command_line, write_json_atomic  # noqa: E402
 
 
 def curves_of(run_dir: str, n_windows: int) -> dict:
@@ -62,7 +61,7 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "skipping.json", {
-        "command": "python scripts/gate_skipping.py " + " ".join(sys.argv[1:]),
+        "command": command_line(),
         "windows": args.windows, "checkpoints": results,
         "note": "removing an update saves nothing here: a FeatureGate's gate is known only "
                 "after its block ran (its features read the block's attention)"})

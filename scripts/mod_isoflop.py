@@ -37,7 +37,7 @@ from dynjax.measure import execution, routing  # noqa: E402
 from dynjax.models import build  # noqa: E402
 from dynjax import rundir  # noqa: E402
 from dynjax.train.lm import init_state, make_optimizer, make_train_step  # noqa: E402
-from dynjax.jsonio import write_json_atomic  # noqa: E402
+from dynjax.jsonio import command_line, write_json_atomic  # noqa: E402
 
 ARMS = {"dense": ("dense", {}),
         "mod": ("mod", {}),
@@ -116,7 +116,7 @@ def main():
                 r["minus_dense_per_seed"] = [m - d for m, d in
                                              zip(r["bpb"], table["dense"]["forward"]["bpb"])]
     result = {
-        "command": "python scripts/mod_isoflop.py " + " ".join(sys.argv[1:]),
+        "command": command_line(),
         "train_step_flops": flops, "flops_counted": "compiled train step, unrolled layers",
         "steps": steps, "total_train_flops": {a: flops[a] * steps[a] for a in arms},
         "seeds": seeds, "test_bpb": table,

@@ -16,7 +16,6 @@ program). Writes OUT/predicted_skipping.json (with the command), atomically.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from dynjax.measure import predicted_skipping as ps  # noqa: E402
 from dynjax.measure.execution import analytic_forward_flops  # noqa: E402
 from dynjax.models import build, mod  # noqa: E402
 from dynjax.models.transformer import next_token_nll  # noqa: E402
-from dynjax.jsonio import write_json_atomic  # noqa: E402
+from dynjax.jsonio import command_line, write_json_atomic  # noqa: E402
 
 REMOVE = (0.05, 0.1, 0.25, 0.5)  # fractions of recorded gates below tau
 
@@ -154,7 +153,7 @@ def main():
     mod_point["decode_ratio"] = decode["mod"]["median_s"] / decode["plain"]["median_s"]
     mod_point["flops_ratio"] = mod_point["flops"] / dense_flops
     out = {
-        "command": "python scripts/predicted_skipping.py " + " ".join(sys.argv[1:]),
+        "command": command_line(),
         "run": args.run, "test_windows": args.windows, "fit_windows": args.fit_windows,
         "predictor": {"hidden": hidden, "steps": args.steps, "capacity_quantile":
                       args.quantile},

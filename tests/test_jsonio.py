@@ -62,6 +62,13 @@ def test_command_line_is_the_command_a_user_retypes(tmp_path, how):
     assert line == f"python {shown} --label 'two words'"
 
 
+def test_command_line_of_a_main_run_in_process_is_its_argv(monkeypatch):
+    """A test (or a sweep) that runs audit.py's main in-process sets sys.argv; the report names
+    that command, not the test runner's ``python -m pytest``."""
+    monkeypatch.setattr("sys.argv", ["audit.py", "--out=a b"])
+    assert jsonio.command_line() == "python audit.py '--out=a b'"
+
+
 def test_publish_json_prints_and_writes_only_with_out(tmp_path, capsys):
     jsonio.publish_json({"ratio": np.float64(1.5), "n": jnp.int32(3)}, None)
     assert json.loads(capsys.readouterr().out) == {"ratio": 1.5, "n": 3}

@@ -6,8 +6,6 @@ checkpoints on the same windows; :func:`verdict_table` prints the outcome.
 """
 from __future__ import annotations
 
-import shlex
-import sys
 import time
 from typing import Sequence
 
@@ -25,6 +23,7 @@ from dynjax.audit.report import replay_status
 from dynjax.audit.settings import (CLASSIFY, LM, AuditError, ReplayError, Settings, Task,
                                    applicable, n_windows, window_spec, windows_sha256)
 from dynjax.audit.summary import assemble_results
+from dynjax.jsonio import command_line
 from dynjax.parallel import distributed, sharding
 
 __all__ = ["AuditError", "ReplayError", "audit_from_config", "verdict_table"]
@@ -88,7 +87,7 @@ def audit_from_config(config, run_dirs: Sequence[str] = (), muddpythia_dir: str 
     for name in results["meta"]["not_applicable"]:
         log(f"note: {name} not applicable: {results['meta']['not_applicable'][name]}")
     results["meta"]["wall_seconds"] = time.perf_counter() - t0
-    results["meta"]["command"] = "python " + shlex.join(sys.argv)   # what wrote the report
+    results["meta"]["command"] = command_line()   # what wrote the report
     if not results["replay"]["exact"]:
         log(f"warning: replay {replay_status(results['replay'])}")
     if results.get("small_n_warning"):
