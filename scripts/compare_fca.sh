@@ -15,22 +15,7 @@
 #   OUT=/tmp/fca SEEDS=0 STEPS=20 TRAIN_FLAGS="--config.eval.windows=16" \
 #     AUDIT_FLAGS="--config.reassignments=2 --config.data.calib_windows=8 \
 #     --config.data.eval_windows=8 --config.stats.n_resamples=99" bash scripts/compare_fca.sh
-set -euo pipefail
-cd "$(dirname "$0")/.."
-source scripts/env.sh
-bash scripts/setup.sh
-OUT=${OUT:-runs/fca}
-SEEDS=${SEEDS:-0 1 2}
-STEPS=${STEPS:-400}
-TRAIN_FLAGS=${TRAIN_FLAGS:-}
-AUDIT_FLAGS=${AUDIT_FLAGS:-}
-PY=.venv/bin/python
-train() {  # config name seed
-  local dir="$OUT/$2_s$3"
-  [ -f "$dir/eval.json" ] && [ "$(find "$dir/checkpoints" -maxdepth 1 -name "$STEPS" | wc -l)" = 1 ] && return
-  # shellcheck disable=SC2086
-  $PY train.py --config="$1" --workdir="$dir" --config.seed="$3" --config.train.steps="$STEPS" $TRAIN_FLAGS
-}
+source "$(dirname "$0")/fca_common.sh"
 audit() {  # name
   # shellcheck disable=SC2086
   $PY audit.py --config=configs/audit_tiny.py --out="$OUT/compare/audit_$1" $AUDIT_FLAGS \
