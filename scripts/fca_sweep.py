@@ -345,6 +345,11 @@ def collect(runs: pathlib.Path) -> dict:
             "data_source": DATA_SOURCE, "batch": BATCH, "seq_len": SEQ_LEN}
 
 
+def _ratio(x: float) -> str:
+    """3 significant figures without an exponent: 5.53, 75.8, 2,010."""
+    return f"{float(f'{x:.3g}'):,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
 def _cell(c, fmt="{:+.3g}") -> str:
     if c is None or c.get("estimate") is None:
         return "—"
@@ -400,10 +405,10 @@ def render_table(data: dict, command: str) -> str:
             "|---" * (len(CONDITIONS) + 2) + "|"]
     for r in ratios(rows):
         out.append(f"| {r['size']} | {r['steps']} | " + " | ".join(
-            "—" if r["ratio"].get(c) is None else f"{r['ratio'][c]:.3g}" for c in CONDITIONS)
+            "—" if r["ratio"].get(c) is None else _ratio(r["ratio"][c]) for c in CONDITIONS)
             + " |")
     paper_ratio = " | ".join(
-        f"{PAPER['mudd']['conditions'][c] / PAPER['feature_gate']['conditions'][c]:.3g}"
+        _ratio(PAPER["mudd"]["conditions"][c] / PAPER["feature_gate"]["conditions"][c])
         if c in PAPER["feature_gate"]["conditions"] else "—" for c in CONDITIONS)
     out += [f"| paper: 1.4B / 76M | | {paper_ratio} |", ""]
     out += ["## Test bits/byte of every finished training run\n",
