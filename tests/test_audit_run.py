@@ -104,6 +104,8 @@ def test_results_and_report_files(fg_audit, fg_run):
                  "depth_profile.png"):
         assert os.path.getsize(os.path.join(out, name)) > 0, name
     assert res["unit"] == stats.UNIT_WINDOWS                       # one checkpoint
+    assert res["meta"]["command"].startswith(                      # the audit.py command, not
+        "python audit.py --config=configs/audit_tiny.py")          # the test runner's
     assert set(res["effects"]) == {"E_input", "E_token", "E_interaction"}
     assert all(e["p_holm"] is not None for e in res["effects"].values())
     sp = res["conditions"]["static_profile"]
