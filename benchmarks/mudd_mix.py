@@ -1,18 +1,19 @@
-"""What MUDD's cross-layer mix costs a training step, next to what XLA counts for it.
+"""What MUDD's cross-layer mix costs a training step, and the XLA:CPU option that halves it.
 
     python -m benchmarks.mudd_mix --out=results/mudd_mix.json
 
-- ``train_step``: one jitted train step of FeatureGate and MUDD at the sweep's larger size
-  (``scripts/fca_sweep.py``'s ``large`` rows: 8 layers, d = 256, 8 heads, d_ff = 1024, batch
-  32 x 128), their time ratio, and the ratios of XLA's FLOP and bytes-accessed counts of the
-  two compiled steps: how far the clock departs from the arithmetic.
+- ``train_step``: train.py's jitted step (``lm.Task.train_step``) of FeatureGate and MUDD at
+  the sweep's larger size (``scripts/fca_sweep.py``'s ``large`` rows: 8 layers, d = 256,
+  8 heads, d_ff = 1024, batch 32 x 128), and MUDD's step compiled with XLA's default
+  options instead of its family's (``families.no_ynn_reduce_on_cpu``: no YNNPACK reduce
+  fusions); time ratios, and the ratios of XLA's FLOP and bytes-accessed counts.
 - ``mix``: forward + backward (gradients for the coefficients and every source) of the mix
   ``stream_c = sum_s A[c, ..., s] * X_s`` alone at that shape (C = 4 streams, d = 256), for
   S = 2, 5 and 9 sources: ``dynjax`` is ``dynjax.models.muddpythia.mix`` (S multiply-adds,
   float32), ``einsum`` the same sum as one contraction over the stacked sources. Same values
-  up to float rounding (``max_abs_diff``).
+  up to float rounding (``max_abs_diff``). Both under XLA's default options.
 
-Timings: median of ``--repeats`` calls after warm-up, the two sides taking turns
+Timings: median of ``--repeats`` calls after warm-up, all sides taking turns
 (``latency.paired_medians``), so each ratio is measured in one run on one machine; under
 dynjax's allocator setting, as train.py runs.
 """
@@ -28,14 +29,11 @@ _alloc.reexec(__name__)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from benchmarks.common import dynjax_timers  # noqa: E402
 from configs import mudd_tiny, tiny  # noqa: E402
 from dynjax.jsonio import command_line, publish_json  # noqa: E402
 from dynjax.measure.latency import paired_medians  # noqa: E402
-from dynjax.models import build  # noqa: E402
 from dynjax.models.muddpythia import mix  # noqa: E402
-from dynjax.models.transformer import ModelConfig  # noqa: E402
-from dynjax.train.lm import init_state, make_optimizer, make_train_step  # noqa: E402
+from dynjax.train.lm import Task  # noqa: E402
 
 C, B, T, D = 4, 32, 128, 256
 LARGE = dict(n_layers=8, d_model=256, n_heads=8, d_ff=1024)
@@ -69,32 +67,45 @@ def measure_mix(n_sources: int, repeats: int) -> dict:
             "dynjax_over_einsum": t["dynjax"] / t["einsum"], "max_abs_diff": diff}
 
 
+def trainer_step(config, tokens, family_options: bool = True):
+    """train.py's jitted step (``lm.Task.train_step``) and its first state; without
+    ``family_options``, compiled with XLA's default options instead of the family's."""
+    task = Task(config)
+    if not family_options:
+        task.hooks = task.hooks._replace(compiler_options=lambda backend: None)
+    return task.train_step(), task.init_state(jax.random.key(0))
+
+
 def measure_train_step(repeats: int) -> dict:
     tokens = jax.random.randint(jax.random.key(0), (B, T), 0, 256)
     timers, counts = {}, {}
-    for name, module, variant in (("feature_gate", tiny, "feature_gate"),
-                                  ("mudd", mudd_tiny, "mudd")):
+    for name, module, variant, own in (("feature_gate", tiny, "feature_gate", True),
+                                       ("mudd", mudd_tiny, "mudd", True),
+                                       ("mudd_default_xla", mudd_tiny, "mudd", False)):
         config = module.get_config(variant)
         config.train.batch_size, config.data.seq_len = B, T
         config.model.update(LARGE)
-        timers[name] = dynjax_timers(config, tokens)["train"]
-        counts[name] = compiled_counts(config, tokens)
+        step, state = trainer_step(config, tokens, own)
+        cost = step.lower(state, tokens).compile().cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        counts[name] = {k: float(cost[k]) for k in ("flops", "bytes accessed")}
+        timers[name] = _stepper(step, state, tokens)
     t = paired_medians(timers, repeats)
     ratio = lambda k: counts["mudd"][k] / counts["feature_gate"][k]
-    return {"feature_gate_s": t["feature_gate"], "mudd_s": t["mudd"],
+    return {**{f"{k}_s": v for k, v in t.items()},
             "mudd_over_feature_gate": t["mudd"] / t["feature_gate"],
+            "mudd_default_xla_over_feature_gate": t["mudd_default_xla"] / t["feature_gate"],
             "xla_counts": counts, "flops_ratio": ratio("flops"),
             "bytes_accessed_ratio": ratio("bytes accessed")}
 
 
-def compiled_counts(config, tokens) -> dict:
-    """XLA's FLOP and bytes-accessed counts of the compiled train step."""
-    model = build(ModelConfig.from_dict(config.model.to_dict()))
-    step = jax.jit(make_train_step(model, make_optimizer(config.train)))
-    state = jax.eval_shape(lambda: init_state(config, model, jax.random.key(0)))
-    cost = step.lower(state, tokens).compile().cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
-    return {k: float(cost[k]) for k in ("flops", "bytes accessed")}
+def _stepper(step, state, tokens):
+    box = {"state": state}
+
+    def run():
+        box["state"], metrics = step(box["state"], tokens)
+        return metrics["loss"]
+    return run
 
 
 def main():

@@ -102,6 +102,39 @@ def test_compiled_forward_evaluates_rotary_angles_once_per_position():
     assert evaluated == [f"f32[{T},{half}] cosine(", f"f32[{T},{half}] sine("]
 
 
+def _reductions_in_ynn_fusions(hlo: str) -> int:
+    """``reduce`` instructions inside the computations that YNNPACK fusions call."""
+    import re
+
+    called = set(re.findall(r"%ynn_fusion[\w.]* = .*?calls=%([\w.\-]+)", hlo))
+    count, current = 0, None
+    for line in hlo.splitlines():
+        header = re.match(r"^%([\w.\-]+) ", line)
+        if header:
+            current = header.group(1)
+        elif current in called and " reduce(" in line:
+            count += 1
+    return count
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="an XLA:CPU option")
+def test_mudd_trains_without_ynnpack_reductions(tmp_path):
+    """train.py compiles MUDD's step without XLA:CPU's YNNPACK reduce fusions (its
+    backward's sums over streams ran 2x slower in them); other families keep the default."""
+    from configs import mudd_tiny, tiny
+    from dynjax.train.lm import Task
+
+    def hlo(config):
+        config.train.batch_size, config.data.seq_len = B, T
+        config.model.update(BASE)
+        task = Task(config)
+        state = jax.eval_shape(lambda: task.init_state(jax.random.key(0)))
+        return task.train_step().lower(state, tokens()).compile().as_text()
+
+    assert _reductions_in_ynn_fusions(hlo(mudd_tiny.get_config("mudd"))) == 0
+    assert _reductions_in_ynn_fusions(hlo(tiny.get_config("feature_gate"))) > 0
+
+
 def test_block_causal_and_fused_attention_equal_full():
     kq, kk, kv = jax.random.split(jax.random.key(0), 3)
     q, k, v = (jax.random.normal(key, (B, T, 2, 8)) for key in (kq, kk, kv))

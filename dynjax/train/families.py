@@ -2,7 +2,8 @@
 
 A family may resolve config fields only it understands (the gates family's mass-matched
 uniform gate), add metrics of its coefficients to the train step (gate mass per layer)
-and turn them into log fields. Families without hooks get :data:`NONE`.
+and turn them into log fields, and compile its train step with its own XLA options (MUDD on
+the CPU). Families without hooks get :data:`NONE`.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ class Hooks(NamedTuple):
     resolve: Callable = _no_mass_match   # config -> config (a plain copy, editable)
     step_metrics: Callable = lambda coeffs: {}   # coeffs -> {name: array}, inside jit
     log_fields: Callable = lambda metrics: {}    # host metrics -> {name: JSON value}
+    compiler_options: Callable = lambda backend: None  # backend -> the train step's XLA options
 
 
 NONE = Hooks()
@@ -59,7 +61,20 @@ def gate_mass_fields(metrics) -> dict:
             "gate_mass": float(np.mean(metrics["gate_mass_per_layer"]))}
 
 
-HOOKS = {"gates": Hooks(resolve=mass_match, step_metrics=gate_mass, log_fields=gate_mass_fields)}
+def no_ynn_reduce_on_cpu(backend: str):
+    """XLA:CPU's default YNNPACK fusions (reductions and single dots) less the reductions.
+
+    MUDD's backward sums each source's gradient over the C streams of every later layer: a
+    reduction over the outermost axis of (C, B, T, D), which the YNNPACK reduce fusion runs
+    slowly. Without it the 8-layer MUDD train step takes 0.76x the time
+    (``results/mudd_mix.json``); dense and FeatureGate lost 3-10% in a quick trial, so only
+    MUDD asks."""
+    return ({"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
+            if backend == "cpu" else None)
+
+
+HOOKS = {"gates": Hooks(resolve=mass_match, step_metrics=gate_mass, log_fields=gate_mass_fields),
+         "mudd": Hooks(compiler_options=no_ynn_reduce_on_cpu)}
 
 
 def hooks_of(family: str) -> Hooks:

@@ -105,7 +105,8 @@ class Task:
         return jax.jit(traced_under(make_train_step(self.model, self.tx), self.mesh, self.rules),
                        in_shardings=(self.state_shardings, self.rows),
                        out_shardings=(self.state_shardings, sharding.replicated(self.mesh)),
-                       donate_argnums=0)
+                       donate_argnums=0,
+                       compiler_options=self.hooks.compiler_options(jax.default_backend()))
 
     def batch(self, step: int) -> tuple:
         dc, tc, seed = self.config.data, self.config.train, self.config.seed
