@@ -14,8 +14,8 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from dynjax import errors, scorecard
-from dynjax.jsonio import command_line
 from dynjax.audit import run as audit_run
+from dynjax.jsonio import command_line
 
 config_flags.DEFINE_config_file("config", "configs/scorecard.py", "configs/NAME.py",
                                 lock_config=True)

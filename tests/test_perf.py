@@ -3,6 +3,7 @@ for training; block-causal attention equals the full T x T form within float tol
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -104,8 +105,6 @@ def test_compiled_forward_evaluates_rotary_angles_once_per_position():
 
 def _reductions_in_ynn_fusions(hlo: str) -> int:
     """``reduce`` instructions inside the computations that YNNPACK fusions call."""
-    import re
-
     called = set(re.findall(r"%ynn_fusion[\w.]* = .*?calls=%([\w.\-]+)", hlo))
     count, current = 0, None
     for line in hlo.splitlines():
@@ -118,7 +117,7 @@ def _reductions_in_ynn_fusions(hlo: str) -> int:
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="an XLA:CPU option")
-def test_mudd_trains_without_ynnpack_reductions(tmp_path):
+def test_mudd_trains_without_ynnpack_reductions():
     """train.py compiles MUDD's step without XLA:CPU's YNNPACK reduce fusions (its
     backward's sums over streams ran 2x slower in them); other families keep the default."""
     from configs import mudd_tiny, tiny
