@@ -3,13 +3,16 @@
     python audit.py --config=configs/audit_tiny.py --out=DIR --checkpoints RUN_DIR [RUN_DIR ...]
     python audit.py --config=configs/audit_muddpythia.py --muddpythia=HF_DIR --out=DIR \
         --config.data.validation_path=wiki.valid.raw --config.data.test_path=wiki.test.raw
+    python audit.py --combine=AUDIT_DIR,AUDIT_DIR[,...] --out=DIR   # audits run apart, as one
 
 Records every evaluation window's coefficients under jit, replays them with the controller
 disabled and stops with an error unless the logits match bit for bit, then replays each
 condition (cross-input derangement, token shuffle, both, Layer×PositionMean, the static
 profile, the structure-removed reference) and reports ΔNLL against Correct: checkpoint-level
 bootstrap CIs, exact sign-flip p-values, Holm over the factorial effects, retention and the
-prespecified criteria. Each RUN_DIR (one seed) is one unit of inference.
+prespecified criteria. Each RUN_DIR (one seed) is one unit of inference. Seeds audited
+apart (each as it finishes training, or on different machines) combine into the same
+checkpoint-level statistics with ``--combine`` (same config and windows required).
 
 RUN_DIRs may be train.py runs (any family with coefficients: gates, MUDD, MoD, MoE, MoDE;
 windows are token windows, the loss their mean next-token NLL) or classifier runs
@@ -35,10 +38,22 @@ config_flags.DEFINE_config_file("config", "configs/audit_tiny.py", "configs/NAME
 flags.DEFINE_list("checkpoints", [], "run directories written by train.py "
                   "(further run directories may follow as positional arguments)")
 flags.DEFINE_string("muddpythia", None, "a local MUDDPythia HF directory to audit instead")
+flags.DEFINE_list("combine", [], "audit.py --out directories of the same config and windows "
+                  "(one per seed, audited apart) to combine into one audit")
 flags.DEFINE_string("out", None, "output directory: results.json, report.md, plots")
 flags.mark_flag_as_required("out")
 
 distributed.define_flags(flags)
+
+
+def audit_or_combine(run_dirs):
+    F = flags.FLAGS
+    if not F.combine:
+        return run.audit_from_config(F.config, run_dirs, F.muddpythia, F.out)
+    if run_dirs or F.muddpythia:
+        raise run.AuditError("--combine joins finished audits; drop --checkpoints / "
+                             "--muddpythia (audit those apart first)")
+    return run.combine_dirs(F.combine, F.out)
 
 
 def main(argv):
@@ -46,10 +61,8 @@ def main(argv):
     # many hosts: --coordinator_address/--num_processes/--process_id or --distributed
     errors.run_program("audit.py", lambda: distributed.initialize_from_flags(flags))
     run_dirs = list(flags.FLAGS.checkpoints) + list(argv[1:])
-    results = errors.run_program(
-        "audit.py", lambda: run.audit_from_config(flags.FLAGS.config, run_dirs,
-                                                  flags.FLAGS.muddpythia, flags.FLAGS.out),
-        errors=(run.AuditError, run.ReplayError))
+    results = errors.run_program("audit.py", lambda: audit_or_combine(run_dirs),
+                                 errors=(run.AuditError, run.ReplayError))
     print(run.verdict_table(results))
     print(f"wrote {flags.FLAGS.out}/results.json, report.md and plots")
 

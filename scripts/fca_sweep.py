@@ -19,16 +19,22 @@ Each FeatureGate / MUDD row (one setting, its three seeds) is audited with the p
 protocol: 512 calibration and 512 evaluation windows, R = 20 (configs/audit_tiny.py with
 those overrides, through dynjax.audit.run, the program behind audit.py); each seed is one unit.
 
-Work goes cheapest first (a row's cost ~ steps x layers x d^2), a row's three seeds and then
-its audit, so a partial sweep leaves whole rows. Rerunning skips finished runs and audits and
-resumes an interrupted run from its last checkpoint (train.py's resume), so the same command
-continues after a kill, on this machine or another. ``--budget-minutes`` stops starting new
-work once that much time has passed, so one bounded device call does as much as fits.
+Work goes cheapest first (a row's cost ~ steps x layers x d^2). Within a row each seed is
+audited as soon as it has trained, and the row's audit combines the three (audit.py
+--combine: the same numbers as one audit of all three), so a stopped sweep keeps every
+finished seed's audit, and that seed's checkpoint is no longer needed. Rerunning skips
+finished runs and audits and resumes an interrupted run from its last checkpoint (train.py's
+resume), so the same command continues after a kill, on this machine or another.
+``--budget-minutes`` stops starting new work once that much time has passed, so one bounded
+device call does as much as fits.
 Each run records where it ran (``RUN/sweep_device.json``); the report names it per row.
 A device call does only the rows it is given (``--rows``) and sends back, in one archive, all
 but the checkpoints (``--export``); ``--import`` adds what this sweep has not done, and a
-trained run counts as done here when its row's audit came with it.
+trained run counts as done here when its audit came with it.
 (``bash scripts/gpu_checks.sh sweep`` is that device call.)
+``--report`` carries forward each row the report already in ``--out`` holds more of than
+``--runs`` does (marked † in the table): run directories outlive neither a lost machine nor a
+fresh clone, the committed report does. ``--fresh`` reports ``--runs`` alone.
 On a machine without the registries (a device machine), copy the four text archives
 (``python -m dynjax.data.fetch`` puts them in .data/) to a directory and set $DYNJAX_DATA to it.
 """
@@ -88,6 +94,12 @@ def audit_dir(runs: pathlib.Path, row) -> pathlib.Path:
     return runs / "audit" / row_name(row)
 
 
+def seed_audit_dir(runs: pathlib.Path, row, seed: int) -> pathlib.Path:
+    """One seed's own audit, made as soon as it finished training; the row's audit combines
+    its seeds' (audit.py --combine)."""
+    return runs / "audit" / run_dir(runs, row, seed).name
+
+
 def train_config(row, seed: int):
     """The resolved training config of one run: the family's tiny config, the size's
     overrides, the sweep's data, steps and seed."""
@@ -133,22 +145,30 @@ def run_finished(path: pathlib.Path, steps: int) -> bool:
 
 def run_done(runs: pathlib.Path, row, seed: int) -> bool:
     """Nothing left to train: finished, or trained and nothing more needs its checkpoint (an
-    unaudited row, or an audit already done), as an imported device run comes back."""
+    unaudited row, or its audit already done), as an imported device run comes back."""
     path = run_dir(runs, row, seed)
     return run_finished(path, row["steps"]) or (run_trained(path, row["steps"]) and (
-        not row["audited"] or audit_finished(runs, row)))
+        not row["audited"] or seed_audited(runs, row, seed)))
+
+
+def _audited_names(path: pathlib.Path) -> list | None:
+    try:
+        return sorted(c.get("name") for c in
+                      json.loads((path / "results.json").read_text())["meta"]["checkpoints"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def audit_finished(runs: pathlib.Path, row) -> bool:
     """An audit counts only if it audited exactly this row's seeds."""
-    path = audit_dir(runs, row) / "results.json"
-    if not path.exists():
-        return False
-    try:
-        names = [c.get("name") for c in json.loads(path.read_text())["meta"]["checkpoints"]]
-    except (ValueError, KeyError, TypeError):
-        return False
-    return sorted(names) == sorted(run_dir(runs, row, s).name for s in SEEDS)
+    return _audited_names(audit_dir(runs, row)) == \
+        sorted(run_dir(runs, row, s).name for s in SEEDS)
+
+
+def seed_audited(runs: pathlib.Path, row, seed: int) -> bool:
+    """The seed's own audit is done, or the row's (which holds it)."""
+    return audit_finished(runs, row) or \
+        _audited_names(seed_audit_dir(runs, row, seed)) == [run_dir(runs, row, seed).name]
 
 
 def audit_config():
@@ -170,8 +190,9 @@ def device_info() -> dict:
 
 
 def work(runs: pathlib.Path, rows: str | None = None):
-    """The remaining work items, in order: ("train", row, seed) and ("audit", row). ``rows``:
-    comma-separated parts of row names; only rows whose name contains one are planned."""
+    """The remaining work items, in order: ("train", row, seed), ("audit", row, seed) right
+    after it (an audited row), then ("combine", row, None). ``rows``: comma-separated parts of
+    row names; only rows whose name contains one are planned."""
     parts = [r for r in (rows or "").split(",") if r]
     items = []
     for row in planned_rows():
@@ -180,8 +201,10 @@ def work(runs: pathlib.Path, rows: str | None = None):
         for seed in SEEDS:
             if not run_done(runs, row, seed):
                 items.append(("train", row, seed))
+            if row["audited"] and not seed_audited(runs, row, seed):
+                items.append(("audit", row, seed))
         if row["audited"] and not audit_finished(runs, row):
-            items.append(("audit", row, None))
+            items.append(("combine", row, None))
     return items
 
 
@@ -214,12 +237,17 @@ def run_sweep(runs: pathlib.Path, budget_s: float | None, log=print, rows=None) 
             result = train(train_config(row, seed), str(path), progress=False)
             write_json_atomic(path / "sweep_device.json", device_info())
             log(f"  test {result['test']['bpb']:.4f} bits/byte")
+        elif kind == "audit":
+            if not run_finished(run_dir(runs, row, seed), row["steps"]):
+                continue  # the seed failed to finish; the next invocation retries it
+            audit_run.audit_from_config(audit_config(), [str(run_dir(runs, row, seed))],
+                                        out=str(seed_audit_dir(runs, row, seed)),
+                                        progress=False, log=log)
         else:
-            if not all(run_finished(run_dir(runs, row, s), row["steps"]) for s in SEEDS):
-                continue  # a seed failed to finish; the next invocation retries it
-            audit_run.audit_from_config(audit_config(), [str(run_dir(runs, row, s))
-                                                         for s in SEEDS],
-                                        out=str(audit_dir(runs, row)), progress=False, log=log)
+            if not all(seed_audited(runs, row, s) for s in SEEDS):
+                continue
+            audit_run.combine_dirs([str(seed_audit_dir(runs, row, s)) for s in SEEDS],
+                                   out=str(audit_dir(runs, row)))
         with open(runs / "sweep_log.jsonl", "a") as f:
             f.write(json.dumps({"item": describe(item), "seconds": time.monotonic() - start,
                                 "device": device_info(), "time": time.time()}) + "\n")
@@ -251,8 +279,9 @@ def export_runs(runs: pathlib.Path, archive: pathlib.Path) -> None:
 def import_runs(archive: pathlib.Path, runs: pathlib.Path) -> list:
     """Add an exported sweep to ``runs``: each run it trained that ``runs`` has not (a partial
     local run is replaced) and each audit it finished that ``runs`` has not; its work log's new
-    lines are appended. Returns what was added. A run that comes without its row's audit has no
-    checkpoint to audit, so the sweep here trains it again."""
+    lines are appended; a run's own audit comes with it. Returns what was added. A run that
+    comes without its audit (its own or its row's) has no checkpoint to audit, so the sweep
+    here trains it again."""
     import shutil
     import tarfile
     import tempfile
@@ -264,9 +293,11 @@ def import_runs(archive: pathlib.Path, runs: pathlib.Path) -> list:
         with tarfile.open(archive) as tar:
             tar.extractall(tmp, filter="data")
         for row in planned_rows():
-            moves = [(run_dir(tmp, row, s), run_dir(runs, row, s)) for s in SEEDS
-                     if run_trained(run_dir(tmp, row, s), row["steps"])
+            seeds = [s for s in SEEDS if run_trained(run_dir(tmp, row, s), row["steps"])
                      and not run_trained(run_dir(runs, row, s), row["steps"])]
+            moves = [(run_dir(tmp, row, s), run_dir(runs, row, s)) for s in seeds]
+            moves += [(seed_audit_dir(tmp, row, s), seed_audit_dir(runs, row, s)) for s in seeds
+                      if row["audited"] and _audited_names(seed_audit_dir(tmp, row, s))]
             if row["audited"] and audit_finished(tmp, row) and not audit_finished(runs, row):
                 moves.append((audit_dir(tmp, row), audit_dir(runs, row)))
             for src, dst in moves:
@@ -345,6 +376,30 @@ def collect(runs: pathlib.Path) -> dict:
             "data_source": DATA_SOURCE, "batch": BATCH, "seq_len": SEQ_LEN}
 
 
+def _progress(rec) -> tuple:
+    return rec["audit"] is not None, len(rec["test_bpb"])
+
+
+def carry_forward(data: dict, previous: dict | None) -> dict:
+    """``data`` with each row that ``previous`` (an earlier report's results.json) holds more
+    of taken from it, whole and marked ``carried`` with that report's date and command: the
+    runs behind an earlier report may live on a machine since lost, and a report from a new
+    runs directory must not drop them. A row is never mixed from two sweeps."""
+    if not previous:
+        return data
+    earlier = {r["name"]: r for r in previous.get("rows", [])}
+    rows = []
+    for rec in data["rows"]:
+        old = earlier.get(rec["name"])
+        if old is not None and _progress(old) > _progress(rec):
+            old = dict(old, test_bpb={int(s): v for s, v in old["test_bpb"].items()})
+            old.setdefault("carried", {"generated": previous.get("generated"),
+                                       "command": previous.get("command")})
+            rec = old
+        rows.append(rec)
+    return dict(data, rows=rows)
+
+
 def _ratio(x: float) -> str:
     """3 significant figures without an exponent: 5.53, 75.8, 2,010."""
     return f"{float(f'{x:.3g}'):,.0f}" if abs(x) >= 100 else f"{x:.3g}"
@@ -393,7 +448,7 @@ def render_table(data: dict, command: str) -> str:
                        f" | {_cell(a['retention'], '{:.1%}')} | "
                        f"{_met(a['verdicts'].get('practically_small'))} | "
                        f"{_met(a['verdicts'].get('high_retention'))} | "
-                       f"{', '.join(r['devices'])} |")
+                       f"{_where(r)} |")
         ref = " | ".join(f"{paper['conditions'][c]:+.3g}" if c in paper["conditions"] else "—"
                          for c in CONDITIONS)
         out += [f"| paper: {paper['model']} | | | | {ref} | {paper['retention']:.1%} | | | |",
@@ -424,11 +479,24 @@ def render_table(data: dict, command: str) -> str:
         mean = sum(r["test_bpb"].values()) / len(r["test_bpb"])
         out.append(f"| {r['size']} | {r['variant']} | {r['steps']} | {r['tokens']:,} | " +
                    " | ".join("—" if v is None else f"{v:.4f}" for v in vals) +
-                   f" | {mean:.4f} | {', '.join(r['devices'])} |")
+                   f" | {mean:.4f} | {_where(r)} |")
     left = [r["name"] for r in rows if (r["audited"] and r["audit"] is None) or
             len(r["test_bpb"]) < len(data["seeds"])]
     out += ["", "Not finished yet: " + (", ".join(left) if left else "nothing") + "."]
+    carried = {(r["carried"]["generated"], r["carried"]["command"]): [] for r in rows
+               if r.get("carried")}
+    for r in rows:
+        if r.get("carried"):
+            carried[(r["carried"]["generated"], r["carried"]["command"])].append(r["name"])
+    for (generated, cmd), names in carried.items():
+        out += ["", f"† Carried from the report of {generated} (`{cmd}`), whose runs are not "
+                f"under this one's --runs: {', '.join(names)}."]
     return "\n".join(out) + "\n"
+
+
+def _where(r) -> str:
+    """The row's devices, marked † when the row was carried from an earlier report."""
+    return ", ".join(r["devices"]) + (" †" if r.get("carried") else "")
 
 
 def _labels(rows, variant) -> list:
@@ -512,8 +580,9 @@ def plot_family(data: dict, variant: str):
     return fig
 
 
-def write_report(runs: pathlib.Path, out: pathlib.Path, argv) -> None:
-    """table.md, results.json, featuregate.png, mudd.png into ``out``, as one atomic unit."""
+def write_report(runs: pathlib.Path, out: pathlib.Path, argv, carry: bool = True) -> None:
+    """table.md, results.json, featuregate.png, mudd.png into ``out``, as one atomic unit;
+    rows the report already in ``out`` holds more of are carried forward (``carry_forward``)."""
     import tempfile
 
     from dynjax.audit.report import _move_into_place, _save_fig
@@ -522,6 +591,8 @@ def write_report(runs: pathlib.Path, out: pathlib.Path, argv) -> None:
     if not runs.is_dir():
         raise SystemExit(f"fca_sweep.py: error: --runs={runs} does not exist")
     data = collect(runs)
+    if carry:
+        data = carry_forward(data, _read_json(out / "results.json"))
     if not any(r["test_bpb"] for r in data["rows"]):
         raise SystemExit(f"fca_sweep.py: error: no finished run under {runs} yet; run the "
                          "sweep first (`--plan` lists what is left)")
@@ -550,6 +621,9 @@ def main(argv=None):
                    help="write the table, JSON and figures from whatever has finished")
     p.add_argument("--out", default=str(ROOT / "results" / "fca_sweep"),
                    help="--report's output directory")
+    p.add_argument("--fresh", action="store_true",
+                   help="--report from --runs alone, not carrying forward the rows of the "
+                        "report already in --out")
     p.add_argument("--rows", default=None,
                    help="plan only rows whose name contains one of these comma-separated "
                         "parts, e.g. --rows=large (a device call for the larger size)")
@@ -574,7 +648,8 @@ def main(argv=None):
         print("\n".join(describe(i) for i in left) or "nothing left: the sweep is complete")
         return
     if args.report:
-        write_report(runs, pathlib.Path(args.out), argv if argv is not None else sys.argv[1:])
+        write_report(runs, pathlib.Path(args.out), argv if argv is not None else sys.argv[1:],
+                     carry=not args.fresh)
         return
     from dynjax.audit.run import AuditError, ReplayError
     from dynjax.data.text import DataError

@@ -228,6 +228,60 @@ def test_checkpoint_level_statistics_and_criteria():
     assert res["conditions"]["static_profile"]["verdicts"]["practically_small"]["met"] is False
 
 
+@pytest.fixture(scope="module")
+def fg_run_seed1(tmp_path_factory):
+    """fg_run's config with seed 1: a second unit."""
+    from dynjax.train.loop import train
+
+    c = tiny_config("feature_gate", n_layers=2)
+    c.train.update(steps=60, ckpt_every=60, warmup_steps=5, lr=1e-2)
+    c.seed = 1
+    workdir = tmp_path_factory.mktemp("fg_run_seed1")
+    train(c, str(workdir), progress=False)
+    return str(workdir)
+
+
+def test_seeds_audited_apart_combine_to_the_joint_audit(fg_run, fg_run_seed1, tmp_path):
+    """Each seed audited as it finishes, then --combine: the same checkpoint-level numbers
+    (CIs, p-values, retention, verdicts, effects) as auditing both seeds in one run."""
+    from dynjax.audit.report import to_jsonable
+
+    cfg, quiet = small(audit_tiny.get_config()), (lambda *_: None)
+    joint = to_jsonable(run.audit_from_config(cfg, [fg_run, fg_run_seed1], progress=False,
+                                              log=quiet))
+    parts = [str(tmp_path / f"seed{i}") for i in range(2)]
+    for d, out in zip((fg_run, fg_run_seed1), parts):
+        run.audit_from_config(cfg, [d], out=out, progress=False, log=quiet)
+    run.combine_dirs(parts, out=str(tmp_path / "combined"))
+    with open(tmp_path / "combined" / "results.json") as f:
+        combined = json.load(f)
+    assert combined["unit"] == joint["unit"] == stats.UNIT_CHECKPOINT
+    assert combined["conditions"] == joint["conditions"]
+    assert combined["effects"] == joint["effects"]
+    assert combined["replay"] == joint["replay"]
+    assert combined["conditions"]["static_profile"]["label"] == "LayerMean"
+    assert [c["params_sha256"] for c in combined["meta"]["checkpoints"]] == \
+        [c["params_sha256"] for c in joint["meta"]["checkpoints"]]
+    assert [p["checkpoints"] for p in combined["meta"]["combined_from"]] == \
+        [[pathlib.Path(fg_run).name], [pathlib.Path(fg_run_seed1).name]]
+    np.testing.assert_allclose(combined["profiles"]["heatmap"], joint["profiles"]["heatmap"],
+                               rtol=1e-12)
+    assert os.path.exists(tmp_path / "combined" / "report.md")
+
+    with pytest.raises(AuditError, match="at least two checkpoints"):
+        run.combine_dirs(parts[:1])
+    with pytest.raises(AuditError, match="appears twice"):
+        run.combine_dirs([parts[0], parts[0]])
+    with pytest.raises(AuditError, match="cannot read .*pass directories written by audit.py"):
+        run.combine_dirs([parts[0], str(tmp_path / "missing")])
+    other = small(audit_tiny.get_config())
+    other.reassignments = R + 1
+    run.audit_from_config(other, [fg_run_seed1], out=str(tmp_path / "r5"), progress=False,
+                          log=quiet)
+    with pytest.raises(AuditError, match="audit 2 differs from audit 1 in its settings"):
+        run.combine_dirs([parts[0], str(tmp_path / "r5")])
+
+
 def test_bad_input_names_the_fix(tmp_path, fg_run):
     cfg = small(audit_tiny.get_config())
     with pytest.raises(AuditError, match="does not exist; train one first"):

@@ -40,6 +40,14 @@ def _finish_audit(runs, row, scale):
     (sweep.audit_dir(runs, row) / "results.json").write_text(json.dumps(res))
 
 
+def _finish_seed_audit(runs, row, seed):
+    """A seed's own audit, as far as the sweep's planning reads it (which checkpoint)."""
+    d = sweep.seed_audit_dir(runs, row, seed)
+    d.mkdir(parents=True)
+    (d / "results.json").write_text(json.dumps(
+        {"meta": {"checkpoints": [{"name": sweep.run_dir(runs, row, seed).name}]}}))
+
+
 def test_order_resume_and_report(tmp_path):
     rows = sweep.planned_rows()
     assert [sweep.row_name(r) for r in rows[:2]] == ["tiny_feature_gate_400", "tiny_mudd_400"]
@@ -53,9 +61,11 @@ def test_order_resume_and_report(tmp_path):
     with pytest.raises(SystemExit, match="does not exist"):
         sweep.main([f"--runs={runs}", "--report", f"--out={tmp_path / 'out'}"])
     first = sweep.work(runs)
-    assert [sweep.describe(i) for i in first[:4]] == [
-        "train tiny_feature_gate_400 seed 0", "train tiny_feature_gate_400 seed 1",
-        "train tiny_feature_gate_400 seed 2", "audit tiny_feature_gate_400"]
+    assert [sweep.describe(i) for i in first[:8]] == [   # each seed audited once trained
+        "train tiny_feature_gate_400 seed 0", "audit tiny_feature_gate_400 seed 0",
+        "train tiny_feature_gate_400 seed 1", "audit tiny_feature_gate_400 seed 1",
+        "train tiny_feature_gate_400 seed 2", "audit tiny_feature_gate_400 seed 2",
+        "combine tiny_feature_gate_400", "train tiny_mudd_400 seed 0"]
     runs.mkdir()
     with pytest.raises(SystemExit, match="no finished run"):
         sweep.main([f"--runs={runs}", "--report", f"--out={tmp_path / 'out'}"])
@@ -64,8 +74,21 @@ def test_order_resume_and_report(tmp_path):
             _finish_run(runs, row, seed, 2.5 + seed / 100)
         _finish_audit(runs, row, scale)
     left = sweep.work(runs)
-    assert len(left) == len(first) - 8 and sweep.describe(left[0]).startswith(
+    assert len(left) == len(first) - 14 and sweep.describe(left[0]).startswith(
         "train tiny_feature_gate_1500")
+    row = sweep.planned_rows()[2]
+    _finish_run(runs, row, 0, 2.4)
+    _finish_seed_audit(runs, row, 0)        # a stopped sweep: seed 0 trained and audited,
+    _finish_run(runs, row, 1, 2.4)          # seed 1 trained, not yet audited
+    assert [sweep.describe(i) for i in sweep.work(runs)[:4]] == [
+        "audit tiny_feature_gate_1500 seed 1", "train tiny_feature_gate_1500 seed 2",
+        "audit tiny_feature_gate_1500 seed 2", "combine tiny_feature_gate_1500"]
+    import shutil
+    shutil.rmtree(sweep.run_dir(runs, row, 0) / "checkpoints")   # audited: not needed
+    assert sweep.run_done(runs, row, 0) and not sweep.run_done(runs, row, 2)
+    for seed in (0, 1):
+        shutil.rmtree(sweep.run_dir(runs, row, seed))
+    shutil.rmtree(sweep.seed_audit_dir(runs, row, 0))
 
     out = tmp_path / "out"
     sweep.main([f"--runs={runs}", "--report", f"--out={out}"])
@@ -92,13 +115,16 @@ def test_device_rows_travel_back_without_checkpoints_and_count_as_done(tmp_path)
     fg, mudd = rows["large_feature_gate_3000"], rows["large_mudd_3000"]
     device, local = tmp_path / "device", tmp_path / "local"
     assert [sweep.describe(i) for i in sweep.work(device, "large_mudd")] == [
-        "train large_mudd_3000 seed 0", "train large_mudd_3000 seed 1",
-        "train large_mudd_3000 seed 2", "audit large_mudd_3000"]
+        "train large_mudd_3000 seed 0", "audit large_mudd_3000 seed 0",
+        "train large_mudd_3000 seed 1", "audit large_mudd_3000 seed 1",
+        "train large_mudd_3000 seed 2", "audit large_mudd_3000 seed 2",
+        "combine large_mudd_3000"]
     assert {i[1]["size"] for i in sweep.work(device, "large")} == {"large"}
     for seed in sweep.SEEDS:
         _finish_run(device, fg, seed, 2.0 + seed / 100)
         _finish_run(device, mudd, seed, 1.9)
-    _finish_audit(device, fg, 0.01)                       # MUDD's audit did not fit
+    _finish_audit(device, fg, 0.01)                       # MUDD's row audit did not fit,
+    _finish_seed_audit(device, mudd, 0)                   # its seed 0's own audit did
     (device / "sweep_log.jsonl").write_text('{"item": "train large_feature_gate_3000 seed 0"}\n')
     _finish_run(local, fg, 1, 2.5)                        # finished here already: kept
     partial = sweep.run_dir(local, mudd, 0) / "checkpoints" / "500"
@@ -114,14 +140,16 @@ def test_device_rows_travel_back_without_checkpoints_and_count_as_done(tmp_path)
     added = sweep.import_runs(tmp_path / "sweep.tgz", local)
     assert sorted(added) == sorted(["large_feature_gate_3000_s0", "large_feature_gate_3000_s2",
                                     "audit/large_feature_gate_3000", "large_mudd_3000_s0",
-                                    "large_mudd_3000_s1", "large_mudd_3000_s2"])
+                                    "audit/large_mudd_3000_s0", "large_mudd_3000_s1",
+                                    "large_mudd_3000_s2"])
     assert json.loads((sweep.run_dir(local, fg, 1) / "eval.json").read_text())["test"][
         "bpb"] == 2.5
     assert not partial.exists()
     assert (local / "sweep_log.jsonl").read_text().count("large_feature_gate_3000") == 1
     left = [sweep.describe(i) for i in sweep.work(local, "large")]
-    assert left == ["train large_mudd_3000 seed 0", "train large_mudd_3000 seed 1",
-                    "train large_mudd_3000 seed 2", "audit large_mudd_3000"]
+    assert left == ["train large_mudd_3000 seed 1", "audit large_mudd_3000 seed 1",
+                    "train large_mudd_3000 seed 2", "audit large_mudd_3000 seed 2",
+                    "combine large_mudd_3000"]
     bpb = {r["name"]: r["test_bpb"] for r in sweep.collect(local)["rows"]}
     assert bpb["large_feature_gate_3000"] == {0: 2.0, 1: 2.5, 2: 2.02}
     assert sweep.import_runs(tmp_path / "sweep.tgz", local) == []   # idempotent
@@ -129,3 +157,46 @@ def test_device_rows_travel_back_without_checkpoints_and_count_as_done(tmp_path)
     assert not list(local.glob(".import-*"))
     with pytest.raises(SystemExit, match="is not a file"):
         sweep.main([f"--runs={local}", f"--import={tmp_path / 'missing.tgz'}"])
+
+
+def test_report_carries_forward_rows_whose_runs_are_gone(tmp_path):
+    """A report from a new runs directory (a fresh machine) keeps, whole and marked, each row
+    the earlier report holds more of; a row the new runs hold as much of comes from them;
+    --fresh reports the new runs alone."""
+    rows = {sweep.row_name(r): r for r in sweep.planned_rows()}
+    fg, mudd = rows["tiny_feature_gate_400"], rows["tiny_mudd_400"]
+    old, new, out = tmp_path / "old", tmp_path / "new", tmp_path / "out"
+    for seed in sweep.SEEDS:
+        _finish_run(old, fg, seed, 2.6)
+    _finish_audit(old, fg, 0.01)
+    _finish_run(old, mudd, 0, 2.7)
+    sweep.main([f"--runs={old}", "--report", f"--out={out}"])
+    _finish_run(new, mudd, 0, 2.4)                       # as far as the old row: taken
+    _finish_run(new, fg, 0, 2.3)                         # less than the old row: not taken
+    sweep.main([f"--runs={new}", "--report", f"--out={out}"])
+
+    data = json.loads((out / "results.json").read_text())
+    by_name = {r["name"]: r for r in data["rows"]}
+    assert by_name["tiny_feature_gate_400"]["test_bpb"] == {"0": 2.6, "1": 2.6, "2": 2.6}
+    assert by_name["tiny_feature_gate_400"]["audit"]["conditions"]["cross_input"][
+        "estimate"] == 0.01
+    assert by_name["tiny_feature_gate_400"]["carried"]["command"] == \
+        f"python scripts/fca_sweep.py --runs={old} --report --out={out}"
+    assert by_name["tiny_mudd_400"]["test_bpb"] == {"0": 2.4}
+    assert "carried" not in by_name["tiny_mudd_400"]
+    md = (out / "table.md").read_text()
+    assert "| tiny | feature_gate | 400 | 1,638,400 | 2.6000 | 2.6000 | 2.6000 | 2.6000 | " \
+           "cpu (cpu) † |" in md
+    assert "| tiny | mudd | 400 | 1,638,400 | 2.4000 | — | — | 2.4000 | cpu (cpu) |" in md
+    assert f"(`python scripts/fca_sweep.py --runs={old} --report --out={out}`)" in md
+    assert md.count("†") == 3                 # two rows of the FeatureGate run, one footnote
+
+    sweep.main([f"--runs={new}", "--report", f"--out={out}"])     # carried again, same source
+    again = json.loads((out / "results.json").read_text())
+    assert {r["name"]: r.get("carried") for r in again["rows"]} == \
+        {r["name"]: r.get("carried") for r in data["rows"]}
+    sweep.main([f"--runs={new}", "--report", f"--out={out}", "--fresh"])
+    fresh = {r["name"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    assert fresh["tiny_feature_gate_400"]["test_bpb"] == {"0": 2.3}
+    assert fresh["tiny_feature_gate_400"]["audit"] is None
+    assert "†" not in (out / "table.md").read_text()

@@ -2,10 +2,13 @@
 
 :func:`audit_from_config` ties inputs.py (checkpoints, windows), the engine (per checkpoint),
 summary.py (statistics) and report.py together; :func:`audit_targets` audits several
-checkpoints on the same windows; :func:`verdict_table` prints the outcome.
+checkpoints on the same windows; :func:`combine_dirs` joins audits run apart;
+:func:`verdict_table` prints the outcome.
 """
 from __future__ import annotations
 
+import json
+import os
 import time
 from typing import Sequence
 
@@ -22,11 +25,11 @@ from dynjax.audit.placement import Placement
 from dynjax.audit.report import replay_status
 from dynjax.audit.settings import (CLASSIFY, LM, AuditError, ReplayError, Settings, Task,
                                    applicable, n_windows, window_spec, windows_sha256)
-from dynjax.audit.summary import assemble_results
+from dynjax.audit.summary import assemble_results, combine_stored
 from dynjax.jsonio import command_line
 from dynjax.parallel import distributed, sharding
 
-__all__ = ["AuditError", "ReplayError", "audit_from_config", "verdict_table"]
+__all__ = ["AuditError", "ReplayError", "audit_from_config", "combine_dirs", "verdict_table"]
 
 
 def audit_from_config(config, run_dirs: Sequence[str] = (), muddpythia_dir: str | None = None,
@@ -96,6 +99,29 @@ def audit_from_config(config, run_dirs: Sequence[str] = (), muddpythia_dir: str 
         results["meta"]["single_checkpoint_note"] = (
             "one checkpoint: intervals describe stability over evaluation windows and "
             "reassignments for this checkpoint, not uncertainty across training seeds")
+    if out and distributed.is_main():
+        report.write_report(results, out)
+    return results
+
+
+def combine_dirs(audit_dirs: Sequence[str], out: str | None = None) -> dict:
+    """Combine audits run apart (audit.py ``--out`` directories, e.g. one per seed as each
+    finished training) into one checkpoint-level audit; writes ``out`` like an audit."""
+    from dynjax.audit import report
+
+    parts = []
+    for d in audit_dirs:
+        path = os.path.join(d, "results.json")
+        try:
+            with open(path) as f:
+                parts.append(json.load(f))
+        except (OSError, ValueError) as e:
+            raise AuditError(f"cannot read {path} ({e.__class__.__name__}); pass directories "
+                             "written by audit.py --out") from None
+    if not parts:
+        raise AuditError("--combine needs the audit directories to combine")
+    results = combine_stored(parts)
+    results["meta"]["command"] = command_line()
     if out and distributed.is_main():
         report.write_report(results, out)
     return results

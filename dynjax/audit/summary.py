@@ -12,7 +12,8 @@ import jax
 import numpy as np
 
 from dynjax.audit import interventions, stats
-from dynjax.audit.settings import LM, Settings, Task, not_applicable_row, reassignment_keys
+from dynjax.audit.settings import (LM, AuditError, Settings, Task, not_applicable_row,
+                                   reassignment_keys)
 from dynjax.coeffs import is_axes
 
 RANDOMIZED_2X2 = ("cross_input", "token_shuffle", "cross_shuffle")
@@ -151,43 +152,9 @@ def assemble_results(title: str, checkpoints: Sequence[dict], infos: Sequence[di
     ``not_applicable``: conditions skipped (see :func:`applicable`), each a row without
     numbers; the factorial effects, which need them, are rows without numbers too.
     """
-    res = summarize(checkpoints, settings, schema)
-    if not_applicable:
-        labels = condition_labels(schema)
-        rows = dict(res["conditions"], **{n: not_applicable_row(why, labels.get(n, n))
-                                          for n, why in not_applicable.items()})
-        res["conditions"] = {n: rows[n] for n in interventions.CONDITIONS if n in rows}
-        missing = [n for n in RANDOMIZED_2X2 if n in not_applicable]
-        if missing and not res["effects"]:
-            why = f"the 2x2 factorial needs {' and '.join(missing)}, not applicable here"
-            res["effects"] = {n: not_applicable_row(why, n) for n in EFFECTS}
-    replays = [c["replay"] for c in checkpoints]
-    dl = [r["max_abs_dlogit"] for r in replays]
-    results = {
-        "title": title,
-        "unit": res["unit"],
-        "loss": task.description,
-        "replay": {"exact": all(r["exact"] for r in replays),
-                   "max_abs_dlogit": float(np.max(dl)),
-                   "nll": float(np.mean([r["nll"] for r in replays])),
-                   "nll_replay": float(np.mean([r["nll_replay"] for r in replays])),
-                   "per_checkpoint": replays},
-        "conditions": res["conditions"],
-        "effects": res["effects"],
-    }
-    results["replay"]["atol"] = settings.replay_atol
-    if "small_n_warning" in res:
-        results["small_n_warning"] = res["small_n_warning"]
-    if settings.variance:
-        results["variance"] = _mean_dicts([c["variance"] for c in checkpoints])
-    profs = [c.get("profiles") for c in checkpoints]
-    if profs[0] is not None and all(p is not None and np.shape(p["heatmap"]) ==
-                                    np.shape(profs[0]["heatmap"]) for p in profs):
-        heat = np.mean([p["heatmap"] for p in profs], axis=0)
-        results["profiles"] = {"heatmap": heat, "layer_mean": heat.mean(axis=1),
-                               "global_mean": float(np.mean([p["global_mean"] for p in profs]))}
-    keys = reassignment_keys(settings.seed, settings.reassignments)
-    per_ckpt = []
+    labels = condition_labels(schema)
+    res = _with_not_applicable(summarize(checkpoints, settings, schema), not_applicable, labels)
+    entries = []
     for info, c in zip(infos, checkpoints):
         entry = dict(info)
         entry.update(replay=c["replay"], constant_along=c.get("constant_along", {}),
@@ -201,8 +168,9 @@ def assemble_results(title: str, checkpoints: Sequence[dict], infos: Sequence[di
         if settings.per_window:
             entry["per_window"] = {"nll_correct": c["nll_correct"],
                                    "delta_nll": dict(c["delta"])}
-        per_ckpt.append(entry)
-    results["meta"] = {
+        entries.append(entry)
+    keys = reassignment_keys(settings.seed, settings.reassignments)
+    meta = {
         **meta,
         "settings": settings.to_dict(),
         "task": task.name,
@@ -212,11 +180,121 @@ def assemble_results(title: str, checkpoints: Sequence[dict], infos: Sequence[di
                   "prng_impl": str(jax.config.jax_default_prng_impl),
                   "key_data": np.asarray(jax.random.key_data(keys)),
                   "bootstrap_seed": settings.stats_seed},
-        "checkpoints": per_ckpt,
         "versions": {"jax": jax.__version__, "backend": jax.default_backend(),
                      "device": jax.devices()[0].device_kind},
     }
+    profiles = _pooled_profiles([(c.get("profiles"), 1) for c in checkpoints])
+    return _results(title, res, entries, settings, task.description, profiles, meta)
+
+
+def _with_not_applicable(res: dict, not_applicable: dict | None, labels: dict) -> dict:
+    """``summarize``'s sections with a numberless row for each condition skipped, and for
+    the factorial effects when they need one of those."""
+    if not not_applicable:
+        return res
+    rows = dict(res["conditions"], **{n: not_applicable_row(why, labels.get(n, n))
+                                      for n, why in not_applicable.items()})
+    res = dict(res, conditions={n: rows[n] for n in interventions.CONDITIONS if n in rows})
+    missing = [n for n in RANDOMIZED_2X2 if n in not_applicable]
+    if missing and not res["effects"]:
+        why = f"the 2x2 factorial needs {' and '.join(missing)}, not applicable here"
+        res["effects"] = {n: not_applicable_row(why, n) for n in EFFECTS}
+    return res
+
+
+def _pooled_profiles(weighted) -> dict | None:
+    """The mean coefficient profile over ``(profiles, n_checkpoints)`` pairs; None unless
+    every one has a heatmap of one shape."""
+    profs = [p for p, _ in weighted]
+    if profs[0] is None or not all(p is not None and np.shape(p["heatmap"]) ==
+                                   np.shape(profs[0]["heatmap"]) for p in profs):
+        return None
+    w = [n for _, n in weighted]
+    heat = np.average([np.asarray(p["heatmap"], np.float64) for p in profs], axis=0, weights=w)
+    return {"heatmap": heat, "layer_mean": heat.mean(axis=1),
+            "global_mean": float(np.average([p["global_mean"] for p in profs], weights=w))}
+
+
+def _results(title: str, res: dict, entries: Sequence[dict], settings: Settings, loss: str,
+             profiles: dict | None, meta: dict) -> dict:
+    """The results dict from the statistics (``res``) and the per-checkpoint entries."""
+    replays = [e["replay"] for e in entries]
+    results = {
+        "title": title,
+        "unit": res["unit"],
+        "loss": loss,
+        "replay": {"exact": all(r["exact"] for r in replays),
+                   "max_abs_dlogit": float(np.max([r["max_abs_dlogit"] for r in replays])),
+                   "nll": float(np.mean([r["nll"] for r in replays])),
+                   "nll_replay": float(np.mean([r["nll_replay"] for r in replays])),
+                   "per_checkpoint": replays, "atol": settings.replay_atol},
+        "conditions": res["conditions"],
+        "effects": res["effects"],
+    }
+    if "small_n_warning" in res:
+        results["small_n_warning"] = res["small_n_warning"]
+    if settings.variance:
+        results["variance"] = _mean_dicts([e["variance"] for e in entries])
+    if profiles is not None:
+        results["profiles"] = profiles
+    results["meta"] = {**meta, "checkpoints": list(entries)}
     return results
+
+
+# What audits run apart must share to be combined (results.json's meta keys).
+COMBINE_MUST_MATCH = ("settings", "windows", "task", "not_applicable", "seeds")
+
+
+def combine_stored(parts: Sequence[dict]) -> dict:
+    """One audit of every checkpoint in ``parts`` (results.json contents of audits run apart,
+    e.g. each seed as soon as it finished training), each checkpoint one unit. With several
+    checkpoints the statistics read only each one's mean ΔNLL, which every results.json
+    keeps, so the numbers equal those of auditing the checkpoints together. The parts must
+    share settings, windows (by sha256), task and model; else :class:`AuditError`."""
+    firsts = parts[0]["meta"]
+    for key in COMBINE_MUST_MATCH:
+        odd = [i for i, p in enumerate(parts) if p["meta"].get(key) != firsts.get(key)]
+        if odd:
+            raise AuditError(f"audit {odd[0] + 1} differs from audit 1 in its {key}; combine "
+                             "only audits run with one config on one data split (rerun it "
+                             "with the others' config)")
+    model = {p["title"].rsplit(", ", 1)[0] for p in parts}
+    if len(model) > 1:
+        raise AuditError(f"the audits are of different models ({', '.join(sorted(model))}); "
+                         "combine the checkpoints of one family and variant")
+    entries = [c for p in parts for c in p["meta"]["checkpoints"]]
+    shas = [c.get("params_sha256") for c in entries]
+    dup = next((c["name"] for c, h in zip(entries, shas) if h and shas.count(h) > 1), None)
+    if dup is not None:
+        raise AuditError(f"checkpoint {dup} appears twice (same params sha256); each "
+                         "checkpoint is one unit, pass it once")
+    if len(entries) < 2:
+        raise AuditError("combining needs at least two checkpoints; pass every seed's audit")
+    settings = _stored_settings(firsts)
+    units = [{"delta": {n: np.asarray([c["delta_nll"][n]], np.float64)
+                        for n in settings.conditions}} for c in entries]
+    labels = {n: row["label"] for n, row in parts[0]["conditions"].items()}
+    res = summarize(units, settings, {})
+    for name, row in res["conditions"].items():
+        row["label"] = labels.get(name, name)
+    res = _with_not_applicable(res, firsts["not_applicable"], labels)
+    meta = {k: v for k, v in firsts.items()
+            if k not in ("checkpoints", "single_checkpoint_note", "wall_seconds", "command")}
+    if all("run_configs" in p["meta"] for p in parts):
+        meta["run_configs"] = [c for p in parts for c in p["meta"]["run_configs"]]
+    meta["combined_from"] = [{"command": p["meta"].get("command"),
+                              "checkpoints": [c["name"] for c in p["meta"]["checkpoints"]],
+                              "wall_seconds": p["meta"].get("wall_seconds")} for p in parts]
+    profiles = _pooled_profiles([(p.get("profiles"), len(p["meta"]["checkpoints"]))
+                                 for p in parts])
+    title = f"{model.pop()}, {len(entries)} checkpoints (audited apart, combined)"
+    return _results(title, res, entries, settings, parts[0]["loss"], profiles, meta)
+
+
+def _stored_settings(meta: dict) -> Settings:
+    cfg = dict(meta["settings"])
+    cfg["criteria"] = stats.Criteria(**cfg["criteria"])
+    return Settings(**cfg)
 
 
 def summarize_stored(results: dict) -> dict | None:
@@ -225,9 +303,7 @@ def summarize_stored(results: dict) -> dict | None:
     checkpoint's mean ΔNLL, which is all the checkpoint-level statistics read) and its
     settings; None for a single checkpoint whose per-window values were not kept."""
     meta = results["meta"]
-    cfg = dict(meta["settings"])
-    cfg["criteria"] = stats.Criteria(**cfg["criteria"])
-    settings = Settings(**cfg)
+    settings = _stored_settings(meta)
     ckpts = meta["checkpoints"]
     if all("per_window" in c for c in ckpts):
         delta = [c["per_window"]["delta_nll"] for c in ckpts]
