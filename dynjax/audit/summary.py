@@ -251,14 +251,14 @@ def combine_stored(parts: Sequence[dict]) -> dict:
     checkpoints the statistics read only each one's mean ΔNLL, which every results.json
     keeps, so the numbers equal those of auditing the checkpoints together. The parts must
     share settings, windows (by sha256), task and model; else :class:`AuditError`."""
-    firsts = parts[0]["meta"]
+    first = parts[0]["meta"]
     for key in COMBINE_MUST_MATCH:
-        odd = [i for i, p in enumerate(parts) if p["meta"].get(key) != firsts.get(key)]
+        odd = [i for i, p in enumerate(parts) if p["meta"].get(key) != first.get(key)]
         if odd:
             raise AuditError(f"audit {odd[0] + 1} differs from audit 1 in its {key}; combine "
                              "only audits run with one config on one data split (rerun it "
                              "with the others' config)")
-    model = {p["title"].rsplit(", ", 1)[0] for p in parts}
+    model = {p["title"].split(", ")[0] for p in parts}
     if len(model) > 1:
         raise AuditError(f"the audits are of different models ({', '.join(sorted(model))}); "
                          "combine the checkpoints of one family and variant")
@@ -270,15 +270,15 @@ def combine_stored(parts: Sequence[dict]) -> dict:
                          "checkpoint is one unit, pass it once")
     if len(entries) < 2:
         raise AuditError("combining needs at least two checkpoints; pass every seed's audit")
-    settings = _stored_settings(firsts)
+    settings = _stored_settings(first)
     units = [{"delta": {n: np.asarray([c["delta_nll"][n]], np.float64)
                         for n in settings.conditions}} for c in entries]
     labels = {n: row["label"] for n, row in parts[0]["conditions"].items()}
     res = summarize(units, settings, {})
     for name, row in res["conditions"].items():
         row["label"] = labels.get(name, name)
-    res = _with_not_applicable(res, firsts["not_applicable"], labels)
-    meta = {k: v for k, v in firsts.items()
+    res = _with_not_applicable(res, first["not_applicable"], labels)
+    meta = {k: v for k, v in first.items()
             if k not in ("checkpoints", "single_checkpoint_note", "wall_seconds", "command")}
     if all("run_configs" in p["meta"] for p in parts):
         meta["run_configs"] = [c for p in parts for c in p["meta"]["run_configs"]]
