@@ -554,7 +554,10 @@ def plot_family(data: dict, variant: str):
                   for i, v in enumerate(cs)]
             hi = [max(v.get("ci_high") if v.get("ci_high") is not None else ys[i], 1e-6) - ys[i]
                   for i, v in enumerate(cs)]
+            # cross+shuffle lies within 2% of token shuffle: dashed and hollow, so both show
+            both = c == "cross_shuffle"
             ax.errorbar(x, ys, yerr=[lo, hi], marker=marker, color=colors[c], capsize=3,
+                        linestyle="--" if both else "-", mfc="none" if both else colors[c],
                         label=f"{c.replace('_', ' ')} ({size})")
         ret = [r["audit"]["retention"] for r in pts]
         ax_r.errorbar(x, [100 * v["estimate"] for v in ret], yerr=[
