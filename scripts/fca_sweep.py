@@ -349,35 +349,45 @@ def _devices(runs: pathlib.Path, row) -> list:
 
 def collect(runs: pathlib.Path) -> dict:
     """Everything finished under ``runs``: one record per planned row, with its audit's
-    conditions, retention and verdicts where the audit has finished."""
+    conditions, retention and verdicts where the audit has finished, else the audits of the
+    seeds audited so far (``seed_audits``)."""
     rows = []
     for row in planned_rows():
         rec = dict(row, name=row_name(row), tokens=row["steps"] * BATCH * SEQ_LEN,
                    family=FAMILIES.get(row["variant"], (None, row["variant"]))[1],
-                   test_bpb=_bpb(runs, row), devices=_devices(runs, row), audit=None)
+                   test_bpb=_bpb(runs, row), devices=_devices(runs, row), audit=None,
+                   seed_audits={})
         if row["audited"] and audit_finished(runs, row):
-            res = _read_json(audit_dir(runs, row) / "results.json")
-            conds = {k: {f: res["conditions"][k].get(f) for f in
-                         ("label", "estimate", "ci_low", "ci_high", "p", "ci_method", "note")}
-                     for k in CONDITIONS if k in res["conditions"]}
-            static = res["conditions"]["static_profile"]
-            rec["audit"] = dict(
-                dir=str(audit_dir(runs, row)), conditions=conds,
-                effects={k: {f: v.get(f) for f in ("estimate", "ci_low", "ci_high", "p_holm")}
-                         for k, v in res.get("effects", {}).items()},
-                retention={f: static.get("retention", {}).get(f)
-                           for f in ("estimate", "ci_low", "ci_high")},
-                verdicts={k: v.get("met") for k, v in (static.get("verdicts") or {}).items()},
-                replay_exact=res["replay"]["exact"], nll=res["replay"]["nll"],
-                units=len(res["meta"]["checkpoints"]),
-                windows=res["meta"].get("windows"))
+            rec["audit"] = dict(_audit_summary(audit_dir(runs, row)),
+                                dir=str(audit_dir(runs, row)))
+        elif row["audited"]:
+            rec["seed_audits"] = {s: _audit_summary(seed_audit_dir(runs, row, s))
+                                  for s in SEEDS if _audited_names(seed_audit_dir(runs, row, s))
+                                  == [run_dir(runs, row, s).name]}
         rows.append(rec)
     return {"rows": rows, "paper": PAPER, "audit_protocol": AUDIT, "seeds": list(SEEDS),
             "data_source": DATA_SOURCE, "batch": BATCH, "seq_len": SEQ_LEN}
 
 
+def _audit_summary(path: pathlib.Path) -> dict:
+    """What the report reads from an audit's results.json."""
+    res = _read_json(path / "results.json")
+    static = res["conditions"]["static_profile"]
+    return dict(
+        conditions={k: {f: res["conditions"][k].get(f) for f in
+                        ("label", "estimate", "ci_low", "ci_high", "p", "ci_method", "note")}
+                    for k in CONDITIONS if k in res["conditions"]},
+        effects={k: {f: v.get(f) for f in ("estimate", "ci_low", "ci_high", "p_holm")}
+                 for k, v in res.get("effects", {}).items()},
+        retention={f: static.get("retention", {}).get(f)
+                   for f in ("estimate", "ci_low", "ci_high")},
+        verdicts={k: v.get("met") for k, v in (static.get("verdicts") or {}).items()},
+        replay_exact=res["replay"]["exact"], nll=res["replay"]["nll"],
+        units=len(res["meta"]["checkpoints"]), windows=res["meta"].get("windows"))
+
+
 def _progress(rec) -> tuple:
-    return rec["audit"] is not None, len(rec["test_bpb"])
+    return rec["audit"] is not None, len(rec["test_bpb"]), len(rec.get("seed_audits", {}))
 
 
 def carry_forward(data: dict, previous: dict | None) -> dict:
@@ -392,7 +402,8 @@ def carry_forward(data: dict, previous: dict | None) -> dict:
     for rec in data["rows"]:
         old = earlier.get(rec["name"])
         if old is not None and _progress(old) > _progress(rec):
-            old = dict(old, test_bpb={int(s): v for s, v in old["test_bpb"].items()})
+            old = dict(old, test_bpb={int(s): v for s, v in old["test_bpb"].items()},
+                       seed_audits={int(s): v for s, v in old.get("seed_audits", {}).items()})
             old.setdefault("carried", {"generated": previous.get("generated"),
                                        "command": previous.get("command")})
             rec = old
@@ -480,6 +491,23 @@ def render_table(data: dict, command: str) -> str:
         out.append(f"| {r['size']} | {r['variant']} | {r['steps']} | {r['tokens']:,} | " +
                    " | ".join("—" if v is None else f"{v:.4f}" for v in vals) +
                    f" | {mean:.4f} | {_where(r)} |")
+    partial = [(r, s, a) for r in rows for s, a in sorted(r.get("seed_audits", {}).items())]
+    if partial:
+        out += ["", "## Seeds audited, their row not yet complete\n",
+                "(each seed audited alone: its interval is over evaluation windows and "
+                "reassignments, not seeds; the row's checkpoint-level CI comes once all "
+                f"{len(data['seeds'])} are audited)\n",
+                "| family | size | steps | seed | test bits/byte | " + " | ".join(
+                    " / ".join(dict.fromkeys(ab)) for ab in zip(*(
+                        _labels(rows, v) for v in dict.fromkeys(r["variant"]
+                                                                for r, _, _ in partial))))
+                + " | retention | device |",
+                "|---" * (len(CONDITIONS) + 7) + "|"]
+        for r, s, a in partial:
+            out.append(f"| {r['family']} | {r['size']} | {r['steps']} | {s} | "
+                       f"{r['test_bpb'][s]:.4f} | " +
+                       " | ".join(_cell(a["conditions"].get(c)) for c in CONDITIONS) +
+                       f" | {_cell(a['retention'], '{:.1%}')} | {_where(r)} |")
     left = [r["name"] for r in rows if (r["audited"] and r["audit"] is None) or
             len(r["test_bpb"]) < len(data["seeds"])]
     out += ["", "Not finished yet: " + (", ".join(left) if left else "nothing") + "."]
@@ -502,9 +530,9 @@ def _where(r) -> str:
 def _labels(rows, variant) -> list:
     """The audit's own condition labels for a family (LayerMean, StaticMixMean, ...)."""
     for r in rows:
-        if r["variant"] == variant and r["audit"]:
-            return [(r["audit"]["conditions"].get(c) or {}).get("label") or c
-                    for c in CONDITIONS]
+        for a in [r["audit"], *r.get("seed_audits", {}).values()]:
+            if r["variant"] == variant and a:
+                return [(a["conditions"].get(c) or {}).get("label") or c for c in CONDITIONS]
     return list(CONDITIONS)
 
 

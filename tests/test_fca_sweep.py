@@ -4,6 +4,7 @@ audit.py write."""
 import importlib.util
 import json
 import os
+import shutil
 
 import pytest
 
@@ -24,8 +25,9 @@ def _finish_run(runs, row, seed, bpb, checkpoint=True):
     (d / "sweep_device.json").write_text(json.dumps({"platform": "cpu", "device_kind": "cpu"}))
 
 
-def _finish_audit(runs, row, scale):
-    """An audit results.json with the fields the report reads (audit.py writes many more)."""
+def _finish_audit(runs, row, scale, seed=None):
+    """An audit results.json with the fields the report reads (audit.py writes many more):
+    the row's, or with ``seed`` that seed's own."""
     labels = dict(zip(sweep.CONDITIONS, ("Cross-input", "Token-shuffle", "Cross+shuffle",
                                          "Layer×PositionMean", "LayerMean", "GlobalMean")))
     conds = {c: {"label": labels[c], "estimate": scale * (i + 1), "ci_low": scale * i,
@@ -34,18 +36,11 @@ def _finish_audit(runs, row, scale):
         retention={"estimate": 0.9, "ci_low": 0.85, "ci_high": 0.95},
         verdicts={"practically_small": {"met": False}, "high_retention": {"met": False}})
     res = {"conditions": conds, "effects": {}, "replay": {"exact": True, "nll": 1.7},
-           "meta": {"checkpoints": [{"name": sweep.run_dir(runs, row, s).name}
-                                    for s in sweep.SEEDS], "windows": {"eval": 512}}}
-    sweep.audit_dir(runs, row).mkdir(parents=True)
-    (sweep.audit_dir(runs, row) / "results.json").write_text(json.dumps(res))
-
-
-def _finish_seed_audit(runs, row, seed):
-    """A seed's own audit, as far as the sweep's planning reads it (which checkpoint)."""
-    d = sweep.seed_audit_dir(runs, row, seed)
+           "meta": {"checkpoints": [{"name": sweep.run_dir(runs, row, s).name} for s in (
+               sweep.SEEDS if seed is None else [seed])], "windows": {"eval": 512}}}
+    d = sweep.audit_dir(runs, row) if seed is None else sweep.seed_audit_dir(runs, row, seed)
     d.mkdir(parents=True)
-    (d / "results.json").write_text(json.dumps(
-        {"meta": {"checkpoints": [{"name": sweep.run_dir(runs, row, seed).name}]}}))
+    (d / "results.json").write_text(json.dumps(res))
 
 
 def test_order_resume_and_report(tmp_path):
@@ -78,12 +73,11 @@ def test_order_resume_and_report(tmp_path):
         "train tiny_feature_gate_1500")
     row = sweep.planned_rows()[2]
     _finish_run(runs, row, 0, 2.4)
-    _finish_seed_audit(runs, row, 0)        # a stopped sweep: seed 0 trained and audited,
+    _finish_audit(runs, row, 0.02, seed=0)  # a stopped sweep: seed 0 trained and audited,
     _finish_run(runs, row, 1, 2.4)          # seed 1 trained, not yet audited
     assert [sweep.describe(i) for i in sweep.work(runs)[:4]] == [
         "audit tiny_feature_gate_1500 seed 1", "train tiny_feature_gate_1500 seed 2",
         "audit tiny_feature_gate_1500 seed 2", "combine tiny_feature_gate_1500"]
-    import shutil
     shutil.rmtree(sweep.run_dir(runs, row, 0) / "checkpoints")   # audited: not needed
     assert sweep.run_done(runs, row, 0) and not sweep.run_done(runs, row, 2)
     for seed in (0, 1):
@@ -124,7 +118,7 @@ def test_device_rows_travel_back_without_checkpoints_and_count_as_done(tmp_path)
         _finish_run(device, fg, seed, 2.0 + seed / 100)
         _finish_run(device, mudd, seed, 1.9)
     _finish_audit(device, fg, 0.01)                       # MUDD's row audit did not fit,
-    _finish_seed_audit(device, mudd, 0)                   # its seed 0's own audit did
+    _finish_audit(device, mudd, 0.5, seed=0)              # its seed 0's own audit did
     (device / "sweep_log.jsonl").write_text('{"item": "train large_feature_gate_3000 seed 0"}\n')
     _finish_run(local, fg, 1, 2.5)                        # finished here already: kept
     partial = sweep.run_dir(local, mudd, 0) / "checkpoints" / "500"
@@ -171,7 +165,8 @@ def test_report_carries_forward_rows_whose_runs_are_gone(tmp_path):
     _finish_audit(old, fg, 0.01)
     _finish_run(old, mudd, 0, 2.7)
     sweep.main([f"--runs={old}", "--report", f"--out={out}"])
-    _finish_run(new, mudd, 0, 2.4)                       # as far as the old row: taken
+    _finish_run(new, mudd, 0, 2.4)                       # further than the old row: taken
+    _finish_audit(new, mudd, 0.3, seed=0)
     _finish_run(new, fg, 0, 2.3)                         # less than the old row: not taken
     sweep.main([f"--runs={new}", "--report", f"--out={out}"])
 
@@ -184,12 +179,16 @@ def test_report_carries_forward_rows_whose_runs_are_gone(tmp_path):
         f"python scripts/fca_sweep.py --runs={old} --report --out={out}"
     assert by_name["tiny_mudd_400"]["test_bpb"] == {"0": 2.4}
     assert "carried" not in by_name["tiny_mudd_400"]
+    assert by_name["tiny_mudd_400"]["seed_audits"]["0"]["conditions"]["cross_input"][
+        "estimate"] == 0.3
     md = (out / "table.md").read_text()
     assert "| tiny | feature_gate | 400 | 1,638,400 | 2.6000 | 2.6000 | 2.6000 | 2.6000 | " \
            "cpu (cpu) † |" in md
     assert "| tiny | mudd | 400 | 1,638,400 | 2.4000 | — | — | 2.4000 | cpu (cpu) |" in md
     assert f"(`python scripts/fca_sweep.py --runs={old} --report --out={out}`)" in md
     assert md.count("†") == 3                 # two rows of the FeatureGate run, one footnote
+    assert "## Seeds audited, their row not yet complete" in md
+    assert "| MUDD | tiny | 400 | 0 | 2.4000 | +0.3 [+0, +0.6] |" in md
 
     sweep.main([f"--runs={new}", "--report", f"--out={out}"])     # carried again, same source
     again = json.loads((out / "results.json").read_text())
