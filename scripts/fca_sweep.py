@@ -189,16 +189,18 @@ def device_info() -> dict:
             "devices": jax.device_count(), "host": platform.node(), "cpus": os.cpu_count()}
 
 
-def work(runs: pathlib.Path, rows: str | None = None):
+def work(runs: pathlib.Path, rows: str | None = None, seeds=SEEDS):
     """The remaining work items, in order: ("train", row, seed), ("audit", row, seed) right
     after it (an audited row), then ("combine", row, None). ``rows``: comma-separated parts of
-    row names; only rows whose name contains one are planned."""
+    row names; only rows whose name contains one are planned. ``seeds``: only these seeds'
+    items (a row is still combined only once all of SEEDS are audited), so several processes
+    can share a row, one seed each."""
     parts = [r for r in (rows or "").split(",") if r]
     items = []
     for row in planned_rows():
         if parts and not any(part in row_name(row) for part in parts):
             continue
-        for seed in SEEDS:
+        for seed in seeds:
             if not run_done(runs, row, seed):
                 items.append(("train", row, seed))
             if row["audited"] and not seed_audited(runs, row, seed):
@@ -213,7 +215,8 @@ def describe(item) -> str:
     return f"{kind} {row_name(row)}" + (f" seed {seed}" if seed is not None else "")
 
 
-def run_sweep(runs: pathlib.Path, budget_s: float | None, log=print, rows=None) -> list:
+def run_sweep(runs: pathlib.Path, budget_s: float | None, log=print, rows=None,
+              seeds=SEEDS) -> list:
     """Do the remaining work in order until done or ``budget_s`` has passed; returns what is
     left. Each item is timed into RUNS/sweep_log.jsonl."""
     from dynjax.audit import run as audit_run
@@ -222,7 +225,7 @@ def run_sweep(runs: pathlib.Path, budget_s: float | None, log=print, rows=None) 
 
     runs.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    items = work(runs, rows)
+    items = work(runs, rows, seeds)
     while items:
         if budget_s is not None and time.monotonic() - t0 > budget_s:
             log(f"budget of {budget_s / 60:.1f} min spent; {len(items)} items left, first: "
@@ -658,12 +661,21 @@ def main(argv=None):
     p.add_argument("--rows", default=None,
                    help="plan only rows whose name contains one of these comma-separated "
                         "parts, e.g. --rows=large (a device call for the larger size)")
+    p.add_argument("--seeds", default=",".join(map(str, SEEDS)),
+                   help="do only these comma-separated seeds' runs and audits, e.g. one "
+                        "process per seed on a machine with cores to spare (default: all)")
     p.add_argument("--export", metavar="FILE.tgz",
                    help="write the runs and audits without checkpoints to FILE.tgz and exit")
     p.add_argument("--import", dest="import_", metavar="FILE.tgz",
                    help="add the runs and audits of an --export to --runs and exit")
     args = p.parse_args(argv)
     runs = pathlib.Path(args.runs)
+    try:
+        seeds = tuple(sorted({int(x) for x in args.seeds.split(",") if x.strip()}))
+    except ValueError:
+        seeds = ()
+    if not seeds or not set(seeds) <= set(SEEDS):
+        p.error(f"--seeds={args.seeds}: give comma-separated seeds from {list(SEEDS)}")
     if args.export:
         export_runs(runs, pathlib.Path(args.export))
         print(f"wrote {args.export}")
@@ -675,7 +687,7 @@ def main(argv=None):
         print(f"added {len(added)}: {', '.join(added)}" if added else "nothing new to add")
         return
     if args.plan:
-        left = work(runs, args.rows)
+        left = work(runs, args.rows, seeds)
         print("\n".join(describe(i) for i in left) or "nothing left: the sweep is complete")
         return
     if args.report:
@@ -687,7 +699,7 @@ def main(argv=None):
 
     try:
         left = run_sweep(runs, None if args.budget_minutes is None else args.budget_minutes * 60,
-                         rows=args.rows)
+                         rows=args.rows, seeds=seeds)
     except (DataError, AuditError, ReplayError, ValueError) as e:
         raise SystemExit(f"fca_sweep.py: error: {e}") from None
     print("sweep complete" if not left else f"{len(left)} items left; rerun to continue")
