@@ -216,10 +216,14 @@ def test_data_parallel_step_matches_single_device(tmp_path):
     assert info8["batch_shards"] == 8                     # the batch really is split
     np.testing.assert_allclose(info8["loss"], info1["loss"], rtol=1e-5)
     np.testing.assert_allclose(p8[0], p1[0], rtol=1e-4, atol=1e-6)   # gradients
-    # parameters after two AdamW steps: Adam divides by sqrt(v), which amplifies the
-    # reduction-order noise of near-zero gradients up to ~lr/10 in a few coordinates
-    np.testing.assert_allclose(p8[1], p1[1], rtol=0, atol=3e-4)
-    assert np.mean(np.isclose(p8[1], p1[1], rtol=1e-5, atol=1e-6)) > 0.999
+    # Parameters after two AdamW steps agree, except where the gradient is near zero: there
+    # Adam's g / (sqrt(v) + eps) turns reduction-order noise into a sign (on an AVX2 CPU one
+    # coordinate with gradient 1e-9 moved apart by lr / 6). So every coordinate that
+    # disagrees must have a gradient below 1e-7 (the median is ~2e-3), and they must be rare.
+    apart = ~np.isclose(p8[1], p1[1], rtol=1e-5, atol=1e-6)
+    assert apart.mean() < 1e-3, f"{apart.sum()} parameters disagree"
+    assert np.all(np.abs(p1[0][apart]) < 1e-7), (
+        f"parameters with gradients up to {np.abs(p1[0][apart]).max():.3g} disagree")
     # MoE with experts and MLP columns sharded over a 2-way "tensor" axis (expert parallelism)
     assert "tensor" in info8["wi_spec"]
     layers, experts, d, f = info8["wi_shape"]

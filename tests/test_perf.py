@@ -1,5 +1,7 @@
-"""CPU speed-ups that must not change results: per-token projections are bitwise neutral
-for training; block-causal attention equals the full T x T form within float tolerance."""
+"""CPU speed-ups that must not change results: per-token projections train like the 3-D
+form (bitwise on the CPU they were made on; within float rounding on an AVX2-only CPU,
+where XLA:CPU's matmul kernels sum a weight gradient in another order); block-causal attention
+equals the full T x T form within float tolerance."""
 
 import os
 import pathlib
@@ -69,13 +71,16 @@ def trained_as_is(family, variant, extra):
 
 
 @pytest.mark.parametrize("family,variant,extra", FAMILIES)
-def test_per_token_projections_train_bitwise_like_3d(family, variant, extra, monkeypatch):
+def test_per_token_projections_train_like_3d(family, variant, extra, monkeypatch):
+    """Two training steps' parameters. Bitwise equal on the CPU where the rewrite was
+    measured; on an AVX2-only AMD EPYC 0.5% of the embedding's entries differ by up to 4.3e-7,
+    so the promise is float rounding (a wrong reshape moves parameters by ~lr = 1e-2)."""
     cfg = cfg_of(family, variant, **extra)
     flat = trained_as_is(family, variant, extra)
     unflat = lambda layer, x: layer(x)  # the (B, T, ...) form the projections had before
     monkeypatch.setattr(transformer, "per_token", unflat)
     monkeypatch.setattr(mudd, "per_token", unflat)
-    chex.assert_trees_all_equal(flat, train(cfg))
+    chex.assert_trees_all_close(flat, train(cfg), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("family,variant,extra", FAMILIES)

@@ -224,9 +224,11 @@ def fused_attention(q, k, v, q_pos, k_pos, implementation):
 def per_token(layer, x):
     """``layer`` applied to x (B, T, ...) with B and T flattened into one token axis.
 
-    Same arithmetic, so bitwise the same result; on XLA:CPU the weight gradient of a 2-D
-    input is one plain matmul, where a 3-D input's got a strided transpose fused into its
-    producer (about a quarter of a d=256, T=1024 train step).
+    Same arithmetic: training is bitwise the same on the CPU where this was measured, and
+    within float rounding on an AVX2-only one, whose XLA:CPU kernels sum a weight gradient in
+    another order. On XLA:CPU the weight gradient of a 2-D input is one plain matmul, where a
+    3-D input's got a strided transpose fused into its producer (about a quarter of a d=256,
+    T=1024 train step).
     """
     y = layer(x.reshape((-1,) + x.shape[2:]))
     return y.reshape(x.shape[:2] + y.shape[1:])

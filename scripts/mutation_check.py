@@ -1,0 +1,238 @@
+"""Do the tests fail when what they protect breaks? Deliberate bugs, one at a time.
+
+    python scripts/mutation_check.py                      # every mutant, results/mutation.json
+    python scripts/mutation_check.py --only derangement   # mutants whose name contains this
+    python scripts/mutation_check.py --list               # the mutants and their tests
+
+Each mutant is one small edit to the library that breaks a promise dynjax makes (the audit's
+derangement, calibration means, retention, Holm; causal routing; disjoint data splits; the
+multi-host batch rows; exact replay), with the test files that should catch it. The tree is
+copied once (``git ls-files``, so uncommitted edits come along), each mutant is applied to the
+copy, its tests run with the copy first on the import path (``-x``: the first failure kills
+it), and the file is restored. A mutant the tests pass is a *survivor*: a promise no test
+protects. Before any mutant, the unmutated copy must pass every listed file, so a survivor
+cannot be a broken baseline. Exits 1 if any mutant survived.
+
+A mutant whose text no longer occurs exactly once in its file is reported ``stale`` (the
+code moved): update the list rather than the library.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str       # relative to the repo root
+    old: str        # must occur exactly once in the file
+    new: str
+    tests: tuple    # pytest arguments: files or node ids
+    breaks: str     # the promise this edit breaks
+
+
+AUDIT_TESTS = ("tests/test_audit_interventions.py",)
+STATS_TESTS = ("tests/test_audit_stats.py",)
+
+MUTANTS = (
+    Mutant("derangement_allows_fixed_points", "dynjax/audit/interventions.py",
+           "return jnp.any(state[1] == idx)", "return jnp.any(state[1] < 0)", AUDIT_TESTS,
+           "cross-input gives no example its own coefficients"),
+    Mutant("token_shuffle_shared_across_examples", "dynjax/audit/interventions.py",
+           'TOKEN_SHUFFLE_INDEPENDENT = ("layer", "stream", "example")',
+           'TOKEN_SHUFFLE_INDEPENDENT = ("layer", "stream")', AUDIT_TESTS,
+           "token shuffle draws an independent permutation per example"),
+    Mutant("means_over_evaluation_not_calibration", "dynjax/audit/interventions.py",
+           "    source = coeffs if calib is None else calib\n    if calib is not None:\n"
+           "        check(calib, schema)\n\n    def one(axes: Axes, a, c):\n        dims",
+           "    source = coeffs\n    if calib is not None:\n"
+           "        check(calib, schema)\n\n    def one(axes: Axes, a, c):\n        dims",
+           AUDIT_TESTS, "static profiles are means over the calibration set, never the "
+           "evaluation inputs"),
+    Mutant("global_mean_per_leaf", "dynjax/audit/interventions.py",
+           "return jnp.full(a.shape, global_mean, a.dtype)",
+           "return jnp.broadcast_to(_float_mean(c, None), a.shape).astype(a.dtype)",
+           AUDIT_TESTS, "GlobalMean is one scalar for every gate leaf (the depth profile is "
+           "flattened)"),
+    Mutant("layer_position_mean_also_over_tokens", "dynjax/audit/interventions.py",
+           'return mean_over(coeffs, schema, ("example",), calib)',
+           'return mean_over(coeffs, schema, ("example", "token"), calib)', AUDIT_TESTS,
+           "Layer×PositionMean keeps the position axis"),
+    Mutant("retention_mean_of_ratios", "dynjax/audit/stats.py",
+           "est = float(retention(s.mean(), r.mean())) if n else np.nan",
+           "est = float(np.mean(retention(s, r))) if n else np.nan", STATS_TESTS,
+           "retention is the ratio of means"),
+    Mutant("holm_not_applied", "dynjax/audit/stats.py",
+           'out[ok] = multipletests(p[ok], method="holm")[1]', "out[ok] = p[ok]", STATS_TESTS,
+           "p-values are Holm-adjusted"),
+    Mutant("sign_flip_one_sided", "dynjax/audit/stats.py",
+           'alternative="two-sided"', 'alternative="greater"', STATS_TESTS,
+           "the sign-flip test is two-sided"),
+    Mutant("crossed_bootstrap_one_tail", "dynjax/audit/stats.py",
+           "alpha = (1 - level) / 2", "alpha = 1 - level", STATS_TESTS,
+           "a 95% interval leaves 2.5% in each tail"),
+    Mutant("small_criterion_reads_estimate", "dynjax/audit/stats.py",
+           'hi = summary["ci_high"]', 'hi = summary["estimate"]', STATS_TESTS,
+           "'practically small' reads the CI's upper bound, not the estimate"),
+    Mutant("combine_drops_a_checkpoint", "dynjax/audit/summary.py",
+           'entries = [c for p in parts for c in p["meta"]["checkpoints"]]',
+           'entries = [c for p in parts for c in p["meta"]["checkpoints"]][:-1] or '
+           '[c for p in parts for c in p["meta"]["checkpoints"]]',
+           ("tests/test_audit_run.py",), "a combined audit holds every seed, as one joint "
+           "audit does"),
+    Mutant("causal_routing_sees_the_future", "dynjax/models/mod.py",
+           "idx, valid = first_k_slots(asked, decode_slots(cfg, T))",
+           "idx, valid = top_idx, top_valid", ("tests/test_mod.py",),
+           "causal routing decides token t from tokens <= t"),
+    Mutant("replay_ignores_given_coefficients", "dynjax/coeffs.py",
+           "jnp.where(given.replay, v.astype(c.dtype), c)",
+           "jnp.where(given.replay & False, v.astype(c.dtype), c)", ("tests/test_replay.py",),
+           "replay uses the given coefficients verbatim"),
+    Mutant("splits_overlap", "dynjax/data/text.py",
+           "zip(SPLITS, (0, *cuts[:-1]), cuts)", "zip(SPLITS, (0, *(cuts[:-1] - 64)), cuts)",
+           ("tests/test_data.py",), "train, validation and test bytes do not overlap"),
+    Mutant("batches_ignore_the_seed", "dynjax/data/text.py",
+           "rng = np.random.default_rng([seed, step])", "rng = np.random.default_rng([0, step])",
+           ("tests/test_data.py", "tests/test_train.py"), "each seed trains on its own stream "
+           "of batches"),
+    Mutant("host_reads_the_first_rows", "dynjax/data/text.py",
+           "starts = starts[rows]", "starts = starts[:len(starts[rows])]",
+           ("tests/test_multihost.py::test_two_processes_equal_one",),
+           "each host reads its own rows of the global batch"),
+    Mutant("moe_priority_by_position", "dynjax/models/moe.py",
+           "    if by_position:   # a token's", "    if True:   # a token's", ("tests/test_moe.py",),
+           "GShard priority: every first choice takes a buffer slot before any second choice"),
+    Mutant("load_balance_reads_probs_twice", "dynjax/models/moe.py",
+           "top1.mean((0, 1)) * probs.mean((0, 1))", "probs.mean((0, 1)) * probs.mean((0, 1))",
+           ("tests/test_moe.py",), "the Switch load-balance loss is E * sum_e f_e P_e"),
+    Mutant("mudd_mix_drops_the_last_source", "dynjax/models/muddpythia.py",
+           "for s in range(1, len(sources)):", "for s in range(1, len(sources) - 1):",
+           ("tests/test_muddpythia.py",), "MUDDPythia equals the official PyTorch code"),
+    Mutant("reassigned_rows_of_the_wrong_window", "dynjax/audit/engine.py",
+           "rows = self.programs.take(stack, r_idx, w_idx)",
+           "rows = self.programs.take(stack, r_idx, (w_idx + 1) % W)",
+           ("tests/test_audit_run.py", "tests/test_audit_families.py"),
+           "window w is replayed with its own reassigned coefficients"),
+    Mutant("resume_restarts_the_step_count", "dynjax/train/loop.py",
+           'start = int(state["step"])', "start = 0", ("tests/test_train.py",),
+           "a resumed run continues from its checkpoint's step"),
+    Mutant("final_checkpoint_not_forced", "dynjax/train/loop.py",
+           "force=done == tc.steps)", "force=False)", ("tests/test_train.py",),
+           "the last step is always checkpointed"),
+    Mutant("evaluation_counts_padding", "dynjax/train/evaluation.py",
+           "nlls.append(nll[:len(chunk)])", "nlls.append(nll)", ("tests/test_train.py",),
+           "evaluation averages over the real windows, not the padded batch"),
+    Mutant("per_token_mixes_batch_and_time", "dynjax/models/transformer.py",
+           "return y.reshape(x.shape[:2] + y.shape[1:])",
+           "return y.reshape((x.shape[1], x.shape[0]) + y.shape[1:]).swapaxes(0, 1)",
+           ("tests/test_perf.py::test_per_token_projections_train_like_3d",),
+           "per-token projections compute what the 3-D form does"),
+    Mutant("nll_scores_the_current_token", "dynjax/models/transformer.py",
+           "tokens[:, 1:, None], axis=-1)[..., 0]", "tokens[:, :-1, None], axis=-1)[..., 0]",
+           ("tests/test_train.py", "tests/test_gates.py"), "the loss is next-token prediction"),
+)
+
+
+def copy_tree(dest: pathlib.Path) -> None:
+    """The repo's tracked and untracked-but-not-ignored files (working-tree contents), and
+    tests' data, into ``dest``."""
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                         cwd=ROOT, capture_output=True, check=True).stdout
+    for rel in filter(None, out.decode().split("\0")):
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+
+
+def run_tests(tree: pathlib.Path, tests, timeout: float) -> tuple[bool, str, float]:
+    """(passed, first failing test or reason, seconds) for ``tests`` run in ``tree``."""
+    env = dict(os.environ, PYTHONPATH=str(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               DYNJAX_DATA=os.environ.get("DYNJAX_DATA", str(ROOT / ".data")))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
+    t0 = time.monotonic()
+    try:
+        r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, f"timed out after {timeout:.0f} s", time.monotonic() - t0
+    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", r.stdout, re.M)
+    return r.returncode == 0, (failed[0] if failed else r.stdout.strip()[-300:]), \
+        time.monotonic() - t0
+
+
+def apply(tree: pathlib.Path, m: Mutant) -> str | None:
+    """Write the mutant into ``tree``; the original text, or None if ``old`` is stale."""
+    path = tree / m.path
+    text = path.read_text()
+    if text.count(m.old) != 1:
+        return None
+    path.write_text(text.replace(m.old, m.new))
+    return text
+
+
+def main(argv=None):
+    from dynjax.jsonio import command_line, publish_json
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", default="", help="comma-separated parts of mutant names")
+    p.add_argument("--list", action="store_true", help="list the mutants and exit")
+    p.add_argument("--timeout", type=float, default=900, help="seconds per pytest call")
+    p.add_argument("--out", default=None, help="also write the JSON here")
+    args = p.parse_args(argv)
+    parts = [s for s in args.only.split(",") if s]
+    chosen = [m for m in MUTANTS if not parts or any(s in m.name for s in parts)]
+    if not chosen:
+        p.error(f"--only={args.only}: no mutant matches; --list shows their names")
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:40s} {m.path}  ->  {' '.join(m.tests)}\n{'':40s} breaks: {m.breaks}")
+        return 0
+    results = []
+    with tempfile.TemporaryDirectory(prefix="dynjax-mutants-") as tmp:
+        tree = pathlib.Path(tmp)
+        copy_tree(tree)
+        files = sorted({t.split("::")[0] for m in chosen for t in m.tests})
+        ok, why, secs = run_tests(tree, files, args.timeout * len(files))
+        if not ok:
+            raise SystemExit(f"mutation_check.py: the unmutated tests fail ({why}); fix them "
+                             "first, a survivor means nothing otherwise")
+        print(f"baseline: {len(files)} test files pass ({secs:.0f} s)", file=sys.stderr)
+        for m in chosen:
+            original = apply(tree, m)
+            if original is None:
+                results.append(dict(name=m.name, path=m.path, status="stale", tests=m.tests,
+                                    breaks=m.breaks))
+                print(f"{m.name}: stale (its text is not in {m.path} exactly once)",
+                      file=sys.stderr)
+                continue
+            try:
+                passed, why, secs = run_tests(tree, m.tests, args.timeout)
+            finally:
+                (tree / m.path).write_text(original)
+            status = "survived" if passed else "killed"
+            results.append(dict(name=m.name, path=m.path, status=status, tests=m.tests,
+                                breaks=m.breaks, caught_by=None if passed else why,
+                                seconds=round(secs, 1)))
+            print(f"{m.name}: {status}{'' if passed else ' by ' + why} ({secs:.0f} s)",
+                  file=sys.stderr)
+    counts = {s: sum(r["status"] == s for r in results) for s in ("killed", "survived", "stale")}
+    publish_json({"command": command_line(), "counts": counts, "mutants": results}, args.out)
+    return 1 if counts["survived"] or counts["stale"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
