@@ -199,3 +199,24 @@ def test_report_carries_forward_rows_whose_runs_are_gone(tmp_path):
     assert fresh["tiny_feature_gate_400"]["test_bpb"] == {"0": 2.3}
     assert fresh["tiny_feature_gate_400"]["audit"] is None
     assert "†" not in (out / "table.md").read_text()
+
+
+def test_seeds_split_a_row_between_processes(tmp_path, capsys):
+    """--seeds: each process plans only its seeds' runs and audits; the row's combine is
+    planned by each, and done by whichever finds every seed audited."""
+    runs = tmp_path / "runs"
+    row = next(r for r in sweep.planned_rows() if sweep.row_name(r) == "large_mudd_3000")
+    assert [sweep.describe(i) for i in sweep.work(runs, "large_mudd", seeds=(1,))] == [
+        "train large_mudd_3000 seed 1", "audit large_mudd_3000 seed 1",
+        "combine large_mudd_3000"]
+    for seed in (0, 2):
+        _finish_run(runs, row, seed, 2.0)
+        _finish_audit(runs, row, 0.1, seed=seed)
+    assert sweep.work(runs, "large_mudd", seeds=(0, 2)) == [
+        ("combine", row, None)]                  # seed 1 not audited: not yet combinable
+    sweep.main([f"--runs={runs}", "--plan", "--rows=large_mudd", "--seeds=2,0"])
+    assert capsys.readouterr().out.split("\n")[0] == "combine large_mudd_3000"
+    for bad in ("3", "x", ""):
+        with pytest.raises(SystemExit):
+            sweep.main([f"--runs={runs}", "--plan", f"--seeds={bad}"])
+    assert "--seeds=" in capsys.readouterr().err
