@@ -5,6 +5,7 @@
     python scripts/fca_sweep.py --runs=runs/sweep_gpu --export=$OUT/sweep.tgz  # ...sends it back
     python scripts/fca_sweep.py --runs=/work/runs/sweep --import=sweep.tgz   # ...added here
     python scripts/fca_sweep.py --runs=/work/runs/sweep --plan          # what is done / left
+    python scripts/fca_sweep.py --runs=/work/runs/sweep --rows=large_mudd --seeds=1  # one seed
     python scripts/fca_sweep.py --runs=/work/runs/sweep --report        # results/fca_sweep/
 
 The grid (issue 16), every run on ``data.source=embedded_large`` (21.6 MB), batch 32 x 128:
@@ -26,7 +27,8 @@ finished seed's audit, and that seed's checkpoint is no longer needed. Rerunning
 finished runs and audits and resumes an interrupted run from its last checkpoint (train.py's
 resume), so the same command continues after a kill, on this machine or another.
 ``--budget-minutes`` stops starting new work once that much time has passed, so one bounded
-device call does as much as fits.
+device call does as much as fits. ``--seeds`` does only the given seeds' runs and audits, so
+several processes (one per seed, where the cores allow) share a row.
 Each run records where it ran (``RUN/sweep_device.json``); the report names it per row.
 A device call does only the rows it is given (``--rows``) and sends back, in one archive, all
 but the checkpoints (``--export``); ``--import`` adds what this sweep has not done, and a
