@@ -90,6 +90,24 @@ def test_single_checkpoint_window_summary():
     assert out["p"] < 0.01
 
 
+@pytest.mark.parametrize("level", [0.95, 0.8])
+def test_crossed_bootstrap_interval_has_its_level(level):
+    """Reassignment and window effects that add (x[r, w] = a_r + b_w): resampling both
+    crossed, the grand mean's variance is var(a) / R + var(b) / W (plug-in variances), so
+    a ``level`` interval's half-width is z * SE. An interval with the wrong tails (e.g. 90%
+    for 95%) is 16% narrower."""
+    rng = np.random.default_rng(0)
+    R, W = 40, 400
+    a, b = rng.standard_normal(R), 2.0 * rng.standard_normal(W)
+    out = stats.summarize_windows(a[:, None] + b[None, :], level=level, seed=3)
+    se = np.sqrt(a.var() / R + b.var() / W)
+    z = {0.95: 1.959964, 0.8: 1.281552}[level]
+    half = (out["ci_high"] - out["ci_low"]) / 2
+    assert half / (z * se) == pytest.approx(1.0, abs=0.05)
+    assert (out["ci_low"] + out["ci_high"]) / 2 == pytest.approx(a.mean() + b.mean(),
+                                                                 abs=0.1 * se)
+
+
 def test_variance_decomposition_additive_design():
     L, E, T = 4, 5, 6
     a = np.array([-3.0, -1.0, 1.0, 3.0])               # layer effects, zero mean
