@@ -39,6 +39,11 @@ def test_windows():
     b1 = text.train_batch(split, 16, 4, seed=0, step=3)
     np.testing.assert_array_equal(b1, text.train_batch(split, 16, 4, seed=0, step=3))
     assert not np.array_equal(b1, text.train_batch(split, 16, 4, seed=0, step=4))
+    # each seed reads its own stream of batches (a seed sweep's runs differ in data order
+    # as well as initialisation); a host's rows are those rows of the global batch
+    assert not np.array_equal(b1, text.train_batch(split, 16, 4, seed=1, step=3))
+    np.testing.assert_array_equal(text.train_batch(split, 16, 4, seed=0, step=3, rows=[3, 1]),
+                                  b1[[3, 1]])
     with pytest.raises(text.DataError, match="fewer than one window"):
         text.eval_windows(split[:10], 64)
 
