@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 
 from dynjax import coeffs as coeffs_lib
+from dynjax.audit import interventions
 from dynjax.audit.engine import Engine
 from dynjax.models import build
 from dynjax.models.gated_mlp import GatedMLP, MLPConfig
+from dynjax.models.transformer import next_token_nll
 from tests.conftest import tiny_config
 
 LM = {"feature_gate": ("configs.tiny", "feature_gate", {}),
@@ -100,3 +102,24 @@ def test_audit_engine_compiles_one_forward():
     np.testing.assert_array_equal(rec.nll_replay, rec.nll_record)
     engine.deterministic_nll("static_profile", params, windows, rec, rec.coeffs)
     assert engine.forward._cache_size() == 1
+
+
+def test_each_window_is_replayed_with_its_own_reassigned_coefficients():
+    """The engine's (reassignment, window) losses equal replaying the whole window set with
+    the condition applied to the whole cache (a derangement is global over windows), row w
+    for window w: rows of another window's set would give the same kind of penalty, so only
+    the values show it."""
+    apply, schema, params, _ = _lm("feature_gate")
+    engine = Engine(apply, schema, rows=2, window=16)
+    windows = np.asarray(jax.random.randint(jax.random.key(5), (3, 16), 0, 256))
+    rec = engine.record(params, windows)
+    keys = jax.random.split(jax.random.key(7), 2)
+    names = ("cross_input", "token_shuffle")
+    got = engine.randomized_nll(names, params, windows, rec, keys, max_reassign_bytes=1 << 30)
+    replay = jax.jit(lambda c: next_token_nll(
+        apply(params, windows, coeffs_lib.replaying(c))[0], windows).mean(-1))
+    for name in names:
+        want = np.stack([replay(interventions.CONDITIONS[name].fn(rec.coeffs, schema, k))
+                         for k in keys])
+        np.testing.assert_allclose(got[name], want, rtol=1e-5, err_msg=name)
+        assert not np.allclose(want, rec.nll_record[None], rtol=1e-3)   # it is a penalty

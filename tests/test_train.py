@@ -14,7 +14,8 @@ import pytest
 from dynjax import rundir
 from dynjax.errors import CheckpointError, ConfigError
 from dynjax.jsonio import read_jsonl
-from dynjax.train import checkpoint, lm, loop, optim
+from dynjax.models import build
+from dynjax.train import checkpoint, evaluation, lm, loop, optim
 from tests.conftest import ROOT, tiny_config
 
 
@@ -138,6 +139,10 @@ def test_train_cli_overrides(tmp_path):
     assert "test:" in out.stdout and "bits/byte" in out.stdout
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model"]["variant"] == "layer_static" and config["model"]["d_model"] == 32
+    # the last step is checkpointed although it is not a multiple of train.ckpt_every: the
+    # checkpoint an audit loads is the model eval.json scored
+    assert config["train"]["steps"] % config["train"]["ckpt_every"] != 0
+    assert max(int(p.name) for p in (tmp_path / "checkpoints").iterdir()) == 2
     no_data = _cli(cmd[1:] + ["--config.data.source=files", "--config.data.path=/absent",
                               f"--workdir={tmp_path}/y"])
     _assert_one_line_error(no_data, "train.py", "data.path='/absent' does not exist")
@@ -274,7 +279,6 @@ def test_each_step_trains_on_its_own_batch(straight_run):
     hand-made steps on batches 0, 1, 2, and not three steps on one batch (a loop reusing a
     batch, or skipping one, would still resume bitwise; this catches it)."""
     from dynjax.data import text as text_data
-    from dynjax.models import build
 
     run, _ = straight_run
     config = tiny_config("feature_gate")
@@ -293,3 +297,18 @@ def test_each_step_trains_on_its_own_batch(straight_run):
     chex.assert_trees_all_equal(params_after([0, 1, 2]), trained)
     with pytest.raises(AssertionError):
         chex.assert_trees_all_close(params_after([0, 0, 0]), trained, rtol=1e-4, atol=1e-6)
+
+
+def test_evaluation_averages_the_real_windows_not_the_padding():
+    """A last batch padded to the compiled shape: the padding's losses and gate mass are
+    dropped, so any batch size gives the mean over the same windows."""
+    model = build(tiny_config("feature_gate").model.to_dict())
+    windows = np.random.default_rng(0).integers(0, 256, (5, 32)).astype(np.int32)
+    params = model.init(jax.random.key(0), windows[:1])
+    step = evaluation.make_eval_step(model)
+    padded = evaluation.evaluate(step, params, windows, batch_size=4)   # 4, then 1 + 3 pad
+    whole = evaluation.evaluate(step, params, windows, batch_size=5)
+    assert padded["windows"] == whole["windows"] == 5
+    np.testing.assert_allclose(padded["nll"], whole["nll"], rtol=1e-6)
+    np.testing.assert_allclose(padded["gate_mass_per_layer"], whole["gate_mass_per_layer"],
+                               rtol=1e-6)
