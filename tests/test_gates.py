@@ -7,6 +7,7 @@ import pytest
 
 from dynjax.coeffs import Axes
 from dynjax.models import build
+from dynjax.models.transformer import next_token_nll
 from tests.conftest import tiny_config
 
 GATED = ("uniform", "layer_static", "feature_gate")
@@ -34,6 +35,19 @@ def test_causality(variant):
     other = apply(params, changed)
     np.testing.assert_allclose(other[:, :t + 1], base[:, :t + 1], rtol=0, atol=1e-6)
     assert not np.allclose(other[:, t + 1:], base[:, t + 1:])
+
+
+def test_loss_is_next_token_prediction():
+    """The NLL at position t scores byte t + 1 under logits t (hand-computed): a loss that
+    scored byte t, which the causal model sees, would train a copy and still fall."""
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((2, 5, 7)).astype(np.float32)
+    tokens = rng.integers(0, 7, (2, 5))
+    b, t = np.meshgrid(np.arange(2), np.arange(4), indexing="ij")
+    logz = np.log(np.exp(logits[:, :-1].astype(np.float64)).sum(-1))
+    want = logz - logits[b, t, tokens[:, 1:]]
+    np.testing.assert_allclose(next_token_nll(jnp.asarray(logits), jnp.asarray(tokens)), want,
+                               rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype, scan", [("float32", True), ("bfloat16", True),
