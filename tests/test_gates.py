@@ -211,8 +211,6 @@ def test_remat_keeps_featuregate_features_and_not_attention_maps(capsys):
     gradients are those of the plain program."""
     from jax.ad_checkpoint import print_saved_residuals
 
-    from dynjax.models.transformer import next_token_nll
-
     tokens = _tokens(shape=(3, 32))
     grads = {}
     for remat in (False, True):
