@@ -1,12 +1,12 @@
 """Do the tests fail when what they protect breaks? Deliberate bugs, one at a time.
 
-    python scripts/mutation_check.py                      # every mutant, results/mutation.json
+    python scripts/mutation_check.py --out=results/mutation.json   # every mutant
     python scripts/mutation_check.py --only derangement   # mutants whose name contains this
     python scripts/mutation_check.py --list               # the mutants and their tests
 
 Each mutant is one small edit to the library that breaks a promise dynjax makes (the audit's
-derangement, calibration means, retention, Holm; causal routing; disjoint data splits; the
-multi-host batch rows; exact replay), with the test files that should catch it. The tree is
+interventions and statistics, causal routing, data splits and batches, replay, the training
+loop; ``--list`` names each promise), with the test files that should catch it. The tree is
 copied once (``git ls-files``, so uncommitted edits come along), each mutant is applied to the
 copy, its tests run with the copy first on the import path (``-x``: the first failure kills
 it), and the file is restored. A mutant the tests pass is a *survivor*: a promise no test
