@@ -5,15 +5,22 @@ Language models (``configs/tiny.py:feature_gate``, MoD, MoE, MUDD, ...) and clas
 Override any field with ``--config.train.steps=500``. Re-running the same command resumes
 from the latest checkpoint in DIR. Prints the final validation and test figures (bits per
 byte, or accuracy and RelMAC); the full evaluation is in DIR/eval.json.
+
+Exit status: 0 trained (or already finished); 2 one-line error (a bad config, missing
+data, no restorable checkpoint, a filesystem error, a diverged run, another writer);
+143 / 130 stopped by SIGTERM / SIGINT after saving a checkpoint (re-run to resume).
+docs/reliability.md has the guarantees.
 """
 from dynjax._alloc import reexec  # the allocator setting, before JAX starts: dynjax/_alloc.py
 reexec(__name__)
+import sys
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from dynjax import errors
 from dynjax.parallel import distributed
-from dynjax.train import loop
+from dynjax.train import loop, preempt
 
 config_flags.DEFINE_config_file("config", None, "configs/NAME.py[:ARG]", lock_config=True)
 flags.DEFINE_string("workdir", None, "run directory: checkpoints, metrics.jsonl, eval.json")
@@ -29,8 +36,12 @@ def main(argv):
     # many hosts: --coordinator_address/--num_processes/--process_id or --distributed
     errors.run_program("train.py", lambda: distributed.initialize_from_flags(flags))
     # a bad config, missing data, no restorable checkpoint: one line and exit status 2
-    result = errors.run_program("train.py", lambda: loop.train(
-        flags.FLAGS.config, flags.FLAGS.workdir, progress=flags.FLAGS.progress))
+    try:
+        result = errors.run_program("train.py", lambda: loop.train(
+            flags.FLAGS.config, flags.FLAGS.workdir, progress=flags.FLAGS.progress))
+    except preempt.Preempted as stopped:   # SIGTERM/SIGINT: saved, then stopped
+        print(f"train.py: {stopped}", file=sys.stderr)
+        sys.exit(preempt.exit_status(stopped.signum))
     for line in loop.summary(flags.FLAGS.config, result):
         print(line)
 

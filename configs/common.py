@@ -29,7 +29,12 @@ def base(variant: str) -> ml_collections.ConfigDict:
     c.train = ml_collections.ConfigDict(dict(
         steps=1000, batch_size=32, lr=3e-3, warmup_steps=100, min_lr_ratio=0.1,
         weight_decay=0.1, clip_norm=1.0, b1=0.9, b2=0.95,
-        log_every=50, eval_every=500, ckpt_every=500, keep_checkpoints=2))
+        log_every=50, eval_every=500, ckpt_every=500, keep_checkpoints=2,
+        skip_nonfinite=False, spike_factor=3.0, allow_changes=False))
+    # skip_nonfinite: skip (and count) a step whose loss or gradient is not finite instead
+    # of stopping; spike_factor: warn when a logged loss is this many times the running
+    # median (0: off); allow_changes: accept changed train.* fields on resume (recorded in
+    # RUN/config_history.jsonl). docs/reliability.md
     # route: the headline routing rule of a routed model ("" = the predictor if trained,
     # else the router; see dynjax.train.evaluation); decode_check_windows: test windows
     # that MoD's KV-cache decoder re-scores to check it agrees with the causal forward.

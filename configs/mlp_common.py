@@ -33,6 +33,11 @@ def base(method: str, dataset: str) -> ml_collections.ConfigDict:
     c.train = ml_collections.ConfigDict(dict(
         steps=6000, batch_size=128, lr=1e-3, warmup_steps=200, min_lr_ratio=0.01,
         weight_decay=1e-4, clip_norm=1.0, b1=0.9, b2=0.999,
-        log_every=100, eval_every=2000, ckpt_every=2000, keep_checkpoints=1))
+        log_every=100, eval_every=2000, ckpt_every=2000, keep_checkpoints=1,
+        skip_nonfinite=False, spike_factor=3.0, allow_changes=False))
+    # skip_nonfinite: skip (and count) a step whose loss or gradient is not finite instead
+    # of stopping; spike_factor: warn when a logged loss is this many times the running
+    # median (0: off); allow_changes: accept changed train.* fields on resume (recorded in
+    # RUN/config_history.jsonl). docs/reliability.md
     c.eval = ml_collections.ConfigDict(dict(batch_size=500))
     return c

@@ -2,20 +2,24 @@
 
 ``train.py`` and ``audit.py`` run their work through :func:`run_program`
 and parse their flags with :func:`flags_parser`: a bad ``--config.*`` override, a config
-that cannot run, missing or corrupt data, or a checkpoint that cannot be restored ends in
-one line ``PROG: error: <problem and fix>`` on stderr and exit status 2 (argparse's code for
-a usage error), never a traceback. Anything else is a bug and keeps its traceback.
+that cannot run, missing or corrupt data, a checkpoint that cannot be restored, a corrupt
+JSON file of a run, or a filesystem error (a full disk, a read-only or missing path: an
+``OSError``, or orbax's out-of-space error) ends in one line ``PROG: error: <problem and
+fix>`` on stderr and exit status 2 (argparse's code for a usage error), never a traceback.
+Anything else is a bug and keeps its traceback. The exit statuses are in docs/reliability.md.
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 
 from dynjax.data.text import DataError
+from dynjax.jsonio import CorruptFile
 
-__all__ = ["CheckpointError", "ConfigError", "DataError", "config_errors", "flags_parser",
-           "run_program"]
+__all__ = ["CheckpointError", "ConfigError", "CorruptFile", "DataError", "NonFiniteError",
+           "RunLocked", "config_errors", "describe_os_error", "flags_parser", "run_program"]
 
 EXIT_USAGE = 2
 
@@ -28,7 +32,39 @@ class CheckpointError(RuntimeError):
     """No checkpoint of a run can be restored; the message names the run, the step, the fix."""
 
 
-USER_ERRORS = (ConfigError, CheckpointError, DataError)
+class NonFiniteError(RuntimeError):
+    """Training produced a non-finite loss or gradient; the message names the step and the
+    newest (finite) checkpoint, from which a re-run resumes."""
+
+
+class RunLocked(RuntimeError):
+    """Another live process is writing the run directory; the message names its pid."""
+
+
+USER_ERRORS = (ConfigError, CheckpointError, DataError, CorruptFile, NonFiniteError, RunLocked)
+
+# what to do about a filesystem error, by errno
+_OS_FIXES = {
+    errno.ENOSPC: "free space on that filesystem (or choose a path on another one)",
+    errno.EDQUOT: "free space within your quota (or choose a path on another filesystem)",
+    errno.EROFS: "the filesystem is read-only: choose a path on a writable one",
+    errno.EACCES: "you may not write there: choose a path you own",
+    errno.EPERM: "you may not write there: choose a path you own",
+    errno.ENOTDIR: "a component of the path is a file, not a folder: choose another path",
+    errno.EEXIST: "a file is in the way: remove it or choose another path",
+    errno.ENOENT: "the folder does not exist: create it or choose another path",
+    errno.EISDIR: "the path is a folder: name a file inside it",
+}
+
+
+def describe_os_error(e: OSError, then: str = "") -> str:
+    """An ``OSError`` in one line: the path, the errno by name and number, what to do."""
+    code = e.errno
+    name = errno.errorcode.get(code, "?") if code is not None else "?"
+    path = e.filename if e.filename is not None else "(unnamed path)"
+    fix = _OS_FIXES.get(code, "check the path and its filesystem")
+    return (f"cannot write {path}: {e.strerror or e} (errno {code}, {name}); {fix}"
+            + (f"; {then}" if then else ""))
 
 
 @contextlib.contextmanager
@@ -57,11 +93,14 @@ def exit_with_error(prog: str, message) -> None:
 
 
 def run_program(prog: str, fn, errors: tuple = ()):
-    """``fn()``; a user error (:data:`USER_ERRORS` or ``errors``) exits via :func:`exit_with_error`."""
+    """``fn()``; a user error (:data:`USER_ERRORS` or ``errors``) or a filesystem error
+    (``OSError``) exits via :func:`exit_with_error`."""
     try:
         return fn()
     except (*USER_ERRORS, *errors) as e:
         exit_with_error(prog, e)
+    except OSError as e:
+        exit_with_error(prog, describe_os_error(e))
 
 
 def flags_parser(prog: str):

@@ -4,10 +4,13 @@ benchmarks write their files with.
 A file is written to a temporary file beside it and ``os.replace``d, so a reader (or a
 run killed mid-write) sees the old file or the new one, never half of one. The temporary
 name is unique, so two writers of the same path do not trample each other's temp file.
+A program checks its output folder with :func:`check_writable` before any compute, and
+reads the JSON files it wrote with :func:`read_json`, which names a corrupt one and its fix.
 Low in the layer order: numpy only, no JAX import.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pathlib
@@ -76,8 +79,42 @@ def publish_json(result, out=None, indent: int = 1) -> None:
         write_json_atomic(out, result)
 
 
-def read_json(path):
-    return json.loads(pathlib.Path(path).read_text())
+class CorruptFile(ValueError):
+    """A JSON file that does not parse; the message names the file, the place and the fix."""
+
+
+def read_json(path, fix: str = "restore it from a copy, or delete it and re-create it"):
+    """The JSON in ``path``; a file that does not parse is a :class:`CorruptFile` naming
+    ``path``, where it breaks, and ``fix``."""
+    path = pathlib.Path(path)
+    text = path.read_text()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CorruptFile(f"{path} is corrupt ({e.msg} at line {e.lineno} column {e.colno}): "
+                          f"{fix}") from None
+
+
+def check_writable(path, what: str) -> None:
+    """Raise the ``OSError`` that writing into folder ``path`` would meet (read-only
+    filesystem, a file in the way, a full disk), before any compute is spent. Creates
+    nothing that stays: the nearest existing ancestor gets a probe file, removed at once.
+    ``what`` names the flag (``--workdir``) in the message."""
+    path = pathlib.Path(path).absolute()
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise OSError(errno.ENOTDIR, f"{what}: {probe} is a file, not a folder", str(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".dynjax_write_probe.", dir=probe)
+        try:
+            os.write(fd, b"x")
+        finally:
+            os.close(fd)
+            os.unlink(tmp)
+    except OSError as e:
+        raise OSError(e.errno, f"{what}: {e.strerror}", str(path)) from None
 
 
 def read_jsonl(path) -> list:

@@ -7,6 +7,8 @@ A run directory (written by ``train.py``) holds::
                      {step, params, opt_state}
     metrics.jsonl    one record per logged step or evaluation
     eval.json        the final validation and test evaluation
+    config_history.jsonl   train.* changes accepted on resume (train.allow_changes)
+    checkpoints/S/dynjax_integrity.json   each array's checksum (verified on restore)
 
 Reading parameters restores only the ``params`` subtree (orbax partial restore), so
 opening a run needs its model, not its optimizer: a RigL or pruned run opens like any
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import pathlib
@@ -32,6 +33,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 from dynjax.errors import CheckpointError
+from dynjax.jsonio import read_json
 
 CONFIG, CHECKPOINTS, METRICS, EVAL = "config.json", "checkpoints", "metrics.jsonl", "eval.json"
 STATE_ITEM = "default"   # the item name orbax's CheckpointManager gives a single-item save
@@ -44,13 +46,17 @@ def read_config(run_dir) -> ml_collections.ConfigDict:
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: {run_dir} is not a dynjax run directory "
                                 "(train.py writes config.json beside the checkpoints)")
-    return ml_collections.ConfigDict(json.loads(path.read_text()))
+    return ml_collections.ConfigDict(read_json(path, fix=(
+        "config.json records how the run was made; restore it from a copy (or re-create it "
+        "with the run's train.py command in a new --workdir and copy its config.json here)")))
 
 
 def read_eval(run_dir) -> dict | None:
     """The run's eval.json, or None while training is unfinished."""
     path = pathlib.Path(run_dir) / EVAL
-    return json.loads(path.read_text()) if path.exists() else None
+    return read_json(path, fix=(
+        f"delete it and re-run the run's train.py command with --workdir={run_dir}: it "
+        "evaluates the final checkpoint again")) if path.exists() else None
 
 
 def is_classifier(config) -> bool:
@@ -176,17 +182,23 @@ def restore_params(run_dir, abstract_params, step: int):
         lambda s: ocp.ArrayRestoreArgs(sharding=s.sharding, global_shape=s.shape,
                                        dtype=s.dtype), abstract_params)
     path = (pathlib.Path(run_dir) / CHECKPOINTS / str(step) / STATE_ITEM).resolve()
+    from dynjax import integrity
+
     try:
         with guarded_read(), ocp.PyTreeCheckpointer() as ckptr:
-            return ckptr.restore(path, args=ocp.args.PyTreeRestore(
+            params = ckptr.restore(path, args=ocp.args.PyTreeRestore(
                 item={"params": abstract_params}, restore_args={"params": restore_args},
                 partial_restore=True))["params"]
+        bad = integrity.check(path.parent, {"params": params})
     except Exception as e:  # noqa: BLE001  orbax/tensorstore raise many types for bad files
-        raise CheckpointError(
-            f"checkpoint step {step} of run {run_dir} cannot be restored ({why(e)}); re-run "
-            f"its train.py command with --workdir={run_dir}: it moves the damaged step "
-            "aside, resumes from the newest checkpoint that restores and saves the final "
-            "step again") from None
+        bad = why(e)
+    if bad is None:
+        return params
+    raise CheckpointError(
+        f"checkpoint step {step} of run {run_dir} cannot be restored ({bad}); re-run "
+        f"its train.py command with --workdir={run_dir}: it moves the damaged step "
+        "aside, resumes from the newest checkpoint that restores and saves the final "
+        "step again")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,7 +45,14 @@ def test_resume_equals_uninterrupted(straight_run, tmp_path):
     c.train.steps = 3                                   # stop after the first checkpoint
     loop.train(c, str(tmp_path), progress=False)
     c.train.steps = 6
+    with pytest.raises(ConfigError, match=r"other train settings \(train.steps: run has 3, "
+                       r"config has 6\).*allow_changes=true"):
+        loop.train(c, str(tmp_path), progress=False)            # a changed train.* field
+    c.train.allow_changes = True
     resumed = loop.train(c, str(tmp_path), progress=False)
+    assert json.loads((tmp_path / "config.json").read_text())["train"]["steps"] == 3
+    (change,) = read_jsonl(tmp_path / "config_history.jsonl")
+    assert change["step"] == 3 and change["changes"] == ["train.steps: run has 3, config has 6"]
     a, b = _params(run), _params(tmp_path)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_array_equal(x, y)
@@ -133,7 +140,8 @@ def test_train_cli_overrides(tmp_path):
            f"--workdir={tmp_path}", "--config.train.steps=2", "--config.model.d_model=32",
            "--config.model.n_heads=2", "--config.model.d_ff=64", "--config.model.n_layers=2",
            "--config.data.seq_len=32", "--config.train.batch_size=4",
-           "--config.eval.windows=8", "--config.eval.batch_size=8"]
+           "--config.eval.windows=8", "--config.eval.batch_size=8",
+           "--config.train.warmup_steps=1"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "test:" in out.stdout and "bits/byte" in out.stdout

@@ -16,6 +16,7 @@ import time
 import jax
 import numpy as np
 
+from dynjax import integrity
 from dynjax.audit import interventions, variance
 from dynjax.audit.engine import Engine, Recording
 from dynjax.audit.settings import (AuditError, ReplayError, Settings, n_windows,
@@ -51,6 +52,11 @@ def audit_checkpoint(engine: Engine, params, calib_windows, eval_windows, settin
     ok = exact or (settings.replay_atol > 0 and np.isfinite(rec.max_abs_dlogit)
                    and rec.max_abs_dlogit <= settings.replay_atol)
     if not ok:
+        nonfinite = integrity.digest(params)[1]   # a diverged run, not a replay fault
+        if nonfinite:
+            raise AuditError(f"the parameters are not finite ({nonfinite[0]} and "
+                             f"{len(nonfinite) - 1} more arrays): the run diverged, so replay "
+                             "cannot be judged; audit a checkpoint from before the divergence")
         raise ReplayError(replay_message(rec, settings.replay_atol))
     seconds = {"record_and_replay": time.perf_counter() - t0}
     t = time.perf_counter()

@@ -2,10 +2,15 @@
 (:mod:`dynjax.rundir` has the format and the read side: config, steps, parameters alone).
 
 Checkpoints are orbax, periodic, keep-N, written atomically by orbax's temporary-directory
-rename.
+rename. Each save records every array's digest (:mod:`dynjax.integrity`) and refuses a state
+with a non-finite entry (:class:`NonFiniteState`): a non-finite checkpoint is never written,
+so keep-N never deletes the newest finite one to make room for it. A save that meets a full
+disk (orbax's ``RESOURCE_EXHAUSTED ... os_error_code='28'``) or any filesystem error is one
+``OSError`` naming the folder and the errno; the step's temporary directory is all it leaves.
 
 A checkpoint can still be damaged after it was written (a disk that filled, a copy cut
-short, a file deleted by hand). Resuming (:func:`restore_newest`) then falls back to the
+short, a file deleted by hand, a flipped bit: its digests no longer match; or it is
+non-finite, written before this guard existed). Resuming (:func:`restore_newest`) then falls back to the
 newest checkpoint that restores and moves each newer one that does not into
 ``RUN/unrestorable_checkpoints/`` (kept, not deleted), saying which and why; opening a run
 for the audit (:func:`dynjax.rundir.load`) stops with a
@@ -18,18 +23,29 @@ shardings, not the writer's, decide the layout.
 """
 from __future__ import annotations
 
+import errno
 import json
 import pathlib
+import re
 import shutil
 import sys
+import time
 
 import jax
 import orbax.checkpoint as ocp
 
-from dynjax import rundir
+from dynjax import integrity, rundir
 from dynjax.errors import CheckpointError, ConfigError
+from dynjax.jsonio import read_json
 
 UNRESTORABLE = "unrestorable_checkpoints"
+HISTORY = "config_history.jsonl"
+# train.* fields that do not change what is trained: never a difference between runs
+NOT_COMPARED = ("allow_changes",)
+
+
+class NonFiniteState(ValueError):
+    """The state to save has a non-finite entry; nothing was written."""
 
 
 def manager(run_dir, every: int, keep: int) -> ocp.CheckpointManager:
@@ -39,8 +55,41 @@ def manager(run_dir, every: int, keep: int) -> ocp.CheckpointManager:
                                  options=options)
 
 
+def will_save(mngr: ocp.CheckpointManager, step: int, force=False) -> bool:
+    return force or mngr.should_save(step)
+
+
 def save(mngr: ocp.CheckpointManager, step: int, state, force=False) -> bool:
-    return mngr.save(step, args=ocp.args.StandardSave(state), force=force)
+    """Save ``state`` as step ``step`` if the cadence (or ``force``) says so, with its
+    digests. A non-finite state raises :class:`NonFiniteState` and writes nothing."""
+    if not will_save(mngr, step, force):
+        return False
+    sums, bad = integrity.digest(state)
+    if bad:
+        raise NonFiniteState(f"non-finite values in {bad[0]}"
+                             + (f" and {len(bad) - 1} more arrays" if len(bad) > 1 else ""))
+    folder = pathlib.Path(mngr.directory)
+    try:
+        with rundir.guarded_read():   # a failed write's I/O threads print tracebacks to fd 2
+            saved = mngr.save(step, args=ocp.args.StandardSave(state), force=True)
+            if saved and jax.process_index() == 0:
+                integrity.write(folder / str(step), sums)
+    except OSError:
+        raise
+    except Exception as e:  # noqa: BLE001  tensorstore reports a full disk as a ValueError
+        raise _as_os_error(e, folder) from None
+    return saved
+
+
+def _as_os_error(e: BaseException, folder) -> BaseException:
+    """orbax/tensorstore's write failure as the OSError it wraps (errno from the message)."""
+    line = rundir.why(e)
+    m = re.search(r"os_error_code='(\d+)'", line)
+    code = int(m.group(1)) if m else (errno.ENOSPC if "No space left" in line else None)
+    if code is None:
+        return e
+    return OSError(code, f"{errno.errorcode.get(code, '')} while saving a checkpoint"
+                   .strip(), str(folder))
 
 
 def restore(mngr: ocp.CheckpointManager, abstract_state, step=None):
@@ -50,12 +99,15 @@ def restore(mngr: ocp.CheckpointManager, abstract_state, step=None):
 
 
 def try_restore(mngr: ocp.CheckpointManager, abstract_state, step: int):
-    """``(state, None)``, or ``(None, why)`` when step ``step`` cannot be restored."""
+    """``(state, None)``, or ``(None, why)`` when step ``step`` cannot be restored, or what
+    it restores is not what was saved (digests) or not finite."""
     try:
         with rundir.guarded_read():
-            return restore(mngr, abstract_state, step), None
+            state = restore(mngr, abstract_state, step)
     except Exception as e:  # noqa: BLE001  orbax/tensorstore raise many types for bad files
         return None, rundir.why(e)
+    why = integrity.check(pathlib.Path(mngr.directory) / str(step), state)
+    return (None, why) if why else (state, None)
 
 
 def restore_newest(mngr: ocp.CheckpointManager, abstract_state, run_dir, log=None):
@@ -100,20 +152,56 @@ def _set_aside(run_dir, step: int) -> pathlib.Path:
     return dest
 
 
-def check_same_run(run_dir, config, keys=None) -> None:
+def check_same_run(run_dir, config, keys=None) -> list[str]:
     """Refuse to resume ``run_dir`` if its config.json differs from ``config`` (in ``keys``,
-    or anywhere); the message names the fields that differ."""
-    path = pathlib.Path(run_dir) / "config.json"
+    or anywhere but ``train``); the message names the fields that differ. A changed
+    ``train.*`` field is refused too, unless ``train.allow_changes``: then the changes are
+    returned (for :func:`record_changes`), and config.json keeps how the run began."""
+    path = pathlib.Path(run_dir) / rundir.CONFIG
     if not path.exists():
-        return
-    old, new = json.loads(path.read_text()), json.loads(json.dumps(config.to_dict()))
-    keys = keys or sorted(set(old) | set(new))
+        return []
+    old = read_json(path, fix=(
+        "config.json records how the run was made: restore it from a copy, or delete "
+        f"{run_dir} to train the run from the start"))
+    new = json.loads(json.dumps(config.to_dict()))
+    keys = [k for k in (keys or sorted(set(old) | set(new))) if k != "train"]
     diffs = [d for k in keys for d in _diff(old.get(k), new.get(k), k)]
     if diffs:
-        shown = "; ".join(diffs[:3]) + (f"; {len(diffs) - 3} more" if len(diffs) > 3 else "")
-        raise ConfigError(f"{run_dir} holds a run trained with a different config ({shown}); "
-                          "use a new --workdir (scripts/main.sh: RUN=NEW_DIR), or delete "
-                          f"{run_dir} to start over")
+        raise ConfigError(f"{run_dir} holds a run trained with a different config "
+                          f"({_shown(diffs)}); use a new --workdir (scripts/main.sh: "
+                          f"RUN=NEW_DIR), or delete {run_dir} to start over")
+    old_t, new_t = effective_train(run_dir, old.get("train", {})), new.get("train", {})
+    changes = [d for k in sorted(new_t) if k in old_t and k not in NOT_COMPARED
+               for d in _diff(old_t[k], new_t[k], f"train.{k}")]
+    if changes and not new_t.get("allow_changes", False):
+        raise ConfigError(f"{run_dir} was trained with other train settings ({_shown(changes)})"
+                          "; resume with the run's values, or pass "
+                          "--config.train.allow_changes=true to change them (recorded in "
+                          f"{pathlib.Path(run_dir) / HISTORY}; config.json keeps the original)")
+    return changes
+
+
+def effective_train(run_dir, original: dict) -> dict:
+    """The ``train`` fields the run trains with now: config.json's, or the last accepted
+    change's (``config_history.jsonl``)."""
+    from dynjax.train.metrics import read_records
+
+    history = read_records(pathlib.Path(run_dir) / HISTORY)
+    return history[-1]["train"] if history else original
+
+
+def record_changes(run_dir, step: int, changes: list[str], config) -> None:
+    """Append accepted ``train.*`` changes (and the ``train`` fields now in force) to
+    ``RUN/config_history.jsonl``."""
+    from dynjax.train.metrics import append_line
+
+    append_line(pathlib.Path(run_dir) / HISTORY,
+                {"step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                 "changes": changes, "train": config.train.to_dict()})
+
+
+def _shown(diffs: list[str]) -> str:
+    return "; ".join(diffs[:3]) + (f"; {len(diffs) - 3} more" if len(diffs) > 3 else "")
 
 
 def _diff(old, new, where: str) -> list[str]:

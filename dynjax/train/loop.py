@@ -17,7 +17,9 @@ directory's files and the progress bar.
 """
 from __future__ import annotations
 
+import contextlib
 import pathlib
+import sys
 import time
 
 import jax
@@ -25,10 +27,11 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from dynjax import errors, rundir
-from dynjax.jsonio import write_json_atomic
+from dynjax.jsonio import check_writable, write_json_atomic
 from dynjax.parallel import distributed
-from dynjax.train import checkpoint, classify, lm
+from dynjax.train import checkpoint, classify, guard, lm, preempt
 from dynjax.train.metrics import JsonlWriter
+from dynjax.train.runlock import RunLock
 
 
 def task_of(config):
@@ -55,45 +58,87 @@ def _initial_state(task, mngr, run_dir, main: bool):
 
 
 def train(config, workdir: str, progress: bool = True) -> dict:
-    """Train (or resume) a run in ``workdir``; returns the final evaluation dict."""
+    """Train (or resume) a run in ``workdir``; returns the final evaluation dict. A finished
+    run (its final checkpoint restores and eval.json scored it) is not trained or evaluated
+    again: its eval.json is returned, and a line says so."""
     # Every check before the run directory is written: the config (a ConfigError, also for
     # what only tracing the model finds, e.g. a MoD capacity of 0 tokens), the devices, the
-    # run already in the directory, the data.
+    # run already in the directory, the workdir's writability, the data.
     with errors.config_errors():
         task = task_of(config)(config)
     config, tc = task.config, task.config.train
     run_dir = pathlib.Path(workdir)
-    checkpoint.check_same_run(run_dir, config, keys=task.same_run_keys)
-    task.load_data()
+    changes = checkpoint.check_same_run(run_dir, config, keys=task.same_run_keys)
     main = distributed.is_main()
-    progress = progress and main
+    if main:
+        check_writable(run_dir, "--workdir")
+    task.load_data()
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
+    with (RunLock(run_dir) if main else contextlib.nullcontext()), \
+            preempt.StopOnSignal() as stop:
+        return _train(task, run_dir, changes, stop, progress and main, main)
+
+
+def _finished(run_dir, start: int, steps: int) -> dict | None:
+    """The run's eval.json if it evaluated step ``steps`` and resumes there (that
+    checkpoint restored: a damaged one was set aside and is trained again)."""
+    result = rundir.read_eval(run_dir) if start == steps else None
+    return result if result is not None and result.get("step") == steps else None
+
+
+def _train(task, run_dir, changes, stop, progress: bool, main: bool) -> dict:
+    config, tc = task.config, task.config.train
+    if main and not (run_dir / rundir.CONFIG).exists():   # config.json: how the run began
         write_json_atomic(run_dir / rundir.CONFIG, config.to_dict())
 
     mngr = checkpoint.manager(run_dir, tc.ckpt_every, tc.keep_checkpoints)
     state = _initial_state(task, mngr, run_dir, main)
     start = int(state["step"])
+    finished = _finished(run_dir, start, tc.steps)
+    if finished is not None:
+        if main:
+            print(f"{run_dir} is finished (step {start} of {tc.steps}, eval.json written): "
+                  "nothing to do; raise --config.train.steps (with "
+                  "--config.train.allow_changes=true) to train it further")
+        return finished
+    if changes and main:
+        checkpoint.record_changes(run_dir, start, changes, config)
+        print(f"note: {run_dir} resumes at step {start} with changed train settings "
+              f"({'; '.join(changes)}), recorded in {run_dir / checkpoint.HISTORY}",
+              file=sys.stderr)
     n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(state["params"]))
-    step_fn = task.train_step()
-    writer = JsonlWriter(run_dir / rundir.METRICS, resume_step=start)
+    skip = bool(tc.get("skip_nonfinite", False))
+    step_fn = guard.guarded_step(task.train_step(), skip, _compiler_options(task))
+    record = guard.init_record()
+    final = lambda r: start == tc.steps and r.get("split") in ("validation", "test")  # noqa: E731
+    writer = JsonlWriter(run_dir / rundir.METRICS, resume_step=start, redo=final)
     # Multi-device CPU simulation can deadlock when steps are pipelined: block each step.
     block_each = jax.device_count() > 1 or tc.get("block_every_step", False)
 
     bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, disable=not progress,
                desc=task.desc(n_params), mininterval=2)
+    spikes = guard.SpikeWatch(tc.get("spike_factor", guard.DEFAULT_SPIKE_FACTOR),
+                              log=lambda line: print(line, file=sys.stderr))
     t_last, step_last = time.perf_counter(), start
     for step in bar:
-        state, metrics = step_fn(state, *task.batch(step))
+        state, record, metrics = step_fn(state, record, *task.batch(step))
         if block_each:
             jax.block_until_ready(state)
         done = step + 1
-        if done % tc.log_every == 0 or done == tc.steps:
+        logged = done % tc.log_every == 0 or done == tc.steps
+        saving = checkpoint.will_save(mngr, done, force=done == tc.steps or bool(stop.signum))
+        if logged or saving:   # the guard is read where the loop syncs anyway
+            skipped = _check_finite(record, skip, mngr, run_dir)
+        if logged:
             metrics = jax.device_get(metrics)
             now = time.perf_counter()
-            record = {"step": done, **task.log_record(metrics, done - step_last, now - t_last)}
-            writer.write(record)
-            bar.set_postfix(task.postfix(record))
+            line = {"step": done, **task.log_record(metrics, done - step_last, now - t_last)}
+            if skip:
+                line["skipped_nonfinite"] = skipped
+            writer.write(line)
+            spikes.see(done, float(guard.loss_of(metrics)))
+            bar.set_postfix(task.postfix(line))
             t_last, step_last = now, done
         if done % tc.eval_every == 0 and done != tc.steps:
             val = task.evaluate(state, "validation", done)
@@ -101,9 +146,14 @@ def train(config, workdir: str, progress: bool = True) -> dict:
             line = task.describe(val)
             if progress and line:
                 bar.write(f"step {done} validation {line}")
-        checkpoint.save(mngr, done, state, force=done == tc.steps)
+        if saving:
+            _save(mngr, done, state, run_dir)
+        if stop.signum:
+            break
     mngr.wait_until_finished()
     bar.close()
+    if stop.signum:
+        raise preempt.Preempted(stop.signum, int(state["step"]), run_dir)
 
     result = {"step": int(state["step"]), "params": n_params}
     for split in ("validation", "test"):
@@ -116,3 +166,37 @@ def train(config, workdir: str, progress: bool = True) -> dict:
     if main:
         write_json_atomic(run_dir / rundir.EVAL, result)
     return result
+
+
+def _compiler_options(task):
+    """The task's train-step XLA options (the guard compiles the step into its program)."""
+    hooks = getattr(task, "hooks", None)
+    return hooks.compiler_options(jax.default_backend()) if hooks is not None else None
+
+
+def _check_finite(record, skip: bool, mngr, run_dir) -> int:
+    """Stop (NonFiniteError) if a step since the last check was non-finite, unless ``skip``;
+    returns the number of skipped steps."""
+    record = jax.device_get(record)
+    bad = int(record["first_bad"])
+    if bad >= 0 and not skip:
+        _diverged(f"step {bad} has a non-finite loss or gradient", mngr, run_dir)
+    return int(record["skipped"])
+
+
+def _save(mngr, step: int, state, run_dir) -> None:
+    try:
+        checkpoint.save(mngr, step, state, force=True)
+    except checkpoint.NonFiniteState as e:
+        _diverged(f"the state after step {step} has {e}", mngr, run_dir)
+
+
+def _diverged(what: str, mngr, run_dir):
+    last = mngr.latest_step()
+    newest = (f"the newest checkpoint, step {last}, is finite" if last is not None
+              else "no checkpoint was saved yet")
+    raise errors.NonFiniteError(
+        f"training diverged: {what}; nothing non-finite was saved ({newest}: "
+        f"{run_dir}/checkpoints). Lower train.lr or train.clip_norm, or raise "
+        "train.warmup_steps, and re-run with --config.train.allow_changes=true (it resumes "
+        "from that checkpoint); or skip such steps with --config.train.skip_nonfinite=true")

@@ -1,27 +1,76 @@
-"""The run's metric log: one JSON object per line, written by process 0 only."""
+"""The run's metric log: one JSON object per line, written by process 0 only.
+
+Appends are crash-safe: each record is one ``write`` of a whole line, flushed, so a kill or
+a full disk can leave at most a torn last line. On resume that line is dropped with a
+warning (it belongs to steps the run is about to redo), as are records written after the
+checkpoint being resumed; a malformed line anywhere else is a :class:`CorruptFile` naming
+the line, since it means the file was edited or damaged, not torn.
+"""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import sys
 
 import jax
 
-from dynjax.jsonio import to_python, write_text_atomic
+from dynjax.jsonio import CorruptFile, to_python, write_text_atomic
+
+
+def read_records(path, warn=None) -> list[dict]:
+    """The records of a JSONL file (none if it is absent). A torn last line is dropped (and
+    ``warn``\\ ed); a bad line before it raises :class:`CorruptFile`."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        return []
+    text = path.read_text()
+    lines = text.split("\n")
+    records = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:           # no newline after it: an append cut short
+                if warn:
+                    warn(f"warning: dropped the torn last line of {path} ({len(line)} bytes "
+                         "written by an append that was cut short)")
+                break
+            raise CorruptFile(f"{path} line {i + 1} is not JSON: the log was damaged or "
+                              f"edited; delete line {i + 1} (or restore the file) and re-run"
+                              ) from None
+    return records
+
+
+def append_line(path, record: dict) -> None:
+    """Append ``record`` as one line with a single write (a crash leaves it whole or torn)."""
+    data = (json.dumps(to_python(record)) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
 
 
 class JsonlWriter:
     """Appends one JSON object per line. On resume, records past ``resume_step`` (written
-    after the checkpoint that is being resumed) are dropped so the log matches the run."""
+    after the checkpoint that is being resumed) are dropped so the log matches the run, and
+    so are ``redo`` records at ``resume_step`` itself (the final evaluation, when the run
+    stopped between its last checkpoint and eval.json)."""
 
-    def __init__(self, path, resume_step: int | None = None):
+    def __init__(self, path, resume_step: int | None = None, redo=lambda record: False):
         self.path = pathlib.Path(path)
         self.active = jax.process_index() == 0
         if self.active and resume_step is not None and self.path.exists():
-            keep = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
-            write_text_atomic(self.path, "".join(line + "\n" for line in keep))
+            warn = lambda line: print(line, file=sys.stderr)  # noqa: E731
+            keep = [r for r in read_records(self.path, warn)
+                    if r.get("step", 0) < resume_step
+                    or (r.get("step", 0) == resume_step and not redo(r))]
+            write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in keep))
 
     def write(self, record: dict) -> None:
         if self.active:
-            with self.path.open("a") as f:
-                f.write(json.dumps(to_python(record)) + "\n")
+            append_line(self.path, record)

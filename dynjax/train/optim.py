@@ -13,14 +13,35 @@ def make_optimizer(tc) -> optax.GradientTransformation:
         end_value=tc.lr * tc.min_lr_ratio)
     return optax.chain(
         optax.clip_by_global_norm(tc.clip_norm),
-        optax.adamw(schedule, b1=tc.b1, b2=tc.b2, weight_decay=tc.weight_decay,
+        optax.adamw(schedule, b1=tc.b1, b2=tc.b2, eps=tc.get("eps", 1e-8),
+                    weight_decay=tc.weight_decay,
                     mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)))
 
 
 def check_train_config(tc) -> None:
-    """The schedule fields the loop (any task) relies on."""
-    for name in ("steps", "batch_size", "log_every", "eval_every", "ckpt_every"):
-        if tc[name] <= 0:
+    """The schedule and optimizer fields the loop (any task) relies on: a value optax would
+    take and train on silently (b2=2, a negative clip) is refused here."""
+    for name in ("steps", "batch_size", "log_every", "eval_every", "ckpt_every",
+                 "keep_checkpoints"):
+        if tc.get(name, 1) <= 0:
             raise ValueError(f"train.{name}={tc[name]} must be positive")
     if not 0 < tc.lr < 1:
         raise ValueError(f"train.lr={tc.lr} is outside (0, 1)")
+    for name in ("b1", "b2"):
+        if not 0 <= tc[name] < 1:
+            raise ValueError(f"train.{name}={tc[name]} must be in [0, 1) (Adam's decay rate; "
+                             "the usual values are b1=0.9, b2=0.95-0.999)")
+    if not tc.get("eps", 1e-8) > 0:
+        raise ValueError(f"train.eps={tc.eps} must be positive (Adam's denominator guard)")
+    if not tc.clip_norm >= 0:
+        raise ValueError(f"train.clip_norm={tc.clip_norm} must be >= 0")
+    if not tc.weight_decay >= 0:
+        raise ValueError(f"train.weight_decay={tc.weight_decay} must be >= 0")
+    if not 0 <= tc.min_lr_ratio <= 1:
+        raise ValueError(f"train.min_lr_ratio={tc.min_lr_ratio} must be in [0, 1]")
+    if not 0 <= tc.warmup_steps <= tc.steps:
+        raise ValueError(f"train.warmup_steps={tc.warmup_steps} must be in [0, "
+                         f"train.steps={tc.steps}]")
+    if not tc.get("spike_factor", 0) >= 0:
+        raise ValueError(f"train.spike_factor={tc.spike_factor} must be >= 0 (0: no "
+                         "loss-spike warning)")

@@ -1,0 +1,72 @@
+"""The non-finite guard and the loss-spike warning: training that diverged is stopped (or
+its updates skipped), never saved, and a loss that explodes is said out loud.
+
+:func:`guarded_step` wraps a task's jitted train step in one more jitted program that also
+carries a small device-side record ``{"first_bad": step or -1, "skipped": count}``: a step
+is bad when its loss or its gradient norm (hence some gradient) is not finite. Nothing
+is read back per step; the loop reads the record where it already syncs (a logged step)
+and always before a checkpoint save. With ``train.skip_nonfinite`` a bad step keeps the
+previous parameters and optimizer state (only the step counter advances, so the next batch
+is the one an uninterrupted run would read) and is counted instead.
+
+The spike warning compares each logged loss with the median of the last
+:data:`SPIKE_WINDOW` logged losses: ``train.spike_factor`` times that median or more (and
+the median is positive) prints one warning line; 0 turns it off.
+"""
+from __future__ import annotations
+
+import collections
+import statistics
+
+import jax
+import jax.numpy as jnp
+
+SPIKE_WINDOW = 20
+DEFAULT_SPIKE_FACTOR = 3.0
+
+
+def init_record():
+    return {"first_bad": jnp.int32(-1), "skipped": jnp.int32(0)}
+
+
+def loss_of(metrics):
+    """The loss a task's step reports (a classifier's ``loss``-free metrics: ``ce``)."""
+    return metrics["loss"] if "loss" in metrics else metrics["ce"]
+
+
+def guarded_step(step_fn, skip_nonfinite: bool, compiler_options=None):
+    """``(state, record, *batch) -> (state, record, metrics)``: ``step_fn`` plus the guard."""
+    def step(state, record, *batch):
+        new, metrics = step_fn(state, *batch)
+        finite = jnp.isfinite(loss_of(metrics)) & jnp.isfinite(metrics["grad_norm"])
+        if skip_nonfinite:
+            keep = {k: v for k, v in new.items() if k != "step"}
+            old = {k: v for k, v in state.items() if k != "step"}
+            new = {"step": new["step"], **jax.tree.map(
+                lambda n, o: jnp.where(finite, n, o), keep, old)}
+        first = jnp.where((record["first_bad"] < 0) & ~finite, state["step"] + 1,
+                          record["first_bad"])
+        record = {"first_bad": first, "skipped": record["skipped"] + (~finite).astype(jnp.int32)}
+        return new, record, metrics
+
+    return jax.jit(step, donate_argnums=(0, 1), compiler_options=compiler_options)
+
+
+class SpikeWatch:
+    """Warns when a logged loss is ``factor`` times the running median or more."""
+
+    def __init__(self, factor: float, log):
+        self.factor, self.log = factor, log
+        self.recent = collections.deque(maxlen=SPIKE_WINDOW)
+
+    def see(self, step: int, loss: float) -> None:
+        if self.factor > 0 and len(self.recent) >= 3:
+            median = statistics.median(self.recent)
+            if median > 0 and loss >= self.factor * median:
+                self.log(f"warning: loss spike at step {step}: {loss:.4g} is "
+                         f"{loss / median:.1f}x the median {median:.4g} of the last "
+                         f"{len(self.recent)} logged steps (train.spike_factor="
+                         f"{self.factor:g}); lower train.lr or raise train.warmup_steps if it "
+                         "does not come back down")
+        if loss == loss and abs(loss) != float("inf"):
+            self.recent.append(loss)
