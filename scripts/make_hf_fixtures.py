@@ -17,16 +17,18 @@ max |logit difference| per architecture, with this command line, to ``--results`
 """
 from __future__ import annotations
 
-import argparse
-import os
 import pathlib
-import shutil
 import sys
-
-import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
+reexec(__name__)
+import argparse  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 COMMON = dict(vocab_size=256, hidden_size=48, num_attention_heads=4, num_key_value_heads=2,
               head_dim=12, initializer_range=0.08, rms_norm_eps=1e-6,
@@ -146,7 +148,6 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "tests/data/hf"))
     ap.add_argument("--results", default=str(ROOT / "results/hf_parity.json"))
-    ap.add_argument("--only", default="", help="comma-separated architectures")
     args = ap.parse_args()
     from dynjax import jsonio
 
@@ -154,9 +155,8 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = out / "tokenizer.json"
     train_tokenizer(tokenizer)
-    archs = [a for a in ARCHS if not args.only or a in args.only.split(",")]
     table = {}
-    for arch in archs:
+    for arch in ARCHS:
         made = build(arch, out / arch, tokenizer)
         table[arch] = {**made, **parity(out / arch)}
         print(arch, table[arch], flush=True)
