@@ -31,6 +31,7 @@ from ml_collections import config_flags
 
 from dynjax import errors
 from dynjax.audit import run
+from dynjax.jsonio import check_writable
 from dynjax.parallel import distributed
 
 config_flags.DEFINE_config_file("config", "configs/audit_tiny.py", "configs/NAME.py",
@@ -46,8 +47,21 @@ flags.mark_flag_as_required("out")
 distributed.define_flags(flags)
 
 
+def check_inputs() -> None:
+    """What fails only after the whole audit ran, checked before it starts: the output
+    folder's writability and the window counts."""
+    F = flags.FLAGS
+    check_writable(F.out, "--out")
+    dc = F.config.data
+    if not F.combine and (int(dc.eval_windows) < 2 or int(dc.calib_windows) < 1):
+        raise run.AuditError(f"data.eval_windows={dc.eval_windows} and data.calib_windows="
+                             f"{dc.calib_windows}: the audit needs at least 2 evaluation "
+                             "windows (cross-input reassignment) and 1 calibration window")
+
+
 def audit_or_combine(run_dirs):
     F = flags.FLAGS
+    check_inputs()
     if not F.combine:
         return run.audit_from_config(F.config, run_dirs, F.muddpythia, F.out)
     if run_dirs or F.muddpythia:

@@ -38,7 +38,9 @@ def main(argv):
     # a bad config, missing data, no restorable checkpoint: one line and exit status 2
     try:
         result = errors.run_program("train.py", lambda: loop.train(
-            flags.FLAGS.config, flags.FLAGS.workdir, progress=flags.FLAGS.progress))
+            flags.FLAGS.config, flags.FLAGS.workdir, progress=flags.FLAGS.progress),
+            os_hint="then re-run the same command: it resumes from the newest complete "
+                    "checkpoint")
     except preempt.Preempted as stopped:   # SIGTERM/SIGINT: saved, then stopped
         print(f"train.py: {stopped}", file=sys.stderr)
         sys.exit(preempt.exit_status(stopped.signum))

@@ -92,15 +92,15 @@ def exit_with_error(prog: str, message) -> None:
     os._exit(EXIT_USAGE)
 
 
-def run_program(prog: str, fn, errors: tuple = ()):
+def run_program(prog: str, fn, errors: tuple = (), os_hint: str = ""):
     """``fn()``; a user error (:data:`USER_ERRORS` or ``errors``) or a filesystem error
-    (``OSError``) exits via :func:`exit_with_error`."""
+    (``OSError``, followed by ``os_hint``) exits via :func:`exit_with_error`."""
     try:
         return fn()
     except (*USER_ERRORS, *errors) as e:
         exit_with_error(prog, e)
     except OSError as e:
-        exit_with_error(prog, describe_os_error(e))
+        exit_with_error(prog, describe_os_error(e, os_hint))
 
 
 def flags_parser(prog: str):

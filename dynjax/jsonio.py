@@ -105,7 +105,7 @@ def check_writable(path, what: str) -> None:
     while not probe.exists():
         probe = probe.parent
     if not probe.is_dir():
-        raise OSError(errno.ENOTDIR, f"{what}: {probe} is a file, not a folder", str(path))
+        raise OSError(errno.ENOTDIR, f"Not a directory ({what}; {probe} is a file)", str(path))
     try:
         fd, tmp = tempfile.mkstemp(prefix=".dynjax_write_probe.", dir=probe)
         try:
@@ -114,7 +114,7 @@ def check_writable(path, what: str) -> None:
             os.close(fd)
             os.unlink(tmp)
     except OSError as e:
-        raise OSError(e.errno, f"{what}: {e.strerror}", str(path)) from None
+        raise OSError(e.errno, f"{e.strerror} ({what})", str(path)) from None
 
 
 def read_jsonl(path) -> list:

@@ -19,6 +19,7 @@ buffers (fusion temporaries, collectives) come on top: leave some headroom.
 from __future__ import annotations
 
 import math
+import pathlib
 import re
 
 import flax.linen as nn
@@ -162,11 +163,13 @@ def main(argv):
     from absl import flags, logging
 
     from dynjax import errors
-    from dynjax.jsonio import command_line, write_json_atomic
+    from dynjax.jsonio import check_writable, command_line, write_json_atomic
 
     del argv
     logging.set_verbosity(logging.WARNING)  # no "Unable to initialize backend" notes
     f = flags.FLAGS
+    if f.out:   # before the plan is traced: a bad --out is one line, not a late traceback
+        check_writable(pathlib.Path(f.out).absolute().parent, "--out")
     config = f.config
     given = f["device-memory"].value
     with errors.config_errors():  # bad input: one line, exit status 2
@@ -182,6 +185,7 @@ def main(argv):
     result["command"] = command_line()
     print(describe(result, memory))
     if f.out:
+        pathlib.Path(f.out).absolute().parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(f.out, result)
 
 

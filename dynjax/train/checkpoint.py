@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import pathlib
 import re
 import shutil
@@ -77,19 +78,21 @@ def save(mngr: ocp.CheckpointManager, step: int, state, force=False) -> bool:
     except OSError:
         raise
     except Exception as e:  # noqa: BLE001  tensorstore reports a full disk as a ValueError
-        raise _as_os_error(e, folder) from None
+        raise _as_os_error(e, folder, step) from None
     return saved
 
 
-def _as_os_error(e: BaseException, folder) -> BaseException:
+def _as_os_error(e: BaseException, folder, step: int) -> BaseException:
     """orbax/tensorstore's write failure as the OSError it wraps (errno from the message)."""
-    line = rundir.why(e)
+    inner = e
+    while (inner.__cause__ or inner.__context__) is not None:
+        inner = inner.__cause__ or inner.__context__
+    line = f"{e} {inner}"
     m = re.search(r"os_error_code='(\d+)'", line)
     code = int(m.group(1)) if m else (errno.ENOSPC if "No space left" in line else None)
     if code is None:
         return e
-    return OSError(code, f"{errno.errorcode.get(code, '')} while saving a checkpoint"
-                   .strip(), str(folder))
+    return OSError(code, f"{os.strerror(code)} (saving checkpoint step {step})", str(folder))
 
 
 def restore(mngr: ocp.CheckpointManager, abstract_state, step=None):
