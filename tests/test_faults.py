@@ -114,7 +114,7 @@ def test_a_non_finite_state_is_never_saved(tmp_path, monkeypatch):
     see it): the save refuses it, so keep-1 does not delete step 3 to make room."""
     monkeypatch.setattr(loop, "task_of", lambda config: _diverging(6, 6, loss_too=False))
     with pytest.raises(errors.NonFiniteError, match=r"the state after step 6 has non-finite "
-                       r"values in \['params'\].* the newest checkpoint, step 3, is finite"):
+                       r"values in \['params'\].*the newest checkpoint, step 3, is finite"):
         loop.train(_nan_config(), str(tmp_path), progress=False)
     assert _saved(tmp_path) == [3]
 
@@ -184,12 +184,16 @@ def test_a_flipped_bit_is_caught_set_aside_and_retrained(base, tmp_path, capsys)
     metrics.jsonl (a kill during an append): dropped with a warning."""
     run = _copy(base, tmp_path)
     (run / "eval.json").unlink()
-    for f in (run / "checkpoints" / "6" / "default").rglob("d/*"):
+    # the array data files (orbax rejects a flip in its small index files itself)
+    for f in (run / "checkpoints" / "6" / "default" / "ocdbt.process_0" / "d").iterdir():
+        if f.stat().st_size < 16384:
+            continue
         data = bytearray(f.read_bytes())
-        data[len(data) // 2] ^= 0x10
+        for i in range(len(data) // 8, len(data), len(data) // 8):
+            data[i] ^= 0x10
         f.write_bytes(bytes(data))
     with pytest.raises(errors.CheckpointError, match=r"cannot be restored \(checksum mismatch "
-                       r"in \['params'\]"):
+                       r"in \[[^]]*'params'"):
         rundir.load_params(run)
     with (run / "metrics.jsonl").open("a") as f:
         f.write('{"step": 8, "loss": 2.7')                        # torn: no newline
@@ -200,7 +204,9 @@ def test_a_flipped_bit_is_caught_set_aside_and_retrained(base, tmp_path, capsys)
     assert f"warning: dropped the torn last line of {run / 'metrics.jsonl'}" in err
     assert (run / "unrestorable_checkpoints" / "6").is_dir()
     chex.assert_trees_all_equal(_params(run), _params(base[0]))
-    assert read_jsonl(run / "metrics.jsonl") == read_jsonl(base[0] / "metrics.jsonl")
+    untimed = lambda path: [{k: v for k, v in r.items() if k != "tokens_per_s"}  # noqa: E731
+                            for r in read_jsonl(path)]
+    assert untimed(run / "metrics.jsonl") == untimed(base[0] / "metrics.jsonl")
 
 
 # ------------------------------------------------------------------ the run record
