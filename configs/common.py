@@ -30,6 +30,12 @@ def base(variant: str) -> ml_collections.ConfigDict:
         steps=1000, batch_size=32, lr=3e-3, warmup_steps=100, min_lr_ratio=0.1,
         weight_decay=0.1, clip_norm=1.0, b1=0.9, b2=0.95,
         log_every=50, eval_every=500, ckpt_every=500, keep_checkpoints=2))
+    # init_from: start from another run's params, DIR or DIR:STEP (dynjax/train/convert.py:
+    # dense -> MoD routers fitted with gain init_router_gain on init_calibration_windows
+    # train windows; dense -> MoE experts = copies of the MLP plus init_upcycle_noise * std
+    # noise); the loss jump on init_report_windows validation windows goes to metrics.jsonl.
+    c.train.update(dict(init_from="", init_router_gain=2.0, init_upcycle_noise=0.0,
+                        init_calibration_windows=64, init_report_windows=64))
     # route: the headline routing rule of a routed model ("" = the predictor if trained,
     # else the router; see dynjax.train.evaluation); decode_check_windows: test windows
     # that MoD's KV-cache decoder re-scores to check it agrees with the causal forward.

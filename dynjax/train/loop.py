@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from dynjax import errors, rundir
 from dynjax.jsonio import write_json_atomic
 from dynjax.parallel import distributed
-from dynjax.train import checkpoint, classify, lm
+from dynjax.train import checkpoint, classify, convert, lm
 from dynjax.train.metrics import JsonlWriter
 
 
@@ -41,11 +41,13 @@ def summary(config, result: dict) -> list[str]:
     return [task_of(config).summary(split, result[split]) for split in ("validation", "test")]
 
 
-def _initial_state(task, mngr, run_dir, main: bool):
-    """The newest checkpoint that restores, or a fresh state from the seed."""
+def _initial_state(task, mngr, run_dir, main: bool, source=None):
+    """The newest checkpoint that restores, or a fresh state from the seed (its params
+    converted from ``source``'s when the run has one: dynjax.train.convert)."""
     if mngr.latest_step() is None:
-        return jax.jit(task.init_state, out_shardings=task.state_shardings)(
+        state = jax.jit(task.init_state, out_shardings=task.state_shardings)(
             jax.random.key(task.config.seed))
+        return state if source is None else source.convert(task, state)
     target = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                           task.abstract, task.state_shardings)
     state = checkpoint.restore_newest(mngr, target, run_dir)
@@ -65,6 +67,7 @@ def train(config, workdir: str, progress: bool = True) -> dict:
     run_dir = pathlib.Path(workdir)
     checkpoint.check_same_run(run_dir, config, keys=task.same_run_keys)
     task.load_data()
+    source = convert.source_of(config, run_dir)  # train.init_from, recorded in config.json
     main = distributed.is_main()
     progress = progress and main
     if main:
@@ -72,11 +75,13 @@ def train(config, workdir: str, progress: bool = True) -> dict:
         write_json_atomic(run_dir / rundir.CONFIG, config.to_dict())
 
     mngr = checkpoint.manager(run_dir, tc.ckpt_every, tc.keep_checkpoints)
-    state = _initial_state(task, mngr, run_dir, main)
+    state = _initial_state(task, mngr, run_dir, main, source)
     start = int(state["step"])
     n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(state["params"]))
     step_fn = task.train_step()
     writer = JsonlWriter(run_dir / rundir.METRICS, resume_step=start)
+    if source is not None and source.report is not None:
+        writer.write(source.report)              # the loss jump at conversion, step 0
     # Multi-device CPU simulation can deadlock when steps are pipelined: block each step.
     block_each = jax.device_count() > 1 or tc.get("block_every_step", False)
 
