@@ -154,6 +154,23 @@ MUTANTS = (
     Mutant("nll_scores_the_current_token", "dynjax/models/transformer.py",
            "tokens[:, 1:, None], axis=-1)[..., 0]", "tokens[:, :-1, None], axis=-1)[..., 0]",
            ("tests/test_gates.py",), "the loss is next-token prediction"),
+    # --- conversions (train.init_from: dynjax/train/convert.py) ---
+    Mutant("upcycled_expert_not_copied_from_mlp", "dynjax/train/convert.py",
+           "out[key] = (np.broadcast_to(mlp, init[key].shape) + noise",
+           "out[key] = (init[key] + noise",
+           ("tests/test_convert.py::test_copied_parameters_are_the_sources",),
+           "every upcycled expert starts as the dense MLP"),
+    Mutant("mod_router_init_zeros", "dynjax/train/convert.py",
+           'fitted[(b, ("router", "proj", "kernel"))] = w[:, None].astype(np.float32)',
+           'fitted[(b, ("router", "proj", "kernel"))] = np.zeros((len(w), 1), np.float32)',
+           ("tests/test_convert.py::test_router_rule_ranks_tokens_by_their_update_not_by_ties",),
+           "a converted MoD router ranks tokens by their update, not by ties"),
+    Mutant("resume_converts_again", "dynjax/train/loop.py",
+           "    state = checkpoint.restore_newest(mngr, target, run_dir)\n",
+           "    state = checkpoint.restore_newest(mngr, target, run_dir)\n"
+           "    state = state if source is None else source.convert(task, state)\n",
+           ("tests/test_convert.py::test_resume_after_conversion_is_bitwise_and_does_not_convert_again",),
+           "a resumed converted run restores its checkpoint and never converts again"),
 )
 
 

@@ -166,12 +166,17 @@ def fit_routers(cfg, mod_blocks, hs, us, init: dict, gain: float) -> tuple[dict,
 
 # ------------------------------------------------------------------------ the conversion
 
-def convert(src_cfg, src_params, cfg, params, *, windows=None, gain: float = 2.0,
-            noise: float = 0.0, seed: int = 0) -> tuple[dict, dict]:
-    """The target ``params`` (its seeded init, giving shapes and the new routers' seeds)
-    filled from the source's: ``(params, report)``. ``windows``: calibration token windows
-    for the MoD router fit (needed when a MoD router is created). Raises ConfigError listing
-    every parameter it cannot fill."""
+def _shapes(cfg, params) -> dict:
+    """``{(block, path): shape}`` of ``block_sites`` (arrays or ShapeDtypeStructs)."""
+    flat = traverse_util.flatten_dict(params)
+    return {key: tuple(flat[path].shape)[0 if i is None else 1:]
+            for key, (path, i) in block_sites(cfg, params).items()}
+
+
+def plan(src_cfg, src_params, cfg, params) -> dict:
+    """How each target parameter is made: ``{(block, path): "copy" | "upcycle" | "create"}``.
+    Works on shapes alone (arrays or ShapeDtypeStructs), so a run checks it before writing
+    its directory. Raises ConfigError listing every parameter it cannot make."""
     for c, what in ((src_cfg, "source"), (cfg, "target")):
         if getattr(c, "family", None) not in FAMILIES:
             raise ConfigError(f"train.init_from converts among the {', '.join(FAMILIES)} "
@@ -181,31 +186,24 @@ def convert(src_cfg, src_params, cfg, params, *, windows=None, gain: float = 2.0
     if core:
         raise ConfigError("train.init_from: the source's core differs from the target's ("
                           + "; ".join(core) + "); set the target's model fields to the source's")
-    src, init = _values(src_cfg, src_params), _values(cfg, params)
-    out, used, problems, conversions = {}, set(), [], set()
-    for key, value in init.items():
+    src, target = _shapes(src_cfg, src_params), _shapes(cfg, params)
+    actions, used, problems = {}, set(), []
+    for key, shape in target.items():
         block, path = key
-        if key in src and src[key].shape == value.shape:
-            out[key] = src[key]
+        mlp = (block, MLP_OF.get(path[-1])) if block is not None and path[0] == "moe" else None
+        if src.get(key) == shape:
+            actions[key] = "copy"
             used.add(key)
-        elif block is not None and path[0] == "moe" and path[1] in MLP_OF \
-                and (block, MLP_OF[path[1]]) in src:
-            mlp = src[(block, MLP_OF[path[1]])]
-            if (value.shape[0],) + mlp.shape != value.shape:
-                problems.append(f"{_name(key)} {value.shape} cannot hold copies of the "
-                                f"source's {'/'.join(MLP_OF[path[1]])} {mlp.shape}")
-                continue
-            rng = np.random.default_rng([seed, block, path[1] == "wo"])
-            out[key] = (mlp[None] + noise * float(mlp.std()) * rng.standard_normal(value.shape)
-                        ).astype(value.dtype)
-            used.add((block, MLP_OF[path[1]]))
-            conversions.add("moe_upcycle")
+        elif mlp and mlp in src:
+            if (shape[0],) + src[mlp] != shape:
+                problems.append(f"{_name(key)} {shape} cannot hold copies of the source's "
+                                f"{'/'.join(mlp[1])} {src[mlp]}")
+            actions[key] = "upcycle"
+            used.add(mlp)
         elif created(path):
-            out[key] = value                       # refitted below for MoD routers
-            if path[0] in ("router", "predictor"):
-                conversions.add("mod")
+            actions[key] = "create"
         elif key in src:
-            problems.append(f"{_name(key)}: source {src[key].shape}, target {value.shape}")
+            problems.append(f"{_name(key)}: source {src[key]}, target {shape}")
         else:
             problems.append(f"{_name(key)}: not in the source")
     problems += [f"the source's {_name(k)} has no place in the target"
@@ -216,14 +214,40 @@ def convert(src_cfg, src_params, cfg, params, *, windows=None, gain: float = 2.0
                           f"source into {cfg.family}/{cfg.variant}: {shown}; use a source of the "
                           "same size whose extra parts the conversion creates (routers, "
                           "predictors, experts from the MLP)")
-    report = {"conversion": "+".join(sorted(conversions)) or "copy"}
-    mod_blocks = sorted({b for (b, p) in init if b is not None and p[0] == "router"
-                         and (b, p) not in src})
+    routers = [b for (b, p), a in actions.items() if a == "create" and p[0] == "router"]
+    if routers and not (src_cfg.variant == "dense" and src_cfg.family != "moe"):
+        raise ConfigError("a MoD router is fitted on a dense source's forward: train.init_from "
+                          f"must be a dense run (got {src_cfg.family}/{src_cfg.variant})")
+    return actions
+
+
+def convert(src_cfg, src_params, cfg, params, *, windows=None, gain: float = 2.0,
+            noise: float = 0.0, seed: int = 0) -> tuple[dict, dict]:
+    """The target ``params`` (its seeded init, giving shapes and the new routers' seeds)
+    filled from the source's as ``plan`` says: ``(params, report)``. ``windows``: calibration
+    token windows for the MoD router fit (needed when a MoD router is created)."""
+    actions = plan(src_cfg, src_params, cfg, params)
+    src, init = _values(src_cfg, src_params), _values(cfg, params)
+    out, kinds = {}, set()
+    for key, action in actions.items():
+        block, path = key
+        if action == "copy":
+            out[key] = src[key]
+        elif action == "upcycle":
+            mlp = src[(block, MLP_OF[path[-1]])]
+            rng = np.random.default_rng([seed, block, path[-1] == "wo"])
+            out[key] = (np.broadcast_to(mlp, init[key].shape) + noise * float(mlp.std())
+                        * rng.standard_normal(init[key].shape)).astype(init[key].dtype)
+            kinds.add("moe_upcycle")
+        else:
+            out[key] = init[key]                   # MoD routers: refitted below
+            if path[0] in ("router", "predictor"):
+                kinds.add("mod")
+    report = {"conversion": "+".join(sorted(kinds)) or "copy"}
+    mod_blocks = sorted({b for (b, p), a in actions.items() if a == "create" and p[0] == "router"})
     if mod_blocks:
-        if windows is None or not (src_cfg.variant == "dense" and src_cfg.family != "moe"):
-            raise ConfigError("a MoD router is fitted on a dense source's forward: train."
-                              f"init_from must be a dense run (got {src_cfg.family}/"
-                              f"{src_cfg.variant})")
+        if windows is None:
+            raise ValueError("a MoD router fit needs calibration windows")
         trees = [traverse_util.unflatten_dict({p: v for (b, p), v in src.items() if b == i})
                  for i in range(src_cfg.n_layers)]
         hs, us = dense_trace(src_cfg, trees, {"embedding": src[(None, ("embed", "embedding"))]},
@@ -317,10 +341,11 @@ def _open(path: pathlib.Path, step: int | None) -> rundir.Run:
     return rundir.load(path, step)
 
 
-def source_of(config, run_dir) -> Source | None:
-    """The run's source (None without ``train.init_from``), its record put into
-    ``config.train.init_source`` for config.json. A run directory that already records one
+def source_of(task, run_dir) -> Source | None:
+    """The run's source (None without ``train.init_from``), checked against the task's
+    model, its record put into ``task.config.train.init_source`` for config.json. A run directory that already records one
     keeps it: the same step and digest, whatever the source holds now."""
+    config = task.config
     spec = config.train.get("init_from", "")
     if not spec:
         return None
@@ -338,6 +363,7 @@ def source_of(config, run_dir) -> Source | None:
     else:
         path, step = parse_source(spec)
         run = _open(path, step)
+        plan(run.model.cfg, run.params, task.model.cfg, task.abstract["params"])
         source = Source({"spec": spec, "path": str(path.resolve()), "step": run.step,
                          "params_sha256": params_sha256(run.params),
                          "family": run.config.model.family,

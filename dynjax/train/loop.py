@@ -67,7 +67,7 @@ def train(config, workdir: str, progress: bool = True) -> dict:
     run_dir = pathlib.Path(workdir)
     checkpoint.check_same_run(run_dir, config, keys=task.same_run_keys)
     task.load_data()
-    source = convert.source_of(config, run_dir)  # train.init_from, recorded in config.json
+    source = convert.source_of(task, run_dir)  # train.init_from, recorded in config.json
     main = distributed.is_main()
     progress = progress and main
     if main:
