@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import zlib
-from typing import Optional
+from typing import ClassVar, Optional
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +49,8 @@ ROPE_TYPES = ("default", "linear", "llama3")
 @dataclasses.dataclass(frozen=True)
 class Config:
     """One decoder LLM. Frozen and made of tuples, so it is hashable (a static jit arg)."""
+
+    family: ClassVar[str] = "llm"    # what dynjax.decoding dispatches on
 
     model_type: str = "llama"        # the HF model_type this config came from (informative)
     vocab_size: int = 256
