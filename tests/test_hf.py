@@ -114,6 +114,28 @@ def test_logical_axes_shard_experts_with_the_ep_preset():
     assert saved == experts * 7 // 8
 
 
+def test_plan_takes_a_port_with_expert_parallelism():
+    """``dynjax.plan`` sizes a training run of a port (the ep preset splits the experts;
+    remat keeps fewer activations)."""
+    import dataclasses
+
+    from ml_collections import ConfigDict
+
+    from configs import tiny
+    from dynjax import plan
+
+    config = tiny.get_config()
+    config.model = ConfigDict(dict(dataclasses.asdict(loaded("olmoe")[0].cfg), family="llm"))
+    config.data.seq_len, config.train.batch_size = 16, 2
+    mesh = {"data": 1, "fsdp": 1, "tensor": 4}
+    ep = plan.plan(config, mesh, sharding.PRESETS["ep"])
+    dp = plan.plan(config, mesh, sharding.PRESETS["dp"])
+    assert ep["params_count"] == dp["params_count"] == sum(
+        a.size for a in jax.tree.leaves(loaded("olmoe")[1]))
+    assert ep["params"] < dp["params"]
+    assert ep["activations_remat"] < ep["activations_no_remat"]
+
+
 # ---------------------------------------------------------------------------- errors
 
 def _copy(tmp_path, arch="olmoe"):
