@@ -326,6 +326,13 @@ class Source:
 
 
 def _open(path: pathlib.Path, step: int | None) -> rundir.Run:
+    from dynjax.loaders import hf
+
+    if hf.is_hf_dir(path):
+        raise ConfigError(f"train.init_from={str(path)!r} is a Hugging Face checkpoint (the llm "
+                          "family: SwiGLU MLPs, grouped-query attention, its own tokenizer); "
+                          "the MoD and MoE families this converts into are built on the byte-"
+                          "level core (GELU MLPs), so start from a dynjax run directory")
     if not (path / rundir.CONFIG).exists():
         raise ConfigError(f"train.init_from={str(path)!r} is not a dynjax run directory (no "
                           f"{rundir.CONFIG}); point it at a train.py --workdir")
