@@ -90,6 +90,53 @@ def train(name: str, arm: tuple, seed: int, runs: Path, cont_lr: float) -> dict:
     return json.loads((workdir / "eval.json").read_text())
 
 
+def router_ablation(runs: Path, seed: int, windows: int = 64) -> dict:
+    """The converted MoD's validation bits/byte before any training, per router init: the
+    fitted rule at several gains, the target's seeded random router (predictor seeded too),
+    and a zero router (every score tied: top-k takes the first k tokens of each window)."""
+    path = runs / f"router_ablation_s{seed}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    import importlib
+
+    import jax
+    import numpy as np
+
+    from dynjax import rundir
+    from dynjax.data import text as text_data
+    from dynjax.models import build
+    from dynjax.train import convert
+    from dynjax.train.evaluation import Evaluator
+
+    src = rundir.load(runs / f"dense_s{seed}")
+    module, variant = KINDS["mod"].removeprefix("configs/").split(".py:")
+    config = importlib.import_module(f"configs.{module}").get_config(variant)
+    model = build(config.model.to_dict())
+    init = model.init(jax.random.key(seed), np.zeros((1, config.data.seq_len), np.int32))
+    splits = text_data.load_splits("embedded")
+    calib = text_data.eval_windows(splits["train"], config.data.seq_len,
+                                   config.train.init_calibration_windows)
+    val = text_data.eval_windows(splits["validation"], config.data.seq_len, windows)
+    evaluate = Evaluator(model.cfg)
+    out = {"windows": windows,
+           "dense_source": Evaluator(src.model.cfg)(src.params, val, 64)["bpb"]}
+    for gain in (0.5, 1.0, 2.0, 4.0, 8.0):
+        params, _ = convert.convert(src.model.cfg, src.params, model.cfg, init, windows=calib,
+                                    gain=gain)
+        out[f"fitted_gain_{gain:g}"] = evaluate(params, val, 64)
+    copied = convert.convert(src.model.cfg, src.params, model.cfg, init, windows=calib)[0]
+    seeded = jax.tree_util.tree_map_with_path(
+        lambda p, a, i: i if any(getattr(k, "key", None) in ("router", "predictor")
+                                 for k in p) else a, copied, init)
+    out["seeded_random_router"] = evaluate(seeded, val, 64)
+    zero = jax.tree_util.tree_map_with_path(
+        lambda p, a: np.zeros_like(a) if any(getattr(k, "key", None) == "router"
+                                             for k in p) else a, seeded)
+    out["zero_router"] = evaluate(zero, val, 64)
+    write_json_atomic(path, out)
+    return out
+
+
 def conversion_record(run: Path) -> dict | None:
     lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     jump = [r for r in lines if r.get("split") == "conversion"]
@@ -103,9 +150,11 @@ def conversion_record(run: Path) -> dict | None:
                                             and "split" not in r), None)}
 
 
-def routes(test: dict) -> dict:
+def routes(test: dict, single: str) -> dict:
+    """route -> {bpb, causal}; a model with one rule (dense: forward; top-1 MoE: its
+    sequence routing, causal) has no ``routes`` in its eval dict."""
     if "routes" not in test:
-        return {"forward": {"bpb": test["bpb"], "causal": True}}
+        return {single: {"bpb": test["bpb"], "causal": test.get("causal", True)}}
     return {r: {"bpb": v["bpb"], "causal": v["causal"]} for r, v in test["routes"].items()}
 
 
@@ -127,6 +176,8 @@ def figure(result: dict, out: Path) -> None:
         names = [n for n in names if n in result["arms"]]
         xs = [result["arms"][n]["total_train_flops"] / 1e12 for n in names]
         ys = [result["arms"][n]["test_bpb_mean"] for n in names]
+        if not xs:
+            continue
         ax.plot(xs, ys, "o-" if len(xs) > 1 else "s", label=label)
     ax.set_xlabel("total training FLOPs (TFLOP, compiled train steps)")
     ax.set_ylabel("test bits/byte (causal headline route)")
@@ -160,6 +211,8 @@ def main():
     ap.add_argument("--cont-lr", type=float, default=1e-3)
     ap.add_argument("--runs", default="runs/conversion")
     ap.add_argument("--out", default="results/conversion")
+    ap.add_argument("--report-only", action="store_true",
+                    help="train nothing: tabulate the finished arms, list the unfinished")
     args = ap.parse_args()
     runs, out = Path(args.runs), Path(args.out)
     runs.mkdir(parents=True, exist_ok=True)
@@ -171,12 +224,19 @@ def main():
     plan = arms(args.dense_steps, flops, seeds[0], args.cont_lr)
     only = set(filter(None, args.only.split(",")))
     order = ["dense"] + [n for n in plan if n != "dense"]
-    evals = {}
+    evals, unfinished = {}, []
     for name in order:
         if only and name not in only:
             continue
+        if args.report_only:      # tabulate what has finished, name the rest
+            done = [runs / f"{name}_s{s}" / "eval.json" for s in seeds]
+            if not all(p.exists() for p in done):
+                unfinished.append(name)
+                continue
         evals[name] = [train(name, plan[name], s, runs, args.cont_lr)["test"] for s in seeds]
     if only:
+        if "router_ablation" in only:
+            print(json.dumps(router_ablation(runs, seeds[0]), indent=1))
         return
     budget_ref = {"mod_conv_5": "dense_on_mod_5", "mod_conv_10": "dense_on_mod_10",
                   "mod_scratch": "dense_on_mod_10", "moe_up_5": "dense_on_moe_5",
@@ -184,13 +244,15 @@ def main():
     result = {"command": command_line(), "dense_steps": args.dense_steps, "seeds": seeds,
               "cont_lr": args.cont_lr, "train_step_flops": flops,
               "flops_counted": "XLA cost analysis of the compiled train step, unrolled layers",
-              "arms": {}}
-    for name in order:
+              "router_ablation_before_training": router_ablation(runs, seeds[0]),
+              "unfinished_arms": unfinished, "arms": {}}
+    for name in (n for n in order if n in evals):
         kind, steps, source, total = plan[name]
         tests = evals[name]
-        per_route = [routes(t) for t in tests]
+        single = "sequence" if kind == "moe" else "forward"
+        per_route = [routes(t, single) for t in tests]
         arm = {"kind": kind, "steps": steps, "init_from": source, "total_train_flops": total,
-               "route": tests[0].get("route", "forward" if kind == "dense" else "sequence"),
+               "route": tests[0].get("route", single),
                "test_bpb": [headline(t) for t in tests],
                "test_bpb_mean": statistics.mean(headline(t) for t in tests),
                "routes_mean": {r: statistics.mean(p[r]["bpb"] for p in per_route)
@@ -198,12 +260,13 @@ def main():
                "causal": {r: v["causal"] for r, v in per_route[0].items()}}
         if source and kind != "dense":
             arm["conversion"] = [conversion_record(runs / f"{name}_s{s}") for s in seeds]
-        if name in budget_ref:
+        if name in budget_ref and budget_ref[name] in evals:
             arm["dense_at_same_budget"] = budget_ref[name]
         result["arms"][name] = arm
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "conversion.json", result)
-    text = table(result)
+    text = table(result) + (f"\nNot finished when tabulated: {', '.join(unfinished)}.\n"
+                            if unfinished else "")
     write_text_atomic(out / "table.md", f"Command: `{result['command']}`\n\n" + text)
     figure(result, out)
     print(text)
