@@ -91,7 +91,8 @@ def train(name: str, arm: tuple, seed: int, runs: Path, cont_lr: float) -> dict:
 
 
 def router_ablation(runs: Path, seed: int, windows: int = 64) -> dict:
-    """The converted MoD's validation bits/byte before any training, per router init: the
+    """The converted MoD's validation bits/byte before any training, and the fraction of
+    tokens its causal rules let in (``asks``; capacity c = 0.125), per router init: the
     fitted rule at several gains, the target's seeded random router (predictor seeded too),
     and a zero router (every score tied: top-k takes the first k tokens of each window)."""
     path = runs / f"router_ablation_s{seed}.json"
@@ -117,7 +118,17 @@ def router_ablation(runs: Path, seed: int, windows: int = 64) -> dict:
     calib = text_data.eval_windows(splits["train"], config.data.seq_len,
                                    config.train.init_calibration_windows)
     val = text_data.eval_windows(splits["validation"], config.data.seq_len, windows)
-    evaluate = Evaluator(model.cfg)
+    scorer = Evaluator(model.cfg)
+    with_predictor = build(model.cfg.replace(mod_route="predictor"))
+    coeffs_of = jax.jit(lambda p, t: with_predictor.apply(p, t)[1])
+
+    def evaluate(params, windows_, batch):
+        """bits/byte per route, and the fraction of tokens each causal rule lets in."""
+        out = scorer(params, windows_, batch)
+        c = coeffs_of(params, windows_[:batch])
+        out["asks"] = {r: float((c[r] > 0).mean()) for r in ("router", "predictor")}
+        return out
+
     out = {"windows": windows,
            "dense_source": Evaluator(src.model.cfg)(src.params, val, 64)["bpb"]}
     for gain in (0.5, 1.0, 2.0, 4.0, 8.0):
