@@ -5,6 +5,8 @@
     logits, cache, info = decode_step(cfg, params, cache, token, pos) # then one token a step
     logits, info = cached_forward(cfg, params, tokens)               # teacher forcing
     tokens = generate(cfg, params, prompt, steps)                     # greedy
+    tokens = generate(cfg, params, prompt, steps, Sampling(0.8, top_p=0.9), key)  # sampled
+    for tok in stream(cfg, params, prompt, steps, sampling, key): ...   # the same, as they come
     cache_bytes(cache)
 
 ``params`` are the family's own (``build(cfg).init``): the decoder applies the model's
@@ -24,11 +26,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from dynjax.decoding import gates, mod, moe, mudd
-from dynjax.models.transformer import (Embed, Head, ModelConfig, Positions, token_positions,
-                                       window_positions)
+from dynjax.decoding import gates, llm, mod, moe, mudd
+from dynjax.decoding.sampling import Sampling, next_token
+from dynjax.models.transformer import Embed, Head, ModelConfig, Positions, token_positions
 
-FAMILIES = {"gates": gates, "mod": mod, "moe": moe, "mudd": mudd}
+GREEDY = Sampling()
+FAMILIES = {"gates": gates, "mod": mod, "moe": moe, "mudd": mudd, "llm": llm}
 BRANCHES = mod.BRANCHES
 
 
@@ -55,8 +58,19 @@ def cache_bytes(cache) -> int:
     return sum(layer[n].nbytes for layer in cache for n in ("k", "v"))
 
 
+def _positions(cfg, index, bound=None) -> Positions:
+    """Rotary positions of tokens at ``index`` (B, n): the family's own where it has them
+    (the Hugging Face ports' frequencies follow their config.json)."""
+    fam = _family(cfg)
+    return fam.positions(cfg, index) if hasattr(fam, "positions") else \
+        token_positions(cfg, index, bound)
+
+
 def _chunk(cfg: ModelConfig, params, cache, tokens, positions: Positions, branch):
-    """tokens (B, n) at ``positions`` -> logits (B, n, V), cache, info (leaves (layers, B, n))."""
+    """tokens (B, n) at ``positions`` -> logits (B, n, V), cache, info (leaves (layers, B, n)).
+    A family with its own embedding and head (``llm``) runs the whole chunk itself."""
+    if hasattr(_family(cfg), "chunk"):
+        return _family(cfg).chunk(cfg, params, cache, tokens, positions, branch)
     h = Embed(cfg).apply({"params": params["embed"]}, tokens)
     h, cache, info = _family(cfg).layers(cfg, params, cache, h, positions, branch)
     return Head(cfg).apply({"params": params["head"]}, h), cache, info
@@ -68,7 +82,7 @@ def decode_step(cfg: ModelConfig, params, cache, token, pos, branch: str = "cond
     when some sequence's token enters it; "masked" always runs it, keeping the result only
     where a token entered. Either way the cache grows only for the entering tokens."""
     logits, cache, info = _chunk(cfg, params, cache, token[:, None],
-                                 token_positions(cfg, pos[:, None]), branch)
+                                 _positions(cfg, pos[:, None]), branch)
     return logits[:, 0], cache, jax.tree.map(lambda a: a[..., 0], info)
 
 
@@ -78,7 +92,8 @@ def prefill(cfg: ModelConfig, params, prompt, max_len: int | None = None):
     info (leaves (layers, B, P))."""
     B, P = prompt.shape
     cache = init_cache(cfg, B, max_len or P)
-    return _chunk(cfg, params, cache, prompt, window_positions(cfg, B, P), "cond")
+    index = jnp.broadcast_to(jnp.arange(P), (B, P))
+    return _chunk(cfg, params, cache, prompt, _positions(cfg, index, bound=P), "cond")
 
 
 def cached_forward(cfg: ModelConfig, params, tokens, branch: str = "cond", max_len=None):
@@ -95,17 +110,46 @@ def cached_forward(cfg: ModelConfig, params, tokens, branch: str = "cond", max_l
     return jnp.swapaxes(logits, 0, 1), jax.tree.map(lambda a: jnp.moveaxis(a, 0, -1), info)
 
 
-def generate(cfg: ModelConfig, params, prompt, steps: int):
-    """Greedy continuation of ``prompt`` (B, P) by ``steps`` tokens: prefill, then one
-    ``decode_step`` per new token. Returns (B, P + steps)."""
+def generate(cfg: ModelConfig, params, prompt, steps: int, sampling: Sampling = GREEDY,
+             key=None):
+    """Continuation of ``prompt`` (B, P) by ``steps`` tokens: prefill, then one
+    ``decode_step`` per new token, each chosen by ``sampling`` (greedy by default; a sampled
+    continuation needs ``key``, split once per token). Returns (B, P + steps)."""
+    if not sampling.greedy and key is None:
+        raise ValueError("sampling with temperature > 0 needs a PRNG key: "
+                         "generate(..., key=jax.random.key(seed))")
     B, P = prompt.shape
+    keys = jax.random.split(jax.random.key(0) if key is None else key, steps)
     logits, cache, _ = prefill(cfg, params, prompt, P + steps)
-    first = jnp.argmax(logits[:, -1], -1).astype(prompt.dtype)
+    first = next_token(logits[:, -1], keys[0], sampling).astype(prompt.dtype)
 
-    def step(carry, t):
+    def step(carry, xs):
         cache, tok = carry
+        t, k = xs
         logits, cache, _ = decode_step(cfg, params, cache, tok, jnp.full((B,), t))
-        nxt = jnp.argmax(logits, -1).astype(prompt.dtype)
+        nxt = next_token(logits, k, sampling).astype(prompt.dtype)
         return (cache, nxt), nxt
-    _, out = jax.lax.scan(step, (cache, first), jnp.arange(P, P + steps - 1))
+    _, out = jax.lax.scan(step, (cache, first), (jnp.arange(P, P + steps - 1), keys[1:]))
     return jnp.concatenate([prompt, first[:, None], out.T], axis=1)
+
+
+def stream(cfg: ModelConfig, params, prompt, steps: int, sampling: Sampling = GREEDY, key=None):
+    """The tokens ``generate`` would append, yielded one step at a time ((B,) each) so a
+    program can print them as they come: the same prefill, keys and ``decode_step``, driven
+    from Python through one compiled step instead of ``lax.scan``."""
+    if not sampling.greedy and key is None:
+        raise ValueError("sampling with temperature > 0 needs a PRNG key: "
+                         "stream(..., key=jax.random.key(seed))")
+    B, P = prompt.shape
+    keys = jax.random.split(jax.random.key(0) if key is None else key, steps)
+    logits, cache, _ = jax.jit(prefill, static_argnums=(0, 3))(cfg, params, prompt, P + steps)
+    tok = next_token(logits[:, -1], keys[0], sampling).astype(prompt.dtype)
+    yield tok
+
+    @jax.jit
+    def step(params, cache, tok, t, k):
+        logits, cache, _ = decode_step(cfg, params, cache, tok, jnp.full((B,), t))
+        return cache, next_token(logits, k, sampling).astype(prompt.dtype)
+    for i, t in enumerate(range(P, P + steps - 1)):
+        cache, tok = step(params, cache, tok, t, keys[i + 1])
+        yield tok
