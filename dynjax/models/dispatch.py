@@ -20,9 +20,12 @@ This module computes exactly that, with memory and FLOPs linear in tokens x k:
 A pair whose expert lies outside ``[0, num_experts)`` (integrated MoDE's no-op expert, a
 token that did not enter a staged MoDE block) takes no row and adds nothing.
 
-Grouped matmul. On CPU each block multiplies its own expert's matrix (a batched matmul
-over blocks of a gather of the weights: block >= the input width keeps that gather no
-larger than the activations). On GPU/TPU it is ``jax.lax.ragged_dot`` over the same
+Grouped matmul. On CPU a loop over blocks multiplies each block by its own expert's
+matrix, read in place (a batched matmul over a gather of the weights would copy
+blocks x a x b floats, which cost more than the matmul at E = 64); its backward pass is
+written out (``custom_vjp``) so no per-block weight copy is saved either: the input's
+gradient is the same loop against the transposed weights, the weights' gradient one
+accumulation per block into an (E, a, b) carry. On GPU/TPU it is ``jax.lax.ragged_dot`` over the same
 layout: in jax 0.10 ``ragged_dot`` lowers on CPU to a dense masked matmul (E x the FLOPs)
 and its batching rule rejects unbatched expert weights, so that path carries its own
 differentiation (``custom_vjp``) and batching rule (``custom_vmap``: a loop over the
@@ -69,10 +72,11 @@ def default_impl() -> str:
 
 
 def default_block(n_pairs: int, num_experts: int) -> int:
-    """Rows per block: about the mean rows per expert (padding costs < one block per
-    expert), as a power of two in [8, 128]."""
-    mean = max(1, -(-n_pairs // num_experts))
-    return int(min(128, max(8, 1 << (mean - 1).bit_length())))
+    """Rows per block: a quarter of the mean rows per expert as a power of two in [8, 64]
+    (padding, under a block per expert, adds about an eighth to the rows; larger blocks
+    waste more, smaller ones loop more)."""
+    quarter = max(1, -(-n_pairs // (4 * num_experts)))
+    return int(min(64, max(8, 1 << (quarter - 1).bit_length())))
 
 
 def n_rows(n_pairs: int, num_experts: int, block: int) -> int:
@@ -142,15 +146,43 @@ def grouped_matmul(rows, w, groups: Groups):
     """rows (M, a), w (E, a, b) -> (M, b): every row times its own expert's matrix."""
     if groups.impl == "ragged":
         return _ragged(rows, w, groups.group_sizes)
-    nb = groups.block_expert.shape[0]
-    blocks = rows.reshape(nb, groups.block, rows.shape[-1])
-    out = jnp.einsum("nra,nab->nrb", blocks, w[groups.block_expert])
-    return out.reshape(rows.shape[0], w.shape[-1])
+    return _blocks(rows, w, groups.block_expert)
 
 
 def expert_bias(bias, groups: Groups):
     """bias (E, b) -> (M, b): each row's expert's bias (for experts with biases)."""
     return bias[groups.row_expert]
+
+
+def _block_loop(rows, w, block_expert):
+    """Block i of rows times w[block_expert[i]], one block per iteration."""
+    nb = block_expert.shape[0]
+    blocks = rows.reshape(nb, -1, rows.shape[-1])
+    out = jax.lax.map(lambda i: blocks[i] @ w[block_expert[i]], jnp.arange(nb))
+    return out.reshape(rows.shape[0], w.shape[-1])
+
+
+@jax.custom_vjp
+def _blocks(rows, w, block_expert):
+    return _block_loop(rows, w, block_expert)
+
+
+def _blocks_fwd(rows, w, block_expert):
+    return _block_loop(rows, w, block_expert), (rows, w, block_expert)
+
+
+def _blocks_bwd(res, g):
+    rows, w, block_expert = res
+    nb = block_expert.shape[0]
+    d_rows = _block_loop(g, jnp.swapaxes(w, 1, 2), block_expert)
+    xb, gb = rows.reshape(nb, -1, rows.shape[-1]), g.reshape(nb, -1, g.shape[-1])
+    d_w = jax.lax.fori_loop(
+        0, nb, lambda i, acc: acc.at[block_expert[i]].add(xb[i].T @ gb[i]),
+        jnp.zeros(w.shape, jnp.result_type(rows, g)))
+    return d_rows, d_w.astype(w.dtype), None
+
+
+_blocks.defvjp(_blocks_fwd, _blocks_bwd)
 
 
 def _batched_rule(fn):
