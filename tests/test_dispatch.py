@@ -205,6 +205,13 @@ def test_staged_mode_causal_routing_equals_one_hot():
         params) for m in (onehot, dropless))
     np.testing.assert_allclose(ld, lo, rtol=1e-5, atol=1e-5)
     chex.assert_trees_all_close(gd, go, rtol=1e-4, atol=1e-5)
+    stats = lambda m: jax.jit(lambda p: m.module.apply({"params": p}, TOKENS, mutable=[
+        "mod_stats"])[1]["mod_stats"]["stats"][0])(params)
+    so, sd = stats(onehot), stats(dropless)
+    assert float(np.asarray(so["entered"]).mean()) < 1     # some slots are empty
+    chex.assert_trees_all_close({k: v for k, v in sd.items() if k.startswith("moe_")},
+                                {k: v for k, v in so.items() if k.startswith("moe_")},
+                                rtol=1e-5, atol=1e-6)
     f = jax.jit(lambda c=None: dropless.apply(params, TOKENS, c))
     logits, coeffs = f()
     chex.assert_trees_all_equal(f(coeffs), (logits, coeffs))
@@ -249,3 +256,13 @@ def test_config_errors():
         dispatch.layout(jnp.zeros(4, jnp.int32), 2, impl="megablox")
     assert moe.is_causal(CFG.replace(moe_dispatch="dropless", moe_num_experts_per_tok=2,
                                      moe_capacity_factor=1.0))
+
+
+def test_analytic_flops_count_the_sorted_rows_not_buffers():
+    from dynjax.measure import execution
+    cfg = CFG.replace(moe_num_experts=8, moe_num_experts_per_tok=2)
+    onehot = execution.analytic_forward_flops(cfg, 1, 64)
+    drop = execution.analytic_forward_flops(cfg.replace(moe_dispatch="dropless"), 1, 64)
+    rows = dispatch.n_rows(128, 8, dispatch.default_block(128, 8))     # 64 tokens x top-2
+    assert drop["moe_experts"] == rows * 2 * 2 * D * 64 and "moe_dispatch_combine" not in drop
+    assert onehot["moe_experts"] == 8 * 64 * 2 * 2 * D * 64             # E buffers of T slots
