@@ -26,16 +26,17 @@ flags.mark_flag_as_required("out")
 
 def main(argv):
     logging.set_verbosity(logging.WARNING)
-    runs = [(r, scorecard.score) for r in argv[1:]]
+    runs = [(r, None) for r in argv[1:]]
     if flags.FLAGS.muddpythia:
-        runs.append((flags.FLAGS.muddpythia, scorecard.score_muddpythia))
+        runs.append((flags.FLAGS.muddpythia, "muddpythia"))
     if not runs:
         errors.exit_with_error("scorecard.py", "no checkpoints given: pass RUN_DIR "
                                "[RUN_DIR ...] written by train.py, or --muddpythia=HF_DIR")
     out = flags.FLAGS.out
 
     def score():
-        cards = [fn(r, flags.FLAGS.config, f"{out}/{i}") for i, (r, fn) in enumerate(runs)]
+        cards = [scorecard.score(r, flags.FLAGS.config, f"{out}/{i}", kind=kind)
+                 for i, (r, kind) in enumerate(runs)]
         scorecard.write(cards, out, command_line())
         return cards
     cards = errors.run_program("scorecard.py", score,

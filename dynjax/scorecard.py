@@ -162,7 +162,7 @@ def score(path: str, config, out_dir, log=print, kind: str | None = None) -> dic
     """The scorecard of one checkpoint of any kind (:func:`dynjax.runs.open_target`; ``kind``
     as there): the audit (``config.audit``, as the kind adapts it) for variation and
     dependence, then the kind's execution panel; verdicts by ``config.thresholds``."""
-    target = open_target(path, kind=kind, dtype=config.audit.muddpythia.dtype)
+    target = open_target(path, kind=kind, config=config.audit)
     audit_config = target.scorecard_audit_config(config)
     card = {"run": str(path), "model": target.label,
             "params": int(sum(np.prod(p.shape) for p in jax.tree.leaves(target.params))),

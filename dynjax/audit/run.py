@@ -16,6 +16,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from dynjax.audit import interventions
 from dynjax.audit.engine import Engine, schema_signature
 from dynjax.audit.per_checkpoint import audit_checkpoint
 from dynjax.audit.placement import Placement
@@ -86,11 +87,11 @@ def _open_targets(config, run_dirs, muddpythia_dir) -> list:
     if mudd and run_dirs:
         raise AuditError("pass either --checkpoints (dynjax runs) or --muddpythia, not both")
     if mudd:
-        return [open_target(mudd, kind="muddpythia", dtype=config.muddpythia.dtype)]
+        return [open_target(mudd, kind="muddpythia", config=config)]
     if not run_dirs:
         raise AuditError("no checkpoints given: pass --checkpoints RUN_DIR [RUN_DIR ...] "
                          "(run directories written by train.py) or --muddpythia HF_DIR")
-    return [open_target(d) for d in run_dirs]
+    return [open_target(d, config=config) for d in run_dirs]
 
 
 def combine_dirs(audit_dirs: Sequence[str], out: str | None = None) -> dict:
@@ -134,7 +135,8 @@ def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings
     """Audit every target (one checkpoint each) on the same windows; the results dict.
 
     A target is ``{"apply_fn", "schema", "params", "info": {...}}`` and optionally
-    ``"logical_axes"`` (the model's, for ``placement``'s rules); targets that share an
+    ``"logical_axes"`` (the model's, for ``placement``'s rules) and ``"facts"`` (what
+    conditions need to know of the model, e.g. ``{"top_k": 2}``); targets that share an
     ``engine_key`` share one compiled Engine (pass ``engines``, a dict, to keep them across
     calls). ``task`` says what a window is and how it is scored (:data:`LM`, :data:`CLASSIFY`).
     Conditions that cannot apply to the schema are skipped and reported (:func:`applicable`).
@@ -150,7 +152,8 @@ def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings
     if len({schema_signature(t["schema"]) for t in targets}) > 1:
         raise AuditError("the checkpoints have different coefficient schemas; audit one "
                          "model family and variant per run")
-    settings, skipped = applicable(settings, targets[0]["schema"])
+    facts = targets[0].get("facts", {})
+    settings, skipped = applicable(settings, targets[0]["schema"], task, facts)
     n_eval, n_calib = n_windows(eval_windows), n_windows(calib_windows)
     rows = min(settings.batch_size, n_eval, n_calib)
     engines = {} if engines is None else engines
@@ -158,7 +161,8 @@ def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings
     for t in targets:
         key = (t.get("engine_key", id(t)), rows, str(spec), task.name, id(placement))
         if key not in engines:
-            engines[key] = Engine(t["apply_fn"], t["schema"], rows, spec, task, placement)
+            engines[key] = Engine(t["apply_fn"], t["schema"], rows, spec, task, placement,
+                                  facts)
         engine_of.append(engines[key])
     total = 0
     for t, eng in zip(targets, engine_of):
@@ -178,6 +182,13 @@ def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings
     meta = dict(meta or {})
     shapes = {"seq_len": int(spec.shape[0])} if task is LM else {
         "window_shapes": jax.tree.map(lambda s: list(s.shape), spec)}
+    if facts:
+        meta["facts"] = dict(facts)
+    if "token_identity" in settings.conditions:
+        meta["token_identity"] = {
+            "singleton_fraction": interventions.singleton_fraction(eval_windows),
+            "note": "positions whose token id occurs nowhere else in the evaluation windows "
+                    "keep their own coefficients"}
     meta["windows"] = {**shapes, "calibration": n_calib, "evaluation": n_eval,
                        "calibration_sha256": windows_sha256(calib_windows),
                        "evaluation_sha256": windows_sha256(eval_windows),
