@@ -10,6 +10,8 @@ and DIR/scorecard_<i>.png (three panels), and each audited run's audit under DIR
 Library: ``dynjax/scorecard.py``.
 """
 
+from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
+reexec(__name__)
 from absl import app, flags, logging
 from ml_collections import config_flags
 

@@ -10,6 +10,8 @@ f32): ``system`` (glibc defaults), ``hugetlb`` (transparent huge pages: the defa
 falls on each alike; each reports the median time of its train step and of its forward
 after one warm-up call of each, their minor page faults per call, and its peak resident size.
 """
+from dynjax._alloc import reexec, runtime  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
+reexec(__name__)
 import argparse
 import json
 import os
@@ -69,7 +71,7 @@ def main():
                                   "--batch-size", str(args.batch_size)], env=env, check=True,
                                  capture_output=True, text=True).stdout
             runs[name].append(json.loads(out.strip().splitlines()[-1]))
-    res = {"command": command_line(), "load_average_before": load_before,
+    res = {"command": command_line(), "runtime": runtime(), "load_average_before": load_before,
            "load_average_after": os.getloadavg(),
            "settings": {name: _alloc.SETTINGS[name] for name in settings},
            "note": "one process per setting and round; medians over rounds; compare ratios"}

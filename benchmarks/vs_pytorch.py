@@ -35,7 +35,8 @@ import subprocess
 import sys
 import time
 
-from dynjax import _alloc  # noqa: E402
+from dynjax import _alloc
+from dynjax._alloc import runtime  # noqa: E402
 
 _alloc.reexec(__name__)
 
@@ -261,7 +262,7 @@ def main():
         proc.wait()
     medians = {k: statistics.median(v) for k, v in times.items()}
     tokens_per_call = args.batch_size * args.seq_len
-    res = {"command": command_line(),
+    res = {"command": command_line(), "runtime": runtime(),
            "torch": torch.__version__,
            "jax": jax.__version__, "torch_threads": torch.get_num_threads(), "settle": args.settle,
            "processes": "one per framework (dynjax, torch_eager, torch_compile), taking turns",

@@ -63,3 +63,21 @@ def reexec(module_name: str):
     sys.stderr.flush()
     env = dict(environment(setting), **{_APPLIED: setting})
     os.execve(sys.executable, [sys.executable] + sys.orig_argv[1:], env)
+
+
+def runtime() -> dict:
+    """The settings this process runs under, for a benchmark's JSON: the allocator, XLA's
+    flags, the machine and the library versions, so a figure says what measured it."""
+    import platform
+
+    import jax
+
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                if line.startswith("model name")), platform.processor()) \
+        if os.path.exists("/proc/cpuinfo") else platform.processor()
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    return {"malloc": os.environ.get(_APPLIED) or os.environ.get("DYNJAX_MALLOC", DEFAULT),
+            **{name: os.environ.get(name, "") for name in
+               ("GLIBC_TUNABLES", "LD_PRELOAD", "XLA_FLAGS", "JAX_PLATFORMS")},
+            "jax": jax.__version__, "backend": jax.default_backend(),
+            "cpu": cpu, "avx512": " avx512f" in flags, "cores": os.cpu_count()}

@@ -22,6 +22,8 @@ and prints a Markdown table.
 """
 from __future__ import annotations
 
+from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
+reexec(__name__)
 import argparse
 import json
 import statistics

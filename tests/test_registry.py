@@ -27,6 +27,10 @@ CASES = {
     "muddpythia": (dict(family="muddpythia", n_layer=2, dim=16, n_head=2, head_dim=8,
                         rotary_dims=2, vocab_size=32, ffn_widths=(32, 32), da_widths=(64, 64),
                         block_size=16), TOKENS),
+    "llm": (dict(family="llm", vocab_size=32, hidden_size=16, n_heads=2, n_kv_heads=1,
+                 head_dim=8, intermediate_size=32, qk_norm="head", moe_layers=(1,),
+                 num_experts=4, top_k=2, moe_intermediate_size=8, shared_expert_size=8),
+            TOKENS),
 }
 
 

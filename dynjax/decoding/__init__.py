@@ -5,6 +5,8 @@
     logits, cache, info = decode_step(cfg, params, cache, token, pos) # then one token a step
     logits, info = cached_forward(cfg, params, tokens)               # teacher forcing
     tokens = generate(cfg, params, prompt, steps)                     # greedy
+    tokens = generate(cfg, params, prompt, steps, Sampling(0.8, top_p=0.9), key)  # sampled
+    for tok in stream(cfg, params, prompt, steps, sampling, key): ...   # the same, as they come
     cache_bytes(cache)
 
 ``params`` are the family's own (``build(cfg).init``): the decoder applies the model's
@@ -25,9 +27,11 @@ import jax
 import jax.numpy as jnp
 
 from dynjax.decoding import gates, mod, moe, mudd
+from dynjax.decoding.sampling import Sampling, next_token
 from dynjax.models.transformer import (Embed, Head, ModelConfig, Positions, token_positions,
                                        window_positions)
 
+GREEDY = Sampling()
 FAMILIES = {"gates": gates, "mod": mod, "moe": moe, "mudd": mudd}
 BRANCHES = mod.BRANCHES
 
@@ -95,17 +99,46 @@ def cached_forward(cfg: ModelConfig, params, tokens, branch: str = "cond", max_l
     return jnp.swapaxes(logits, 0, 1), jax.tree.map(lambda a: jnp.moveaxis(a, 0, -1), info)
 
 
-def generate(cfg: ModelConfig, params, prompt, steps: int):
-    """Greedy continuation of ``prompt`` (B, P) by ``steps`` tokens: prefill, then one
-    ``decode_step`` per new token. Returns (B, P + steps)."""
+def generate(cfg: ModelConfig, params, prompt, steps: int, sampling: Sampling = GREEDY,
+             key=None):
+    """Continuation of ``prompt`` (B, P) by ``steps`` tokens: prefill, then one
+    ``decode_step`` per new token, each chosen by ``sampling`` (greedy by default; a sampled
+    continuation needs ``key``, split once per token). Returns (B, P + steps)."""
+    if not sampling.greedy and key is None:
+        raise ValueError("sampling with temperature > 0 needs a PRNG key: "
+                         "generate(..., key=jax.random.key(seed))")
     B, P = prompt.shape
+    keys = jax.random.split(jax.random.key(0) if key is None else key, steps)
     logits, cache, _ = prefill(cfg, params, prompt, P + steps)
-    first = jnp.argmax(logits[:, -1], -1).astype(prompt.dtype)
+    first = next_token(logits[:, -1], keys[0], sampling).astype(prompt.dtype)
 
-    def step(carry, t):
+    def step(carry, xs):
         cache, tok = carry
+        t, k = xs
         logits, cache, _ = decode_step(cfg, params, cache, tok, jnp.full((B,), t))
-        nxt = jnp.argmax(logits, -1).astype(prompt.dtype)
+        nxt = next_token(logits, k, sampling).astype(prompt.dtype)
         return (cache, nxt), nxt
-    _, out = jax.lax.scan(step, (cache, first), jnp.arange(P, P + steps - 1))
+    _, out = jax.lax.scan(step, (cache, first), (jnp.arange(P, P + steps - 1), keys[1:]))
     return jnp.concatenate([prompt, first[:, None], out.T], axis=1)
+
+
+def stream(cfg: ModelConfig, params, prompt, steps: int, sampling: Sampling = GREEDY, key=None):
+    """The tokens ``generate`` would append, yielded one step at a time ((B,) each) so a
+    program can print them as they come: the same prefill, keys and ``decode_step``, driven
+    from Python through one compiled step instead of ``lax.scan``."""
+    if not sampling.greedy and key is None:
+        raise ValueError("sampling with temperature > 0 needs a PRNG key: "
+                         "stream(..., key=jax.random.key(seed))")
+    B, P = prompt.shape
+    keys = jax.random.split(jax.random.key(0) if key is None else key, steps)
+    logits, cache, _ = jax.jit(prefill, static_argnums=(0, 3))(cfg, params, prompt, P + steps)
+    tok = next_token(logits[:, -1], keys[0], sampling).astype(prompt.dtype)
+    yield tok
+
+    @jax.jit
+    def step(params, cache, tok, t, k):
+        logits, cache, _ = decode_step(cfg, params, cache, tok, jnp.full((B,), t))
+        return cache, next_token(logits, k, sampling).astype(prompt.dtype)
+    for i, t in enumerate(range(P, P + steps - 1)):
+        cache, tok = step(params, cache, tok, t, keys[i + 1])
+        yield tok

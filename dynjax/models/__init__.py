@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from dynjax import coeffs as coeffs_lib
-from dynjax.models import gated_mlp, gates, mod, moe, mudd, muddpythia
+from dynjax.models import gated_mlp, gates, llm, mod, moe, mudd, muddpythia
 from dynjax.models.transformer import ModelConfig
 
 
@@ -39,6 +39,7 @@ FAMILIES = {
     "mudd": Family(ModelConfig, _decoder(mudd.MuddDecoder, mudd.schema), mudd.VARIANTS),
     "gated_mlp": Family(gated_mlp.MLPConfig, gated_mlp.GatedMLP, gated_mlp.VARIANTS),
     "muddpythia": Family(muddpythia.Config, muddpythia.MuddPythia, ("muddpythia",)),
+    "llm": Family(llm.Config, llm.LLM, ("llm",)),
 }
 
 

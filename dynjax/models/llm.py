@@ -1,0 +1,366 @@
+"""Production decoder LLMs (Llama, Qwen3, Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE) as one family.
+
+The Hugging Face architectures these ports cover differ in a handful of switches, so one
+config (:class:`Config`) and one forward pass hold them all; ``dynjax.loaders.hf`` turns a
+checkpoint's config.json and safetensors into that config and a params pytree. Every layer
+is pre-norm: ``h += Attn(RMS h)``, then ``h += FFN(RMS h)``, where the FFN is a SwiGLU MLP
+or, in the layers ``moe_layers`` names, a Mixture-of-Experts:
+
+    p = softmax(x W_router)                      # float32; the recorded coefficient
+    w, e = top_k(p, k);  w /= sum(w) if norm_topk_prob   (Mixtral always renormalises)
+    y = sum_j w_j SwiGLU_{e_j}(x)  [+ sigmoid(x w_g) SwiGLU_shared(x)]  (Qwen2-MoE)
+
+Nothing is dropped: every token reaches its k experts (``dispatch.dropless``).
+
+Coefficients: ``{"router": (layer, example, token, expert)}`` holds p for each MoE layer
+(dense layers have none), and Qwen2-MoE's ``{"shared_gate": (layer, example, token)}`` the
+shared expert's sigmoid gate. Both pass ``coeffs.site``: the router always runs and replay
+recomputes the selection and weights from the given scores, so record and replay are one
+program. A dense model's coefficient pytree is empty.
+
+Parameters are plain dicts (a list of per-layer dicts: dense and MoE layers differ), linear
+weights stored (in, out) so ``x @ w`` reads like the math, attention weights split into
+heads ``(embed, heads, kv)`` as the core transformer's, expert weights stacked
+``(expert, embed, mlp)`` as ``dynjax.models.moe``'s.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import zlib
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dynjax import coeffs as coeffs_lib
+from dynjax.coeffs import Axes
+from dynjax.models.transformer import Positions, causal_attention, rotary
+
+F32 = jnp.float32
+P = jax.sharding.PartitionSpec
+ROUTER_AXES = Axes(("layer", "example", "token", "expert"))
+SHARED_GATE_AXES = Axes(("layer", "example", "token"))
+QK_NORMS = ("none", "head", "full")      # none; per head (Qwen3); over all heads (OLMoE)
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One decoder LLM. Frozen and made of tuples, so it is hashable (a static jit arg)."""
+
+    model_type: str = "llama"        # the HF model_type this config came from (informative)
+    vocab_size: int = 256
+    hidden_size: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int = 2              # grouped-query attention: n_heads / n_kv_heads per group
+    head_dim: int = 16
+    intermediate_size: int = 128     # the dense layers' SwiGLU width
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_type: str = "default"       # "linear" divides every frequency by rope_factor;
+    rope_factor: float = 1.0         # "llama3" (Llama 3.1+) rescales the low ones smoothly
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_position: int = 8192
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: str = "none"
+    clip_qkv: Optional[float] = None  # OLMoE: clamp q, k, v to [-clip, clip] after the norms
+    tie_word_embeddings: bool = False
+    moe_layers: tuple = ()           # indices of the MoE layers; the others are dense
+    num_experts: int = 0
+    top_k: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False     # renormalise the k selected probabilities to sum 1
+    shared_expert_size: int = 0      # Qwen2-MoE: an always-on expert behind a sigmoid gate
+    attn_block: int = 128            # causal_attention's query blocks (0: the full square)
+    dtype: str = "float32"           # parameter and compute dtype
+
+    def __post_init__(self):
+        object.__setattr__(self, "moe_layers", tuple(int(i) for i in self.moe_layers))
+        checks = [
+            (self.n_heads % self.n_kv_heads == 0,
+             f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}"),
+            (self.head_dim % 2 == 0, f"head_dim={self.head_dim} must be even (rotary)"),
+            (self.qk_norm in QK_NORMS, f"qk_norm={self.qk_norm!r}; use one of {QK_NORMS}"),
+            (self.rope_type in ROPE_TYPES,
+             f"rope_type={self.rope_type!r}; use one of {ROPE_TYPES}"),
+            (self.dtype in ("float32", "bfloat16"),
+             f"dtype={self.dtype!r}; use 'float32' or 'bfloat16'"),
+            (all(0 <= i < self.n_layers for i in self.moe_layers),
+             f"moe_layers={self.moe_layers} must lie in 0..{self.n_layers - 1}"),
+            (not self.moe_layers or 1 <= self.top_k <= self.num_experts,
+             f"top_k={self.top_k} must be in 1..num_experts={self.num_experts}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"llm config: {message}")
+
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.dtype)
+
+
+def schema(cfg: Config):
+    """Router scores for the MoE layers; Qwen2-MoE's shared-expert gates; none if dense."""
+    out = {}
+    if cfg.moe_layers:
+        out["router"] = ROUTER_AXES
+    if cfg.moe_layers and cfg.shared_expert_size:
+        out["shared_gate"] = SHARED_GATE_AXES
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Parameters: one table drives init, logical axes and checkpoint loading
+# --------------------------------------------------------------------------------------------
+
+def _mlp_rows(path, d, width, experts=0):
+    lead, ax = ((experts,), ("expert",)) if experts else ((), ())
+    return [(path + ("gate",), lead + (d, width), ax + ("embed", "mlp")),
+            (path + ("up",), lead + (d, width), ax + ("embed", "mlp")),
+            (path + ("down",), lead + (width, d), ax + ("mlp", "embed"))]
+
+
+def param_table(cfg: Config):
+    """(path, shape, logical axes) of every parameter, in checkpoint order."""
+    D, H, KV, hd = cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    rows = [(("embed",), (cfg.vocab_size, D), ("vocab", "embed"))]
+    for i in range(cfg.n_layers):
+        L = ("layers", i)
+        A = L + ("attn",)
+        rows.append((L + ("input_norm",), (D,), ("embed",)))
+        for name, heads in (("q", H), ("k", KV), ("v", KV)):
+            rows.append((A + (name,), (D, heads, hd), ("embed", "heads", "kv")))
+            if cfg.qkv_bias:
+                rows.append((A + (name + "_bias",), (heads, hd), ("heads", "kv")))
+        rows.append((A + ("o",), (H, hd, D), ("heads", "kv", "embed")))
+        if cfg.o_bias:
+            rows.append((A + ("o_bias",), (D,), ("embed",)))
+        if cfg.qk_norm == "head":
+            rows += [(A + ("q_norm",), (hd,), ("kv",)), (A + ("k_norm",), (hd,), ("kv",))]
+        elif cfg.qk_norm == "full":
+            rows += [(A + ("q_norm",), (H, hd), ("heads", "kv")),
+                     (A + ("k_norm",), (KV, hd), ("heads", "kv"))]
+        rows.append((L + ("post_norm",), (D,), ("embed",)))
+        if i in cfg.moe_layers:
+            M = L + ("moe",)
+            rows.append((M + ("router",), (D, cfg.num_experts), ("embed", None)))
+            rows += _mlp_rows(M + ("experts",), D, cfg.moe_intermediate_size, cfg.num_experts)
+            if cfg.shared_expert_size:
+                rows += _mlp_rows(M + ("shared",), D, cfg.shared_expert_size)
+                rows.append((M + ("shared_gate",), (D, 1), ("embed", None)))
+        else:
+            rows += _mlp_rows(L + ("mlp",), D, cfg.intermediate_size)
+    rows.append((("final_norm",), (D,), ("embed",)))
+    if not cfg.tie_word_embeddings:
+        rows.append((("lm_head",), (D, cfg.vocab_size), ("embed", "vocab")))
+    return rows
+
+
+def params_from_table(cfg: Config, leaf):
+    """The params pytree with ``leaf(path, shape)`` at every :func:`param_table` row."""
+    params: dict = {}
+    for path, shape, _ in param_table(cfg):
+        node = params
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = leaf(path, shape)
+    params["layers"] = [params["layers"][i] for i in range(cfg.n_layers)]
+    return params
+
+
+def init(cfg: Config, key):
+    """Fresh parameters: weights N(0, 0.02), norms 1, biases 0."""
+    def leaf(path, shape):
+        name = path[-1]
+        if name.endswith("norm"):
+            return jnp.ones(shape, cfg.dtype)
+        if name.endswith("bias"):
+            return jnp.zeros(shape, cfg.dtype)
+        k = jax.random.fold_in(key, zlib.crc32("/".join(map(str, path)).encode()))
+        return (0.02 * jax.random.normal(k, shape)).astype(cfg.dtype)
+    return params_from_table(cfg, leaf)
+
+
+def logical_axes(cfg: Config):
+    """Logical axis names of every parameter (a pytree of PartitionSpec)."""
+    return params_from_table(cfg, lambda path, _: P(*dict(
+        (p, a) for p, _, a in param_table(cfg))[path]))
+
+
+# --------------------------------------------------------------------------------------------
+# Forward pass
+# --------------------------------------------------------------------------------------------
+
+def rms_norm(x, w, eps, axes=(-1,)):
+    """HF's RMSNorm: statistics in float32, the normalised value cast back, then the scale."""
+    x32 = x.astype(F32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=axes, keepdims=True) + eps)
+    return w * y.astype(x.dtype)
+
+
+def inv_frequencies(cfg: Config) -> np.ndarray:
+    """Rotary inverse frequencies (head_dim / 2,) float32, as HF's rope init computes them."""
+    inv = 1.0 / (np.float32(cfg.rope_theta) ** (
+        np.arange(0, cfg.head_dim, 2, dtype=np.float32) / np.float32(cfg.head_dim)))
+    inv = inv.astype(np.float32)
+    if cfg.rope_type == "linear":
+        return (inv / np.float32(cfg.rope_factor)).astype(np.float32)
+    if cfg.rope_type == "llama3":
+        f, lo, hi = cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+        old = cfg.rope_original_max_position
+        wavelen = 2 * math.pi / inv
+        scaled = np.where(wavelen > old / lo, inv / f, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / f + smooth * scaled
+        medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
+        return np.where(medium, smoothed, scaled).astype(np.float32)
+    return inv
+
+
+def positions_at(cfg: Config, index) -> Positions:
+    """The core's :class:`Positions` of tokens at integer positions ``index`` (B, T)."""
+    angle = index.astype(F32)[..., None] * jnp.asarray(inv_frequencies(cfg))
+    return Positions(index.astype(jnp.int32), jnp.cos(angle), jnp.sin(angle))
+
+
+def project_qkv(cfg: Config, p, x, positions: Positions):
+    """Rotary queries (B, T, H, hd), keys and values (B, T, KV, hd) of x (B, T, D)."""
+    dt = cfg.compute_dtype
+
+    def proj(name):
+        y = jnp.einsum("btd,dhk->bthk", x, p[name].astype(dt))
+        return y + p[name + "_bias"].astype(dt) if cfg.qkv_bias else y
+    q, k, v = proj("q"), proj("k"), proj("v")
+    eps = cfg.rms_norm_eps
+    if cfg.qk_norm == "head":
+        q, k = rms_norm(q, p["q_norm"], eps), rms_norm(k, p["k_norm"], eps)
+    elif cfg.qk_norm == "full":
+        q = rms_norm(q, p["q_norm"], eps, axes=(-2, -1))
+        k = rms_norm(k, p["k_norm"], eps, axes=(-2, -1))
+    if cfg.clip_qkv is not None:
+        q, k, v = (jnp.clip(a, -cfg.clip_qkv, cfg.clip_qkv) for a in (q, k, v))
+    return rotary(q, positions), rotary(k, positions), v
+
+
+def attend(cfg: Config, p, q, k, v, q_pos, k_pos):
+    """GQA softmax attention of q against k, v (each kv head serves n_heads / n_kv_heads
+    consecutive query heads), then the output projection: (B, Tq, D)."""
+    group = cfg.n_heads // cfg.n_kv_heads
+    k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
+    block = cfg.attn_block if q.shape[1] == k.shape[1] else 0
+    out, _, _ = causal_attention(q, k, v, q_pos, k_pos, block)
+    y = jnp.einsum("bthk,hkd->btd", out, p["o"].astype(cfg.compute_dtype))
+    return y + p["o_bias"].astype(y.dtype) if cfg.o_bias else y
+
+
+def swiglu(p, x, dt):
+    """down(silu(x gate) * (x up)): every dense MLP and the shared expert."""
+    h = jax.nn.silu(x @ p["gate"].astype(dt)) * (x @ p["up"].astype(dt))
+    return h @ p["down"].astype(dt)
+
+
+def route(cfg: Config, probs):
+    """Top-k experts (.., k) and their weights (float32) from the router scores."""
+    weights, experts = jax.lax.top_k(probs, cfg.top_k)
+    if cfg.norm_topk_prob:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return experts, weights
+
+
+def experts_ffn(cfg: Config, p, x, experts, weights):
+    """sum_j weights_j SwiGLU_{experts_j}(x) for tokens x (N, D), every route kept.
+
+    Interim exact form until ``dynjax.models.dispatch`` lands: every expert on every
+    token, combined with zero weight where not chosen (E/k times the FLOPs)."""
+    dt = cfg.compute_dtype
+    gate, up, down = (p[n].astype(dt) for n in ("gate", "up", "down"))
+    combine = jnp.sum(jax.nn.one_hot(experts, cfg.num_experts, dtype=dt)
+                      * weights.astype(dt)[..., None], axis=-2)             # (N, E)
+    h = jax.nn.silu(jnp.einsum("nd,edf->nef", x, gate)) * jnp.einsum("nd,edf->nef", x, up)
+    return jnp.einsum("ne,ned->nd", combine, jnp.einsum("nef,efd->ned", h, down))
+
+
+def moe_ffn(cfg: Config, p, x, given):
+    """x (B, T, D) -> (y, {"router": probs (B, T, E)[, "shared_gate": (B, T)]}), the
+    coefficients after their site: the router always runs, ``given`` decides."""
+    B, T, D = x.shape
+    dt = cfg.compute_dtype
+    computed = {"router": jax.nn.softmax((x @ p["router"].astype(dt)).astype(F32), axis=-1)}
+    if cfg.shared_expert_size:
+        computed["shared_gate"] = jax.nn.sigmoid(x @ p["shared_gate"].astype(dt))[..., 0] \
+            .astype(F32)
+    used = coeffs_lib.site(computed, given)
+    experts, weights = route(cfg, used["router"])
+    y = experts_ffn(cfg, p["experts"], x.reshape(B * T, D), experts.reshape(B * T, -1),
+                    weights.reshape(B * T, -1)).reshape(B, T, D)
+    if cfg.shared_expert_size:
+        y = y + used["shared_gate"].astype(dt)[..., None] * swiglu(p["shared"], x, dt)
+    return y, used
+
+
+def _layer_given(given, j):
+    return coeffs_lib.part(given, lambda v: {name: a[j] for name, a in v.items()})
+
+
+def forward(cfg: Config, params, tokens, coeffs=None):
+    """``(logits float32 (B, T, V), coeffs)``; ``coeffs``: None records, a pytree replays,
+    a :class:`~dynjax.coeffs.Given` is either."""
+    given = coeffs_lib.as_given(coeffs)
+    B, T = tokens.shape
+    positions = positions_at(cfg, jnp.broadcast_to(jnp.arange(T), (B, T)))
+    h = jnp.take(params["embed"], tokens, axis=0).astype(cfg.compute_dtype)
+    used = []
+    eps = cfg.rms_norm_eps
+    for i, p in enumerate(params["layers"]):
+        q, k, v = project_qkv(cfg, p["attn"], rms_norm(h, p["input_norm"], eps), positions)
+        h = h + attend(cfg, p["attn"], q, k, v, positions.index, positions.index)
+        x = rms_norm(h, p["post_norm"], eps)
+        if "moe" in p:
+            y, c = moe_ffn(cfg, p["moe"], x, _layer_given(given, len(used)))
+            used.append(c)
+        else:
+            y = swiglu(p["mlp"], x, cfg.compute_dtype)
+        h = h + y
+    return head(cfg, params, rms_norm(h, params["final_norm"], eps)), \
+        jax.tree.map(lambda *a: jnp.stack(a), *used) if used else {}
+
+
+def head(cfg: Config, params, x):
+    """Float32 logits of the final-normed hidden states (the embedding when tied)."""
+    w = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
+    return (x @ w.astype(x.dtype)).astype(F32)
+
+
+class LLM:
+    """The registry's interface (``dynjax.models.build``) over the functions above."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.schema = schema(cfg)
+
+    def init(self, key, tokens):
+        del tokens  # the shapes follow from the config alone
+        return init(self.cfg, key)
+
+    def apply(self, params, tokens, coeffs=None):
+        given = coeffs_lib.as_given(coeffs)
+        if given.values is not None:
+            coeffs_lib.check(given.values, self.schema)
+        return forward(self.cfg, params, tokens, given)
+
+    def logical_axes(self, tokens):
+        del tokens
+        return logical_axes(self.cfg)
+
+
+def param_count(cfg: Config) -> dict:
+    """Total parameters and those one token uses (k routed experts per MoE layer)."""
+    total = sum(math.prod(s) for _, s, _ in param_table(cfg))
+    idle = len(cfg.moe_layers) * (cfg.num_experts - cfg.top_k) * 3 * cfg.hidden_size * \
+        cfg.moe_intermediate_size
+    return {"total": total, "active": total - idle}

@@ -1,0 +1,246 @@
+"""Hugging Face checkpoints in dynjax (``dynjax.loaders.hf`` + the ``llm`` family): parity
+with transformers on the committed tiny random fixtures (tests/data/hf/, made by
+scripts/make_hf_fixtures.py), exact replay, bfloat16 loading, one-line errors, tokenized
+windows, and one live comparison against transformers when it is installed."""
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dynjax.errors import CheckpointError, ConfigError, DataError
+from dynjax.loaders import hf
+from dynjax.models import build
+from dynjax.parallel import sharding
+from dynjax.plan import per_device_bytes, tree_bytes
+
+DATA = pathlib.Path(__file__).parent / "data" / "hf"
+ARCHS = ("llama", "qwen3", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
+MOE = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
+_LOADED: dict = {}
+
+
+def loaded(arch):
+    """(model, params, reference, jitted apply, record (logits, coeffs)), once per module."""
+    if arch not in _LOADED:
+        model, params = hf.load(str(DATA / arch))
+        ref = dict(np.load(DATA / arch / "reference.npz"))
+        apply = jax.jit(model.apply)
+        _LOADED[arch] = (model, params, ref, apply, apply(params, ref["input_ids"]))
+    return _LOADED[arch]
+
+
+def test_fixtures_are_small_and_mixtral_is_sharded():
+    assert sum(f.stat().st_size for f in DATA.rglob("*") if f.is_file()) <= 3_000_000
+    assert (DATA / "mixtral" / "model.safetensors.index.json").exists()
+    assert len(list((DATA / "mixtral").glob("*.safetensors"))) > 1
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_match_transformers(arch):
+    model, _, ref, _, (logits, coeffs) = loaded(arch)
+    assert model.cfg.model_type == arch
+    assert np.abs(np.asarray(logits) - ref["logits"]).max() <= 1e-5
+    assert np.abs(ref["logits"]).max() > 1.0   # the comparison is not between near-zeros
+
+
+@pytest.mark.parametrize("arch", MOE)
+def test_router_scores_and_expert_sets_match(arch):
+    model, _, ref, _, (_, coeffs) = loaded(arch)
+    probs = np.asarray(coeffs["router"]).reshape(ref["router_logits"].shape)
+    want = np.asarray(jax.nn.softmax(ref["router_logits"], axis=-1))
+    np.testing.assert_allclose(probs, want, atol=1e-6, rtol=0)
+    k = model.cfg.top_k
+    assert (np.sort(np.argsort(-probs, -1)[..., :k], -1)
+            == np.sort(np.argsort(-want, -1)[..., :k], -1)).all()
+
+
+def test_layer_kinds_follow_the_config():
+    """qwen2_moe: mlp_only_layers=[1]; qwen3_moe: decoder_sparse_step=2 of 4 layers."""
+    assert loaded("qwen2_moe")[0].cfg.moe_layers == (0, 2)
+    assert loaded("qwen3_moe")[0].cfg.moe_layers == (1, 3)
+    assert "shared_gate" in loaded("qwen2_moe")[4][1]
+    assert loaded("llama")[4][1] == {} and loaded("qwen3")[0].cfg.tie_word_embeddings
+
+
+@pytest.mark.parametrize("arch", ("qwen3", "mixtral", "olmoe", "qwen2_moe"))
+def test_replay_is_bitwise_and_uses_the_given_scores(arch):
+    model, params, ref, apply, (logits, coeffs) = loaded(arch)
+    replayed, again = apply(params, ref["input_ids"], coeffs)
+    chex.assert_trees_all_equal(replayed, logits)
+    chex.assert_trees_all_equal(again, coeffs)
+    if arch in MOE:   # the router scores of the other example: the output must change
+        swapped = jax.tree.map(lambda a: a[:, ::-1], coeffs)
+        changed, used = apply(params, ref["input_ids"], swapped)
+        chex.assert_trees_all_equal(used, swapped)
+        assert np.abs(np.asarray(changed - logits)).max() > 1e-3
+
+
+def test_shared_gate_coefficient_is_used():
+    model, params, ref, apply, (logits, coeffs) = loaded("qwen2_moe")
+    closed = dict(coeffs, shared_gate=jnp.zeros_like(coeffs["shared_gate"]))
+    changed, _ = apply(params, ref["input_ids"], closed)
+    assert np.abs(np.asarray(changed - logits)).max() > 1e-3
+
+
+@pytest.mark.parametrize("arch", ("qwen3", "qwen2_moe"))
+def test_bfloat16_loading_runs(arch):
+    model, params = hf.load(str(DATA / arch), dtype=jnp.bfloat16)
+    assert {a.dtype for a in jax.tree.leaves(params)} == {jnp.dtype(jnp.bfloat16)}
+    ref = loaded(arch)[2]
+    logits, _ = jax.jit(model.apply)(params, ref["input_ids"])
+    assert logits.dtype == jnp.float32 and np.isfinite(np.asarray(logits)).all()
+    assert np.abs(np.asarray(logits) - ref["logits"]).max() < 0.3
+
+
+def test_logical_axes_shard_experts_with_the_ep_preset():
+    model, params, ref, _, _ = loaded("olmoe")
+    specs = model.logical_axes(ref["input_ids"])
+    is_spec = lambda s: isinstance(s, jax.sharding.PartitionSpec)
+    assert jax.tree.structure(specs, is_leaf=is_spec) == jax.tree.structure(params)
+    for spec, leaf in zip(jax.tree.leaves(specs, is_leaf=is_spec), jax.tree.leaves(params)):
+        assert len(spec) == leaf.ndim
+    assert specs["layers"][0]["moe"]["experts"]["gate"] == jax.sharding.PartitionSpec(
+        "expert", "embed", "mlp")
+    mesh = {"data": 1, "fsdp": 1, "tensor": 8}
+    experts = sum(tree_bytes(p["moe"]["experts"]) for p in params["layers"])
+    saved = tree_bytes(params) - per_device_bytes(params, specs, mesh, sharding.PRESETS["ep"])
+    assert saved == experts * 7 // 8
+
+
+# ---------------------------------------------------------------------------- errors
+
+def _copy(tmp_path, arch="olmoe"):
+    out = tmp_path / arch
+    shutil.copytree(DATA / arch, out)
+    return out
+
+
+def _edit_config(path, **changes):
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.update(changes)
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+def _one_line(excinfo, *fragments):
+    text = str(excinfo.value)
+    assert "\n" not in text
+    for f in fragments:
+        assert f in text, text
+
+
+def test_missing_tensor_is_one_line(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    out = _copy(tmp_path)
+    tensors = load_file(out / "model.safetensors")
+    del tensors["model.layers.1.mlp.experts.3.up_proj.weight"]
+    save_file(tensors, out / "model.safetensors")
+    with pytest.raises(CheckpointError) as e:
+        hf.load(str(out))
+    _one_line(e, "lacks tensor 'model.layers.1.mlp.experts.3.up_proj.weight'")
+
+
+def test_shape_mismatch_and_extra_tensors_are_one_line(tmp_path):
+    out = _copy(tmp_path)
+    _edit_config(out, intermediate_size=32)
+    with pytest.raises(CheckpointError) as e:
+        hf.load(str(out))
+    _one_line(e, "has shape", "config.json implies")
+    _edit_config(out, intermediate_size=16, num_hidden_layers=1)
+    with pytest.raises(CheckpointError) as e:
+        hf.load(str(out))
+    _one_line(e, "does not use", "model.layers.1.")
+
+
+@pytest.mark.parametrize("changes,fragments", [
+    (dict(quantization_config={"quant_method": "mxfp4"}), ("'mxfp4'", "dequantize to bf16")),
+    (dict(quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]}),
+     ("'fp8'", "dequantize to bf16")),
+    (dict(model_type="falcon"), ("model_type='falcon' is not supported", "olmoe")),
+    (dict(model_type="deepseek_v3"), ("not ported yet", "MLA")),
+    (dict(model_type="gpt_oss"), ("not ported yet", "attention sinks")),
+    (dict(hidden_act="gelu"), ("hidden_act='gelu'", "silu")),
+    (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}),
+     ("rope_type='yarn'",)),
+])
+def test_config_refusals_are_one_line(tmp_path, changes, fragments):
+    out = _copy(tmp_path)
+    _edit_config(out, **changes)
+    with pytest.raises(ConfigError) as e:
+        hf.load(str(out))
+    _one_line(e, *fragments)
+
+
+def test_sliding_window_is_refused(tmp_path):
+    out = _copy(tmp_path, "qwen3")
+    _edit_config(out, use_sliding_window=True, sliding_window=8)
+    with pytest.raises(ConfigError) as e:
+        hf.load(str(out))
+    _one_line(e, "sliding_window=8")
+
+
+# ---------------------------------------------------------------------------- text in
+
+def test_token_windows_are_deterministic_disjoint_and_in_vocab(tmp_path):
+    text = tmp_path / "story.txt"
+    text.write_text("".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n"
+                            for i in range(400)))
+    a = hf.token_windows(str(DATA / "llama"), 16, 3, 4, source="files", text_path=str(text))
+    b = hf.token_windows(str(DATA / "llama"), 16, 3, 4, source="files", text_path=str(text))
+    chex.assert_trees_all_equal(a, b)
+    assert a["calibration"].shape == (3, 16) and a["evaluation"].shape == (4, 16)
+    assert a["calibration"].dtype == np.int32 and a["evaluation"].max() < 256
+    tok = hf.tokenizer(str(DATA / "llama"))
+    raw = text.read_bytes()
+    validation = raw[int(round(0.90 * len(raw))):int(round(0.95 * len(raw)))].decode()
+    want = tok.encode(validation, add_special_tokens=False).ids[:16]
+    np.testing.assert_array_equal(a["calibration"][0], want)   # the validation text
+    cal = {tuple(w) for w in a["calibration"]}
+    assert not cal & {tuple(w) for w in a["evaluation"]}
+
+
+def test_token_windows_refuse_too_little_text(tmp_path):
+    text = tmp_path / "short.txt"
+    text.write_text("a few words only\n" * 20)
+    with pytest.raises(DataError, match="fewer than 3 windows"):
+        hf.token_windows(str(DATA / "llama"), 64, 3, 1, source="files", text_path=str(text))
+
+
+def test_registry_builds_the_family_from_a_dict():
+    cfg = loaded("olmoe")[0].cfg
+    import dataclasses
+    again = build(dict(dataclasses.asdict(cfg), family="llm"))
+    assert again.cfg == cfg
+
+
+# ---------------------------------------------------------------------------- live
+
+def test_live_against_transformers(tmp_path):
+    """A fresh random Qwen2-MoE (a config the fixtures do not have) through transformers
+    and through dynjax: the same logits."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.Qwen2MoeConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+        shared_expert_intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, num_experts=8, num_experts_per_tok=3, norm_topk_prob=True,
+        decoder_sparse_step=2, initializer_range=0.1, bos_token_id=None, eos_token_id=None,
+        pad_token_id=None)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(3)
+    ref_model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    ref_model.save_pretrained(tmp_path)
+    ids = np.random.default_rng(0).integers(0, 64, (2, 12))
+    with torch.no_grad():
+        want = ref_model(torch.as_tensor(ids)).logits.numpy()
+    model, params = hf.load(str(tmp_path))
+    assert model.cfg.moe_layers == (1,)
+    logits, _ = jax.jit(model.apply)(params, ids.astype(np.int32))
+    assert np.abs(np.asarray(logits) - want).max() <= 1e-5

@@ -1,0 +1,113 @@
+"""Sampled decoding: top-k / nucleus masks, the sampled distribution, greedy as before,
+streaming equal to generate, and sample.py on a trained run."""
+import os
+import subprocess
+import sys
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dynjax import decoding
+from dynjax.decoding.sampling import Sampling, filtered_logits, next_token
+from dynjax.models import build
+from tests.conftest import ROOT, tiny_config
+
+PROBS = jnp.log(jnp.asarray([[0.15, 0.5, 0.05, 0.3]]))   # ranked: 1, 3, 0, 2
+
+
+def kept(logits):
+    return np.isfinite(np.asarray(logits))[0].tolist()
+
+
+def test_top_k_keeps_the_k_most_likely():
+    assert kept(filtered_logits(PROBS, top_k=2)) == [False, True, False, True]
+    assert kept(filtered_logits(PROBS, top_k=1)) == [False, True, False, False]
+    chex.assert_trees_all_equal(filtered_logits(PROBS), PROBS)
+
+
+def test_top_p_keeps_the_smallest_nucleus_reaching_p():
+    # 0.5 + 0.3 reaches 0.8: two tokens; 0.81 needs the third (0.15)
+    assert kept(filtered_logits(PROBS, top_p=0.8)) == [False, True, False, True]
+    assert kept(filtered_logits(PROBS, top_p=0.81)) == [True, True, False, True]
+    assert kept(filtered_logits(PROBS, top_p=0.01)) == [False, True, False, False]
+    # kept logits are unchanged (renormalisation is the softmax's job)
+    np.testing.assert_array_equal(np.asarray(filtered_logits(PROBS, top_p=0.8))[0, [1, 3]],
+                                  np.asarray(PROBS)[0, [1, 3]])
+
+
+def test_sampled_tokens_follow_the_filtered_distribution():
+    keys = jax.random.split(jax.random.key(0), 20000)
+    draw = jax.vmap(lambda k, s: next_token(PROBS, k, s)[0], in_axes=(0, None))
+    freq = np.bincount(np.asarray(draw(keys, Sampling(1.0))), minlength=4) / len(keys)
+    np.testing.assert_allclose(freq, [0.15, 0.5, 0.05, 0.3], atol=0.015)
+    nucleus = np.bincount(np.asarray(draw(keys, Sampling(1.0, top_p=0.8))), minlength=4)
+    np.testing.assert_allclose(nucleus / len(keys), [0, 0.5 / 0.8, 0, 0.3 / 0.8], atol=0.015)
+    cold = np.bincount(np.asarray(draw(keys, Sampling(0.25))), minlength=4) / len(keys)
+    assert cold[1] > 0.85          # p^(1/T): 0.5^4 / sum = 0.87
+    assert (np.asarray(draw(keys[:50], Sampling(1.0, top_k=1))) == 1).all()
+
+
+def test_bad_options_are_refused():
+    for bad in (dict(temperature=-1.0), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5)):
+        with pytest.raises(ValueError):
+            Sampling(**bad)
+
+
+@pytest.fixture(scope="module")
+def tiny_lm():
+    cfg = build(tiny_config("feature_gate", n_layers=2).model.to_dict()).cfg
+    tokens = jax.random.randint(jax.random.key(3), (2, 6), 0, 256)
+    params = build(cfg).init(jax.random.key(1), tokens)
+    params = jax.tree.map(lambda a: a + 0.3 * jax.random.normal(jax.random.key(2), a.shape), params)
+    return cfg, params, tokens
+
+
+def test_greedy_generate_is_the_argmax_continuation(tiny_lm):
+    cfg, params, prompt = tiny_lm
+    out = jax.jit(decoding.generate, static_argnums=(0, 3))(cfg, params, prompt, 5)
+    logits, _ = build(cfg).apply(params, out)
+    # every new token is the argmax of the forward at the position before it
+    np.testing.assert_array_equal(np.asarray(out[:, 6:]),
+                                  np.asarray(jnp.argmax(logits[:, 5:-1], -1)))
+
+
+def test_stream_equals_generate_greedy_and_sampled(tiny_lm):
+    cfg, params, prompt = tiny_lm
+    gen = jax.jit(decoding.generate, static_argnums=(0, 3, 4))
+    for sampling in (Sampling(), Sampling(1.0, top_k=50, top_p=0.9)):
+        key = jax.random.key(7)
+        streamed = jnp.stack(list(decoding.stream(cfg, params, prompt, 6, sampling, key)), 1)
+        np.testing.assert_array_equal(np.asarray(streamed),
+                                      np.asarray(gen(cfg, params, prompt, 6, sampling, key)[:, 6:]))
+    a = gen(cfg, params, prompt, 6, Sampling(1.0), jax.random.key(1))
+    b = gen(cfg, params, prompt, 6, Sampling(1.0), jax.random.key(2))
+    assert (np.asarray(a) != np.asarray(b)).any()      # the key decides a sampled continuation
+
+
+def test_sampling_without_a_key_is_refused(tiny_lm):
+    cfg, params, prompt = tiny_lm
+    with pytest.raises(ValueError, match="needs a PRNG key"):
+        decoding.generate(cfg, params, prompt, 2, Sampling(1.0))
+
+
+def test_sample_py_streams_text_from_a_run(tmp_path):
+    from dynjax.train import loop
+
+    c = tiny_config("feature_gate", n_layers=2)
+    c.train.update(steps=2, ckpt_every=2)
+    loop.train(c, str(tmp_path / "run"), progress=False)
+    cmd = [sys.executable, "sample.py", str(tmp_path / "run"), "--prompt=The ",
+           "--max_new_tokens=12", "--temperature=0.9", "--top_k=20", "--seed=3"]
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    first = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("The ") and first.stdout.endswith("\n\n")
+    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert again.stdout == first.stdout                # the seed decides the text
+    bad = subprocess.run(cmd[:3] + ["--top_p=2"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=180)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().count("\n") == 0 and "top_p=2" in bad.stderr
