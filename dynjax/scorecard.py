@@ -36,7 +36,8 @@ import numpy as np
 from dynjax.audit import run as audit_run
 from dynjax.runs import open_target
 
-PANEL_CONDITIONS = ("cross_input", "token_shuffle", "static_profile", "structure_removed")
+PANEL_CONDITIONS = ("cross_input", "token_shuffle", "static_profile", "structure_removed",
+                    "token_identity", "expert_relabel", "weights_flat")   # those the audit ran
 
 
 # ------------------------------------------------------------------------------ panels
@@ -78,7 +79,7 @@ def variation(audit: dict, coeffs: dict, cfg, schema=None, family: str | None = 
         out["entered_fraction_topk"] = cfg.mod.capacity
         ask = coeffs.get("predictor", coeffs["router"])
         out["asks_to_enter_fraction"] = float(np.mean(np.asarray(ask) > 0))
-    if family in ("moe", "gated_mlp") and "router" in coeffs:  # MoE, or the MLP's Switch-MoE
+    if family in ("moe", "gated_mlp", "llm") and "router" in coeffs:  # MoE, MLP's Switch-MoE
         leaves = coeffs["router"] if isinstance(coeffs["router"], list) else [coeffs["router"]]
         ent = [_entropy(np.asarray(p, np.float64)) for p in leaves]
         out["routing_entropy_nats"] = float(np.mean([e.mean() for e in ent]))
@@ -222,8 +223,10 @@ def _latency_lines(latency: dict, baseline: str) -> list:
     out = []
     for name, r in latency.items():
         item, digits = ("tokens", 2) if "tokens_per_s" in r else ("examples", 3)
+        flops = (f", {r['model_flops_per_s']:.3g} FLOP/s by the analytic count"
+                 if "model_flops_per_s" in r else "")
         out.append(f"- {name}: {r['ratio']:.3f}x {baseline} ({r['seconds'] * 1e3:.{digits}f} ms, "
-                   f"{r[item + '_per_s']:.0f} {item}/s)")
+                   f"{r[item + '_per_s']:.0f} {item}/s{flops})")
     return out
 
 
@@ -245,6 +248,19 @@ def _execution_lines(ex: dict) -> list:
             lines += ["", f"Structured path (only the open blocks, gathered): FLOPs compiled "
                       f"{st['flops_ratio_compiled']:.3f}, analytic {st['flops_ratio_analytic']:.3f}"
                       " of dense", *_latency_lines(st["latency"], "dense")]
+        return lines
+    if kind == "experts":
+        share = np.asarray(ex["tokens_per_expert"])
+        per_layer = "; ".join(f"layer {i}: " + " ".join(f"{v:.2f}" for v in row)
+                              for i, row in zip(ex["moe_layers"], share))
+        lines = [f"Each token reads {ex['active_params']:,} of {ex['total_params']:,} parameters "
+                 f"({ex['executed_fraction']:.1%}: {ex['top_k']} of {ex['num_experts']} experts "
+                 f"per MoE layer); vs {ex['dense_twin']}: {flops}; the analytic ratio predicts "
+                 f"{ex['predicted_time_ratio']:.3f}x the dense forward time {load}",
+                 f"Tokens per expert (share of routes, 1/E = {1 / ex['num_experts']:.3f} is "
+                 f"balanced): {per_layer}; max/mean per layer "
+                 + ", ".join(f"{v:.2f}" for v in ex["load_max_over_mean"]),
+                 *_latency_lines(ex["latency"], ex["baseline"])]
         return lines
     if kind == "mixing":
         return [f"Every block runs for every token ({ex['n_layers']} of {ex['n_layers']}: no "
@@ -290,8 +306,8 @@ def plot(card: dict):
     ax2.set_xscale("symlog", linthresh=1e-3)
     ax2.set_title("functional dependence: ΔNLL (nats)")
     ex = card["execution"]
-    bars = {("open\nunits" if ex.get("kind") == "units" else "executed\nblocks"):
-            ex["executed_fraction"],
+    bars = {{"units": "open\nunits", "experts": "active\nparams"}.get(
+            ex.get("kind"), "executed\nblocks"): ex["executed_fraction"],
             "FLOPs\ncompiled": ex["flops_ratio_compiled"],
             "FLOPs\nanalytic": ex["flops_ratio_analytic"],
             **{k.replace("_b", "\nb"): r["ratio"] for k, r in ex["latency"].items()}}

@@ -34,16 +34,16 @@ __all__ = ["AuditError", "ReplayError", "audit_from_config", "combine_dirs", "ve
 
 def audit_from_config(config, run_dirs: Sequence[str] = (), muddpythia_dir: str | None = None,
                       out: str | None = None, progress: bool = True, log=print,
-                      targets: Sequence | None = None) -> dict:
+                      targets: Sequence | None = None, hf_dir: str | None = None) -> dict:
     """The whole audit.py program: checkpoints, windows, engine, statistics, report; returns
     the results. The checkpoints are ``run_dirs`` (any kind :func:`dynjax.runs.open_target`
-    recognises), a MUDDPythia directory, or ``targets`` already opened."""
+    recognises), a MUDDPythia or HF directory, or ``targets`` already opened."""
     from dynjax.audit import report
 
     progress = progress and distributed.is_main()   # other processes of a multi-host run
     settings = Settings.from_config(config)
     dc = config.data
-    targets = list(targets or []) or _open_targets(config, run_dirs, muddpythia_dir)
+    targets = list(targets or []) or _open_targets(config, run_dirs, muddpythia_dir, hf_dir)
     for t in targets:
         t.require_coefficients()
     check_compatible(targets)
@@ -80,14 +80,18 @@ def audit_from_config(config, run_dirs: Sequence[str] = (), muddpythia_dir: str 
     return results
 
 
-def _open_targets(config, run_dirs, muddpythia_dir) -> list:
-    """The checkpoints audit.py was given: run directories, or one MUDDPythia directory
-    (``--muddpythia`` or ``config.muddpythia.path``)."""
-    mudd = muddpythia_dir or opt(config.get("muddpythia"), "path")
-    if mudd and run_dirs:
-        raise AuditError("pass either --checkpoints (dynjax runs) or --muddpythia, not both")
-    if mudd:
-        return [open_target(mudd, kind="muddpythia", config=config)]
+def _open_targets(config, run_dirs, muddpythia_dir, hf_dir) -> list:
+    """The checkpoints audit.py was given: run directories, or one MUDDPythia or HF
+    directory (``--muddpythia`` / ``--hf``, or the config's ``muddpythia.path`` /
+    ``hf.path``)."""
+    named = {"muddpythia": muddpythia_dir or opt(config.get("muddpythia"), "path"),
+             "hf": hf_dir or opt(config.get("hf"), "path")}
+    named = {kind: path for kind, path in named.items() if path}
+    if len(named) + bool(run_dirs) > 1:
+        raise AuditError("pass one of --checkpoints (dynjax runs), --muddpythia or --hf, "
+                         "not several")
+    for kind, path in named.items():
+        return [open_target(path, kind=kind, config=config)]
     if not run_dirs:
         raise AuditError("no checkpoints given: pass --checkpoints RUN_DIR [RUN_DIR ...] "
                          "(run directories written by train.py) or --muddpythia HF_DIR")

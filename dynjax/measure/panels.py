@@ -2,11 +2,14 @@
 
 A language model against its dense twin (executed blocks, FLOPs, KV cache, latency), a
 classifier against the dense MLP of the same widths (open units, RelMAC), MUDDPythia
-against the same weights with static mixing. The scorecard shows them; each kind of
-checkpoint (:mod:`dynjax.runs`) says which is its own. Timers of a model and its baseline
+against the same weights with static mixing, a production MoE (``llm``) against the dense
+model of the same total parameters (tokens per expert, active parameters). The scorecard
+shows them; each kind of checkpoint (:mod:`dynjax.runs`) says which is its own. Timers of a model and its baseline
 take turns in one run (``dynjax.measure.latency``).
 """
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +17,7 @@ import numpy as np
 
 from dynjax import decoding
 from dynjax.measure import execution, latency, mlp_execution
-from dynjax.models import build, muddpythia
+from dynjax.models import build, llm, muddpythia
 from dynjax.models.transformer import ModelConfig
 
 
@@ -126,4 +129,108 @@ def muddpythia_execution_panel(cfg, params, windows, batches=(1, 8), repeats: in
             "baseline": "static mixing",
             "latency": _latency_rows(med, "model", "static", batches,
                                      lambda b: (b * T, "tokens")),
+            "load_average": latency.load_average()}
+
+
+# ------------------------------------------------------------------ production MoE (llm)
+
+def llm_flops_per_window(cfg, seq_len: int, params_per_token: int) -> int:
+    """Analytic forward FLOPs of one window: 2 per multiply-add of the ``params_per_token``
+    matmul weights each token reads (the embedding lookup is not a matmul), plus attention
+    scores and values over the full T x T square."""
+    embed = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
+    attn = cfg.n_layers * 2 * 2 * seq_len * seq_len * cfg.n_heads * cfg.head_dim
+    return 2 * seq_len * (params_per_token - embed) + attn
+
+
+def llm_estimate(cfg, n_windows: int, seq_len: int, batch: int) -> dict:
+    """Sizes of an audit of an ``llm`` model from its config alone (no weights): the
+    parameters (all, and those one token reads), the coefficient cache of ``n_windows``,
+    a rough upper bound of one forward's live activations at ``batch`` rows (the residual
+    stream, one layer's expert hidden states as the dense-over-experts path computes them,
+    the float32 scores of one attention block, the float32 logits) and the FLOPs per window
+    of record and replay (one program: equal)."""
+    count = llm.param_count(cfg)
+    item = jnp.dtype(cfg.dtype).itemsize
+    n_moe = len(cfg.moe_layers)
+    per_window = seq_len * n_moe * (cfg.num_experts + (1 if cfg.shared_expert_size else 0)) * 4
+    width = max(cfg.intermediate_size, cfg.num_experts * cfg.moe_intermediate_size
+                + cfg.shared_expert_size)
+    act = batch * seq_len * (4 * cfg.hidden_size * item + 2 * width * item
+                             + cfg.vocab_size * 4)
+    act += 2 * batch * cfg.n_heads * min(seq_len, cfg.attn_block or seq_len) * seq_len * 4
+    flops = llm_flops_per_window(cfg, seq_len, count["active"])
+    return {"param_count": count["total"], "active_param_count": count["active"],
+            "param_bytes": count["total"] * item, "coeff_cache_bytes": n_windows * per_window,
+            "activation_bytes_per_batch": act, "record_flops_per_window": flops,
+            "replay_flops_per_window": flops}
+
+
+def dense_same_total(cfg):
+    """The dense ``llm`` config with the same total parameters: every layer a SwiGLU MLP
+    whose width makes the count equal (to within one column of 3 x hidden parameters)."""
+    dense = lambda width: dataclasses.replace(
+        cfg, moe_layers=(), num_experts=0, top_k=0, moe_intermediate_size=0,
+        shared_expert_size=0, norm_topk_prob=False, intermediate_size=width)
+    base, per = llm.param_count(dense(1))["total"], llm.param_count(dense(2))["total"]
+    per -= base
+    return dense(max(1, round(1 + (llm.param_count(cfg)["total"] - base) / per)))
+
+
+def tokens_per_expert(router, k: int):
+    """(layer, expert) share of the routes each expert takes (rows sum to 1; 1/E is
+    balanced) from recorded router scores (layer, example, token, expert)."""
+    chosen = np.asarray(jax.lax.top_k(jnp.asarray(router), k)[1])
+    L, E = router.shape[0], router.shape[-1]
+    counts = np.stack([np.bincount(chosen[i].ravel(), minlength=E) for i in range(L)])
+    return counts / counts.sum(axis=1, keepdims=True)
+
+
+def moe_execution_panel(cfg, params, windows, batches=(1, 8), repeats: int = 5) -> dict:
+    """A production MoE's execution: tokens per expert per layer (load balance) on
+    ``windows``; active and total parameters; FLOPs per token against the dense model of the
+    same total parameters (analytic, and XLA's count of both compiled forwards: what this
+    port really executes); measured forward time of both, timed in turns, beside the
+    time the analytic FLOP ratio predicts."""
+    model, twin_cfg = build(cfg), dense_same_total(cfg)
+    twin = build(twin_cfg)
+    twin_params = llm.init(twin_cfg, jax.random.key(0))
+    T = windows.shape[1]
+    _, coeffs = jax.jit(model.apply)(params, jnp.asarray(windows))
+    share = tokens_per_expert(coeffs["router"], cfg.top_k)
+    count, twin_count = llm.param_count(cfg), llm.param_count(twin_cfg)
+    analytic = {"model": llm_flops_per_window(cfg, T, count["active"]),
+                "dense": llm_flops_per_window(twin_cfg, T, twin_count["active"])}
+    one = jnp.asarray(windows[:1])
+    forward = lambda m: (lambda p, t: m.apply(p, t)[0])
+    compiled = {"model": execution.compiled_cost(forward(model), params, one)["flops"],
+                "dense": execution.compiled_cost(forward(twin), twin_params, one)["flops"]}
+    timers = {}
+    for who, (m, p) in {"model": (model, params), "dense": (twin, twin_params)}.items():
+        f = jax.jit(forward(m))
+        for b in batches:
+            tokens = jnp.asarray(windows[:b])
+            timers[f"{who}/forward_b{b}"] = lambda f=f, p=p, t=tokens: f(p, t)
+    med = latency.paired_medians(timers, repeats)
+    rows = _latency_rows(med, "model", "dense", batches, lambda b: (b * T, "tokens"))
+    for b in batches:
+        rows[f"forward_b{b}"]["model_flops_per_s"] = b * analytic["model"] / \
+            med[f"model/forward_b{b}"]
+    flops_ratio = analytic["model"] / analytic["dense"]
+    return {"kind": "experts", "n_layers": cfg.n_layers, "moe_layers": list(cfg.moe_layers),
+            "num_experts": cfg.num_experts, "top_k": cfg.top_k,
+            "tokens_per_expert": share,
+            "load_max_over_mean": (share.max(axis=1) * cfg.num_experts).tolist(),
+            "active_params": count["active"], "total_params": count["total"],
+            "dense_params": twin_count["total"],
+            "executed_fraction": count["active"] / count["total"],
+            "flops_per_token_analytic": analytic["model"] / T,
+            "dense_flops_per_token_analytic": analytic["dense"] / T,
+            "flops_ratio_analytic": flops_ratio,
+            "flops_ratio_compiled": compiled["model"] / compiled["dense"],
+            "compiled_flops_per_window": compiled,
+            "predicted_time_ratio": flops_ratio,
+            "dense_twin": f"dense llm, intermediate_size {twin_cfg.intermediate_size} "
+                          f"({twin_count['total']:,} parameters)",
+            "baseline": "dense (same total parameters)", "latency": rows,
             "load_average": latency.load_average()}
