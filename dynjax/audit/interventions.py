@@ -1,4 +1,5 @@
-"""Frozen-Controller Audit interventions: pure functions of (coeffs, schema, key | calib).
+"""Frozen-Controller Audit interventions: pure functions of (coeffs, schema, key | calib),
+plus, for the routing conditions (:data:`ROUTING`), the windows' token ids or the model's top-k.
 
 Every function here reads only axis *names* from the schema (see :mod:`dynjax.coeffs`), so
 one implementation serves gates, MUDD mixing weights, MoD/MoE routing values and unit gates.
