@@ -154,6 +154,18 @@ MUTANTS = (
     Mutant("nll_scores_the_current_token", "dynjax/models/transformer.py",
            "tokens[:, 1:, None], axis=-1)[..., 0]", "tokens[:, :-1, None], axis=-1)[..., 0]",
            ("tests/test_gates.py",), "the loss is next-token prediction"),
+    # sampling (dynjax/decoding/sampling.py, decoding.stream)
+    Mutant("nucleus_stops_short_of_p", "dynjax/decoding/sampling.py",
+           "before = jnp.cumsum(probs, axis=-1) - probs", "before = jnp.cumsum(probs, axis=-1)",
+           ("tests/test_sampling.py",), "top-p keeps the smallest set whose mass reaches p"),
+    Mutant("stream_reuses_the_first_key", "dynjax/decoding/__init__.py",
+           "cache, tok = step(params, cache, tok, t, keys[i + 1])",
+           "cache, tok = step(params, cache, tok, t, keys[i])",
+           ("tests/test_sampling.py",), "streamed sampling draws the tokens generate draws"),
+    Mutant("sampling_ignores_temperature", "dynjax/decoding/sampling.py",
+           "scaled = logits.astype(jnp.float32) / sampling.temperature",
+           "scaled = logits.astype(jnp.float32)",
+           ("tests/test_sampling.py",), "temperature sharpens or flattens the distribution"),
     # Hugging Face ports (dynjax/loaders/hf.py, dynjax/models/llm.py): parity with transformers
     Mutant("hf_mixtral_not_renormalised", "dynjax/loaders/hf.py",
            'moe_intermediate_size=c["intermediate_size"], norm_topk_prob=True)',
