@@ -136,3 +136,21 @@ def test_open_target_tells_hf_directories_apart(tmp_path):
         dense.require_coefficients()
     with pytest.raises(AuditError, match="HF checkpoint directory .* does not exist"):
         open_target(tmp_path / "nope", kind="hf")
+
+
+def test_real_configs_for_the_plan():
+    """configs/hf_llm.py builds each real MoE as the llm family with the parameter count
+    results/hf_memory.json records for it (the plan then sizes it, as test_hf checks)."""
+    import ml_collections  # noqa: F401  (the config is a ConfigDict)
+
+    from configs import hf_llm
+    from dynjax.models import build, llm
+
+    table = json.load(open(os.path.join(ROOT, "results", "hf_memory.json")))["models"]
+    for arg, name in hf_llm.MODELS.items():
+        c = hf_llm.get_config(arg)
+        model = build(c.model.to_dict())
+        assert c.model.family == "llm" and c.model.dtype == "bfloat16" and c.model.remat
+        assert llm.param_count(model.cfg)["total"] == table[name]["params"], arg
+    with pytest.raises(ValueError, match="unknown model"):
+        hf_llm.get_config("deepseek_v3")
