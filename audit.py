@@ -20,6 +20,9 @@ windows are token windows, the loss their mean next-token NLL) or classifier run
 (DynamicGate-MLP; a window is one labelled example, the loss its cross-entropy; validation
 examples calibrate, test examples evaluate). Conditions that need a token axis are reported
 as not applicable for coefficients without one, and so are the factorial effects.
+``--hf=DIR`` audits a Hugging Face MoE's router scores (configs/audit_hf.py adds the routing
+conditions token_identity, expert_relabel, weights_flat; docs/audit_hf.md). Checkpoints are
+opened through ``dynjax.runs.open_target`` (docs/targets.md).
 Writes DIR/results.json (every number, seeds, config, sha256 of each checkpoint's params),
 DIR/report.md and PNG plots, atomically; prints a verdict table. Override any config field
 with ``--config.reassignments=5``. Program: ``dynjax/audit/run.py``; engine:

@@ -11,9 +11,4 @@ from configs import audit_hf, scorecard
 
 
 def get_config():
-    c = scorecard.get_config()
-    c.audit = audit_hf.get_config()
-    c.audit.reassignments = 5
-    c.audit.data.calib_windows = 32
-    c.audit.data.eval_windows = 32
-    return c
+    return scorecard.get_config(audit_hf.get_config())

@@ -24,7 +24,10 @@ brings its own execution question (:mod:`dynjax.measure.panels`):
   structured variant's open-blocks path) against the dense MLP of the same widths
   (``dynjax.measure.mlp_execution``);
 - MUDDPythia HF directories: every block runs for every token; FLOPs and latency against
-  the same weights with static mixing (each layer's ``dense_bs`` bias, no DA MLP).
+  the same weights with static mixing (each layer's ``dense_bs`` bias, no DA MLP);
+- Hugging Face MoE directories (``scorecard.py --hf``): tokens per expert per layer, active
+  parameters, FLOPs and forward time against the dense model of the same total parameters
+  (docs/audit_hf.md).
 """
 from __future__ import annotations
 
