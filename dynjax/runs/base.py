@@ -16,6 +16,7 @@ import numpy as np
 
 from dynjax.audit.settings import LM, AuditError, Task, params_sha256
 from dynjax.coeffs import is_axes
+from dynjax.runs import audit_plan
 
 
 class Target:
@@ -133,6 +134,10 @@ class Target:
     def plan(self, config, settings) -> dict | None:
         """A memory and time estimate of the audit, from the config alone; None: none."""
         return None
+
+    def format_plan(self, plan: dict) -> str:
+        """The plan as the audit prints it."""
+        return audit_plan.format_plan(plan, self.label, self.kind)
 
     def windows(self, data_cfg, n_calib: int, n_eval: int):
         """``(calibration, evaluation, info)`` windows for the audit (see
