@@ -53,10 +53,29 @@ def read_eval(run_dir) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+CLASSIFIER_FAMILY = "gated_mlp"
+
+
 def is_classifier(config) -> bool:
-    """Classifier runs (DynamicGate-MLP and its baselines) name a ``data.dataset``;
-    language-model runs a text ``data.source``."""
-    return "dataset" in config.data
+    """Classifier runs (DynamicGate-MLP and its baselines) record ``model.family`` =
+    ``gated_mlp``; runs written before the family was recorded are told by their
+    ``data.dataset`` (language-model runs name a text ``data.source``)."""
+    family = config.model.get("family")
+    return family == CLASSIFIER_FAMILY if family else "dataset" in config.data
+
+
+def with_recorded_family(config, run_dir):
+    """``config`` with a classifier's ``model.family`` recorded, as config.json keeps it;
+    unchanged when ``run_dir`` holds a run written before the family was recorded (its
+    config.json is never rewritten on resume)."""
+    if config.model.get("family") or not is_classifier(config):
+        return config
+    old = pathlib.Path(run_dir) / CONFIG
+    if old.exists() and "family" not in json.loads(old.read_text()).get("model", {}):
+        return config
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.model.family = CLASSIFIER_FAMILY
+    return config
 
 
 def family_variant(config) -> tuple[str, str]:
@@ -83,6 +102,7 @@ def load_classifier_data(data_config) -> dict:
 def classifier_model_dict(config, in_dim: int, n_classes: int) -> dict:
     """The GatedMLP config of a run: its model fields plus the data's input and class sizes."""
     d = dict(config.model.to_dict())
+    d.pop("family", None)
     d["hidden"] = tuple(d["hidden"])
     return {**d, "in_dim": in_dim, "n_classes": n_classes}
 

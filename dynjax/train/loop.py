@@ -1,7 +1,7 @@
 """The training loop every task shares: run directory, resume, cadence, final evaluation.
 
-``train(config, workdir)`` picks the task from the config (a classifier run names a
-``data.dataset``: :mod:`dynjax.train.classify`; otherwise a language model:
+``train(config, workdir)`` picks the task from the config (a classifier run,
+:func:`dynjax.rundir.is_classifier`: :mod:`dynjax.train.classify`; otherwise a language model:
 :mod:`dynjax.train.lm`) and runs it: every check before the run directory is written, the
 resume guard, ``config.json``, the orbax manager (resume from the newest checkpoint that
 restores), then per step the task's batch and jitted step, logging every
@@ -65,6 +65,7 @@ def train(config, workdir: str, progress: bool = True) -> dict:
         task = task_of(config)(config)
     config, tc = task.config, task.config.train
     run_dir = pathlib.Path(workdir)
+    config = rundir.with_recorded_family(config, run_dir)
     checkpoint.check_same_run(run_dir, config, keys=task.same_run_keys)
     task.load_data()
     source = convert.source_of(task, run_dir)  # train.init_from, recorded in config.json
