@@ -16,6 +16,7 @@ rundir -> train -> audit.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import dataclasses
 import json
 import logging
@@ -28,6 +29,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import ml_collections
 import orbax.checkpoint as ocp
 
@@ -239,3 +241,14 @@ def load_params(run_dir, step=None):
     """``(config, model, params)`` of a run at ``step`` (default the latest)."""
     run = load(run_dir, step)
     return run.config, run.model, run.params
+
+
+def params_sha256(params) -> str:
+    """sha256 over every parameter's path, dtype, shape and bytes (order-independent of dicts)."""
+    h = hashlib.sha256()
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    for path, leaf in sorted(flat, key=lambda pl: jax.tree_util.keystr(pl[0])):
+        a = np.asarray(jax.device_get(leaf))
+        h.update(f"{jax.tree_util.keystr(path)}|{a.dtype}|{a.shape}|".encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()

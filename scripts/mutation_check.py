@@ -224,7 +224,6 @@ MUTANTS = (
            'h = h + llm.attend(cfg, p["attn"], q, k, v, pos.index, pos.index)',
            ("tests/test_hf.py::test_decoding_equals_the_forward",),
            "decoding attends over the cached keys and values"),
-<<<<<<< HEAD
     # --- conversions (train.init_from: dynjax/train/convert.py) ---
     Mutant("upcycled_expert_not_copied_from_mlp", "dynjax/train/convert.py",
            "out[key] = (np.broadcast_to(mlp, init[key].shape) + noise",
@@ -242,7 +241,6 @@ MUTANTS = (
            "    state = state if source is None else source.convert(task, state)\n",
            ("tests/test_convert.py::test_resume_after_conversion_is_bitwise_and_does_not_convert_again",),
            "a resumed converted run restores its checkpoint and never converts again"),
-=======
     # --- dropless MoE dispatch (dynjax/models/dispatch.py, moe.dropless_ffn; issue 27) ---
     Mutant("dropless_padding_rounds_down", "dynjax/models/dispatch.py",
            "sizes = (counts + block - 1) // block * block", "sizes = counts // block * block",
@@ -321,7 +319,6 @@ MUTANTS = (
            'if old.exists() and "family" not in json.loads(old.read_text()).get("model", {}):',
            "if False:", ("tests/test_audit_families.py::test_open_target_opens_every_kind",),
            "resuming an old classifier run keeps its config.json's form"),
->>>>>>> main
 )
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from dynjax.audit import interventions, stats
 from dynjax.coeffs import is_axes
+from dynjax.rundir import params_sha256  # noqa: F401  the digest audits record
 from dynjax.models.transformer import next_token_nll
 
 # Conditions that act on the ``token`` axis. Without one (a classifier's unit gates) they
@@ -177,14 +178,3 @@ def not_applicable_row(reason: str, label: str) -> dict:
 def reassignment_keys(seed: int, n: int):
     """The R keys every randomized condition shares (so the 2x2 factorial is paired)."""
     return jax.random.split(jax.random.key(seed), n)
-
-
-def params_sha256(params) -> str:
-    """sha256 over every parameter's path, dtype, shape and bytes (order-independent of dicts)."""
-    h = hashlib.sha256()
-    flat = jax.tree_util.tree_flatten_with_path(params)[0]
-    for path, leaf in sorted(flat, key=lambda pl: jax.tree_util.keystr(pl[0])):
-        a = np.asarray(jax.device_get(leaf))
-        h.update(f"{jax.tree_util.keystr(path)}|{a.dtype}|{a.shape}|".encode())
-        h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()

@@ -273,11 +273,6 @@ def _assemble(cfg, params, values: dict):
 
 # ------------------------------------------------------------------------ the loop's hook
 
-def params_sha256(params) -> str:
-    from dynjax.audit.settings import params_sha256 as digest  # one definition of the digest
-    return digest(params)
-
-
 def parse_source(spec: str) -> tuple[pathlib.Path, int | None]:
     """``DIR`` or ``DIR:STEP``."""
     head, _, tail = spec.rpartition(":")
@@ -297,7 +292,7 @@ class Source:
     def load(self) -> rundir.Run:
         if self.run is None:
             run = _open(pathlib.Path(self.record["path"]), self.record["step"])
-            if params_sha256(run.params) != self.record["params_sha256"]:
+            if rundir.params_sha256(run.params) != self.record["params_sha256"]:
                 raise ConfigError(f"train.init_from: {self.record['path']} step "
                                   f"{self.record['step']} no longer holds the parameters this "
                                   "run was converted from (its digest changed); restore it or "
@@ -372,7 +367,7 @@ def source_of(task, run_dir) -> Source | None:
         run = _open(path, step)
         plan(run.model.cfg, run.params, task.model.cfg, task.abstract["params"])
         source = Source({"spec": spec, "path": str(path.resolve()), "step": run.step,
-                         "params_sha256": params_sha256(run.params),
+                         "params_sha256": rundir.params_sha256(run.params),
                          "family": run.config.model.family,
                          "variant": run.config.model.variant}, run)
     config.train.init_source = source.record
