@@ -3,6 +3,7 @@
     python audit.py --config=configs/audit_tiny.py --out=DIR --checkpoints RUN_DIR [RUN_DIR ...]
     python audit.py --config=configs/audit_muddpythia.py --muddpythia=HF_DIR --out=DIR \
         --config.data.validation_path=wiki.valid.raw --config.data.test_path=wiki.test.raw
+    python audit.py --config=configs/audit_hf.py --hf=HF_DIR --out=DIR   # an MoE's routers
     python audit.py --combine=AUDIT_DIR,AUDIT_DIR[,...] --out=DIR   # audits run apart, as one
 
 Records every evaluation window's coefficients under jit, replays them with the controller
@@ -19,6 +20,9 @@ windows are token windows, the loss their mean next-token NLL) or classifier run
 (DynamicGate-MLP; a window is one labelled example, the loss its cross-entropy; validation
 examples calibrate, test examples evaluate). Conditions that need a token axis are reported
 as not applicable for coefficients without one, and so are the factorial effects.
+``--hf=DIR`` audits a Hugging Face MoE's router scores (configs/audit_hf.py adds the routing
+conditions token_identity, expert_relabel, weights_flat; docs/audit_hf.md). Checkpoints are
+opened through ``dynjax.runs.open_target`` (docs/targets.md).
 Writes DIR/results.json (every number, seeds, config, sha256 of each checkpoint's params),
 DIR/report.md and PNG plots, atomically; prints a verdict table. Override any config field
 with ``--config.reassignments=5``. Program: ``dynjax/audit/run.py``; engine:
@@ -39,6 +43,8 @@ config_flags.DEFINE_config_file("config", "configs/audit_tiny.py", "configs/NAME
 flags.DEFINE_list("checkpoints", [], "run directories written by train.py "
                   "(further run directories may follow as positional arguments)")
 flags.DEFINE_string("muddpythia", None, "a local MUDDPythia HF directory to audit instead")
+flags.DEFINE_string("hf", None, "a local Hugging Face MoE checkpoint directory (mixtral, olmoe, "
+                    "qwen2_moe, qwen3_moe) to audit instead: its routers")
 flags.DEFINE_list("combine", [], "audit.py --out directories of the same config and windows "
                   "(one per seed, audited apart) to combine into one audit")
 flags.DEFINE_string("out", None, "output directory: results.json, report.md, plots")
@@ -63,10 +69,10 @@ def audit_or_combine(run_dirs):
     F = flags.FLAGS
     check_inputs()
     if not F.combine:
-        return run.audit_from_config(F.config, run_dirs, F.muddpythia, F.out)
-    if run_dirs or F.muddpythia:
+        return run.audit_from_config(F.config, run_dirs, F.muddpythia, F.out, hf_dir=F.hf)
+    if run_dirs or F.muddpythia or F.hf:
         raise run.AuditError("--combine joins finished audits; drop --checkpoints / "
-                             "--muddpythia (audit those apart first)")
+                             "--muddpythia / --hf (audit those apart first)")
     return run.combine_dirs(F.combine, F.out)
 
 

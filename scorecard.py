@@ -3,9 +3,10 @@ it, and does it really execute less?
 
     python scorecard.py --config=configs/scorecard.py --out=DIR RUN_DIR [RUN_DIR ...]
     python scorecard.py --out=DIR --muddpythia=HF_DIR [RUN_DIR ...]
+    python scorecard.py --config=configs/scorecard_hf.py --out=DIR --hf=HF_DIR
 
-RUN_DIR: a train.py run (language model or DynamicGate-MLP classifier) or a MUDDPythia HF
-directory (recognised by its *.safetensors). Writes DIR/scorecard.json, DIR/scorecard.md
+RUN_DIR: a train.py run (language model or DynamicGate-MLP classifier) or an HF directory
+(a ported MoE or dense LLM by its config.json's model_type, else MUDDPythia). Writes DIR/scorecard.json, DIR/scorecard.md
 and DIR/scorecard_<i>.png (three panels), and each audited run's audit under DIR/<i>/audit.
 Library: ``dynjax/scorecard.py``.
 """
@@ -23,21 +24,25 @@ config_flags.DEFINE_config_file("config", "configs/scorecard.py", "configs/NAME.
                                 lock_config=True)
 flags.DEFINE_string("out", None, "output directory")
 flags.DEFINE_string("muddpythia", None, "a MUDDPythia HF directory to score (after any RUN_DIR)")
+flags.DEFINE_string("hf", None, "a Hugging Face LLM directory to score (after any RUN_DIR)")
 flags.mark_flag_as_required("out")
 
 
 def main(argv):
     logging.set_verbosity(logging.WARNING)
-    runs = [(r, scorecard.score) for r in argv[1:]]
+    runs = [(r, None) for r in argv[1:]]
     if flags.FLAGS.muddpythia:
-        runs.append((flags.FLAGS.muddpythia, scorecard.score_muddpythia))
+        runs.append((flags.FLAGS.muddpythia, "muddpythia"))
+    if flags.FLAGS.hf:
+        runs.append((flags.FLAGS.hf, "hf"))
     if not runs:
         errors.exit_with_error("scorecard.py", "no checkpoints given: pass RUN_DIR "
-                               "[RUN_DIR ...] written by train.py, or --muddpythia=HF_DIR")
+                               "[RUN_DIR ...] written by train.py, or --muddpythia=HF_DIR / --hf=HF_DIR")
     out = flags.FLAGS.out
 
     def score():
-        cards = [fn(r, flags.FLAGS.config, f"{out}/{i}") for i, (r, fn) in enumerate(runs)]
+        cards = [scorecard.score(r, flags.FLAGS.config, f"{out}/{i}", kind=kind)
+                 for i, (r, kind) in enumerate(runs)]
         scorecard.write(cards, out, command_line())
         return cards
     cards = errors.run_program("scorecard.py", score,

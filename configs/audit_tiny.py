@@ -62,4 +62,9 @@ def get_config():
     c.muddpythia.path = ml_collections.FieldReference(None, field_type=str)
     c.muddpythia.dtype = "float32"
     c.muddpythia.flops_per_second = ml_collections.FieldReference(None, field_type=float)
+
+    c.hf = ml_collections.ConfigDict()   # a Hugging Face MoE directory (configs/audit_hf.py)
+    c.hf.path = ml_collections.FieldReference(None, field_type=str)
+    c.hf.dtype = "float32"               # or bfloat16
+    c.hf.flops_per_second = ml_collections.FieldReference(None, field_type=float)
     return c

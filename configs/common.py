@@ -35,6 +35,12 @@ def base(variant: str) -> ml_collections.ConfigDict:
     # of stopping; spike_factor: warn when a logged loss is this many times the running
     # median (0: off); allow_changes: accept changed train.* fields on resume (recorded in
     # RUN/config_history.jsonl). docs/reliability.md
+    # init_from: start from another run's params, DIR or DIR:STEP (dynjax/train/convert.py:
+    # dense -> MoD routers fitted with gain init_router_gain on init_calibration_windows
+    # train windows; dense -> MoE experts = copies of the MLP plus init_upcycle_noise * std
+    # noise); the loss jump on init_report_windows validation windows goes to metrics.jsonl.
+    c.train.update(dict(init_from="", init_router_gain=2.0, init_upcycle_noise=0.0,
+                        init_calibration_windows=64, init_report_windows=64))
     # route: the headline routing rule of a routed model ("" = the predictor if trained,
     # else the router; see dynjax.train.evaluation); decode_check_windows: test windows
     # that MoD's KV-cache decoder re-scores to check it agrees with the causal forward.

@@ -25,12 +25,18 @@ import ml_collections
 from configs import audit_tiny
 
 
-def get_config():
+def quick(audit):
+    """An audit config at the scorecard's quick settings (5 reassignments, 32 + 32 windows)."""
+    audit.reassignments = 5
+    audit.data.calib_windows = 32
+    audit.data.eval_windows = 32
+    return audit
+
+
+def get_config(audit=None):
+    """``audit``: the audit config to run quick (default configs/audit_tiny.py's)."""
     c = ml_collections.ConfigDict()
-    c.audit = audit_tiny.get_config()
-    c.audit.reassignments = 5
-    c.audit.data.calib_windows = 32
-    c.audit.data.eval_windows = 32
+    c.audit = quick(audit or audit_tiny.get_config())
     c.execution_windows = 8        # test windows timed (the largest latency batch)
     c.latency_batches = (1, 8)     # the paper measured batch 8
     c.latency_repeats = 5

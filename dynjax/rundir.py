@@ -18,6 +18,7 @@ rundir -> train -> audit.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import dataclasses
 import logging
 import os
@@ -29,6 +30,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import ml_collections
 import orbax.checkpoint as ocp
 
@@ -59,10 +61,29 @@ def read_eval(run_dir) -> dict | None:
         "evaluates the final checkpoint again")) if path.exists() else None
 
 
+CLASSIFIER_FAMILY = "gated_mlp"
+
+
 def is_classifier(config) -> bool:
-    """Classifier runs (DynamicGate-MLP and its baselines) name a ``data.dataset``;
-    language-model runs a text ``data.source``."""
-    return "dataset" in config.data
+    """Classifier runs (DynamicGate-MLP and its baselines) record ``model.family`` =
+    ``gated_mlp``; runs written before the family was recorded are told by their
+    ``data.dataset`` (language-model runs name a text ``data.source``)."""
+    family = config.model.get("family")
+    return family == CLASSIFIER_FAMILY if family else "dataset" in config.data
+
+
+def with_recorded_family(config, run_dir):
+    """``config`` with a classifier's ``model.family`` recorded, as config.json keeps it;
+    unchanged when ``run_dir`` holds a run written before the family was recorded (its
+    config.json is never rewritten on resume)."""
+    if config.model.get("family") or not is_classifier(config):
+        return config
+    old = pathlib.Path(run_dir) / CONFIG
+    if old.exists() and "family" not in json.loads(old.read_text()).get("model", {}):
+        return config
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.model.family = CLASSIFIER_FAMILY
+    return config
 
 
 def family_variant(config) -> tuple[str, str]:
@@ -89,6 +110,7 @@ def load_classifier_data(data_config) -> dict:
 def classifier_model_dict(config, in_dim: int, n_classes: int) -> dict:
     """The GatedMLP config of a run: its model fields plus the data's input and class sizes."""
     d = dict(config.model.to_dict())
+    d.pop("family", None)
     d["hidden"] = tuple(d["hidden"])
     return {**d, "in_dim": in_dim, "n_classes": n_classes}
 
@@ -231,3 +253,14 @@ def load_params(run_dir, step=None):
     """``(config, model, params)`` of a run at ``step`` (default the latest)."""
     run = load(run_dir, step)
     return run.config, run.model, run.params
+
+
+def params_sha256(params) -> str:
+    """sha256 over every parameter's path, dtype, shape and bytes (order-independent of dicts)."""
+    h = hashlib.sha256()
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    for path, leaf in sorted(flat, key=lambda pl: jax.tree_util.keystr(pl[0])):
+        a = np.asarray(jax.device_get(leaf))
+        h.update(f"{jax.tree_util.keystr(path)}|{a.dtype}|{a.shape}|".encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()

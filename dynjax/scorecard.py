@@ -16,36 +16,31 @@ for any checkpoint dynjax can load, with a one-line verdict whose threshold live
   batch 1 and 8, KV-cache bytes.
 
 Checkpoints without coefficients (dense, fixed_depth) have no variation or dependence to
-report; they get the execution panel only. Two other kinds of checkpoint get the same three
-panels with their own execution question:
+report; they get the execution panel only. Each kind of checkpoint (:mod:`dynjax.runs`)
+brings its own execution question (:mod:`dynjax.measure.panels`):
 
 - DynamicGate-MLP classifiers (``train.py`` runs of ``configs/dgmlp_*.py``): open units
   per example, RelMAC, and the FLOPs and latency of the masked forward (and of the
   structured variant's open-blocks path) against the dense MLP of the same widths
   (``dynjax.measure.mlp_execution``);
 - MUDDPythia HF directories: every block runs for every token; FLOPs and latency against
-  the same weights with static mixing (each layer's ``dense_bs`` bias, no DA MLP).
+  the same weights with static mixing (each layer's ``dense_bs`` bias, no DA MLP);
+- Hugging Face MoE directories (``scorecard.py --hf``): tokens per expert per layer, active
+  parameters, FLOPs and forward time against the dense model of the same total parameters
+  (docs/audit_hf.md).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from dynjax.measure import execution, latency
-from dynjax.models import build
-from dynjax.models.transformer import ModelConfig
+from dynjax.audit import run as audit_run
+from dynjax.runs import open_target
 
-PANEL_CONDITIONS = ("cross_input", "token_shuffle", "static_profile", "structure_removed")
-
-
-def dense_twin(cfg: ModelConfig) -> ModelConfig:
-    """The same-size dense decoder a dynamic model's execution is compared with."""
-    if cfg.family in ("gates", "mod"):
-        return cfg.replace(variant="dense")
-    return ModelConfig(family="gates", variant="dense", vocab_size=cfg.vocab_size,
-                       d_model=cfg.d_model, n_heads=cfg.n_heads, n_layers=cfg.n_layers,
-                       d_ff=cfg.d_ff, dtype=cfg.dtype, scan_layers=cfg.scan_layers)
+PANEL_CONDITIONS = ("cross_input", "token_shuffle", "static_profile", "structure_removed",
+                    "token_identity", "expert_relabel", "weights_flat")   # those the audit ran
 
 
 # ------------------------------------------------------------------------------ panels
@@ -87,7 +82,7 @@ def variation(audit: dict, coeffs: dict, cfg, schema=None, family: str | None = 
         out["entered_fraction_topk"] = cfg.mod.capacity
         ask = coeffs.get("predictor", coeffs["router"])
         out["asks_to_enter_fraction"] = float(np.mean(np.asarray(ask) > 0))
-    if family in ("moe", "gated_mlp") and "router" in coeffs:  # MoE, or the MLP's Switch-MoE
+    if family in ("moe", "gated_mlp", "llm") and "router" in coeffs:  # MoE, MLP's Switch-MoE
         leaves = coeffs["router"] if isinstance(coeffs["router"], list) else [coeffs["router"]]
         ent = [_entropy(np.asarray(p, np.float64)) for p in leaves]
         out["routing_entropy_nats"] = float(np.mean([e.mean() for e in ent]))
@@ -111,111 +106,6 @@ def dependence(audit: dict) -> dict:
     ret = audit["conditions"].get("static_profile", {}).get("retention")
     return {"conditions": rows, "retention": ret, "unit": audit.get("unit"),
             "replay": audit["replay"]["exact"]}
-
-
-def execution_panel(cfg: ModelConfig, params, windows, batches=(1, 8), repeats: int = 5) -> dict:
-    """Executed blocks, FLOPs, KV-cache bytes and measured forward / prefill / decode
-    latency relative to the dense twin, the two models' timers taking turns in one run
-    (``dynjax.measure.latency``; timing inputs are random tokens of the window length)."""
-    from dynjax import decoding
-    model, twin_cfg = build(cfg), dense_twin(cfg)
-    twin = build(twin_cfg)
-    T = windows.shape[1]
-    tokens = jnp.asarray(windows[:max(batches)])
-    counts = execution.executed_blocks(model, params, tokens)
-    flops = execution.flop_report(cfg, 1, T)
-    twin_flops = execution.flop_report(twin_cfg, 1, T)
-    twin_params = twin.init(jax.random.key(0), tokens[:1])
-    kv = lambda c: decoding.cache_bytes(decoding.init_cache(c, 1, T))
-    out = {"executed_blocks_per_token": float(np.mean(counts)), "n_layers": cfg.n_layers,
-           "executed_fraction": float(np.mean(counts)) / cfg.n_layers,
-           "flops_ratio_compiled": flops["compiled_flops"] / twin_flops["compiled_flops"],
-           "flops_ratio_analytic": flops["analytic_flops"] / twin_flops["analytic_flops"],
-           "kv_cache_bytes_ratio": kv(cfg) / kv(twin_cfg),
-           "dense_twin": f"{twin_cfg.family}/{twin_cfg.variant}", "latency": {},
-           "load_average": latency.load_average()}
-    timers = {}
-    for who, (c, p) in {"model": (cfg, params), "dense": (twin_cfg, twin_params)}.items():
-        timers.update({f"{who}/{k}": f for k, f in latency.model_timers(c, p, T, batches).items()})
-    med = latency.paired_medians(timers, repeats)
-    mine = {k.split("/", 1)[1]: v for k, v in med.items() if k.startswith("model/")}
-    rate = latency.rates(mine, T)
-    for name, s in mine.items():
-        out["latency"][name] = {"seconds": s, "dense_seconds": med[f"dense/{name}"],
-                                "ratio": s / med[f"dense/{name}"], "tokens_per_s": rate[name]}
-    return out
-
-
-def _latency_rows(med: dict, program: str, baseline: str, batches, per_call) -> dict:
-    """``forward_b{b}`` rows of ``program`` against ``baseline`` from paired medians keyed
-    ``{who}/forward_b{b}``; ``per_call(b)`` is (items per call, what an item is)."""
-    rows = {}
-    for b in batches:
-        s, base = med[f"{program}/forward_b{b}"], med[f"{baseline}/forward_b{b}"]
-        n, item = per_call(b)
-        rows[f"forward_b{b}"] = {"seconds": s, "dense_seconds": base, "ratio": s / base,
-                                 f"{item}_per_s": n / s}
-    return rows
-
-
-def classifier_execution_panel(model, params, x, settings: dict, batches=(1, 8),
-                               repeats: int = 50) -> dict:
-    """A GatedMLP's open units per example (RelMAC), and its forward's FLOPs and latency
-    against the dense MLP of the same widths; a structured model's open-blocks path beside
-    it under ``structured``. ``x``: test examples (RelMAC over all, timing on the first
-    max(batches)); ``settings``: the gate schedule at the checkpoint's step."""
-    from dynjax.measure import mlp_execution
-    cfg = model.cfg
-    units = mlp_execution.open_units(model, params, jnp.asarray(x), settings)
-    analytic = mlp_execution.analytic_flops(cfg, units)
-    compiled = mlp_execution.compiled_flops(cfg, params, settings)
-    med = latency.paired_medians(mlp_execution.timers(cfg, params, x, settings, batches),
-                                 repeats)
-
-    def program(name):
-        return {"flops_ratio_compiled": compiled[name] / compiled["dense"],
-                "flops_ratio_analytic": analytic[name] / analytic["dense"],
-                "latency": _latency_rows(med, name, "dense", batches, lambda b: (b, "examples"))}
-    out = {"kind": "units", **program("model"), "relmac": units["relmac"],
-           "open_units_per_example": units["open_units_per_example"], "units": units["units"],
-           "executed_fraction": units["executed_fraction"],
-           "compiled_flops_per_example": compiled, "analytic_flops_per_example": analytic,
-           "dense_twin": "gated_mlp/dense " + "-".join(map(str, model.dims)),
-           "load_average": latency.load_average()}
-    if "structured" in compiled:
-        out["structured"] = program("structured")
-    return out
-
-
-def muddpythia_execution_panel(cfg, params, windows, batches=(1, 8), repeats: int = 5) -> dict:
-    """MUDDPythia runs every block for every token (no skipping); its forward's FLOPs
-    (compiled, and analytic from ``muddpythia.memory_time_estimate``) and latency, timed in
-    turns, against ``muddpythia.apply_static_mixing``: the same weights, no DA MLP."""
-    from dynjax.models import muddpythia
-    T = windows.shape[1]
-    programs = {"model": lambda p, t: muddpythia.apply(cfg, p, t)[0],
-                "static": lambda p, t: muddpythia.apply_static_mixing(cfg, p, t)[0]}
-    one = jnp.asarray(windows[:1])
-    compiled = {k: execution.compiled_cost(f, params, one)["flops"] for k, f in programs.items()}
-    est = muddpythia.memory_time_estimate(cfg, 1, T, 1)
-    timers = {}
-    for name, f in programs.items():
-        jitted = jax.jit(f)
-        for b in batches:
-            tokens = jnp.asarray(windows[:b])
-            timers[f"{name}/forward_b{b}"] = lambda f=jitted, t=tokens: f(params, t)
-    med = latency.paired_medians(timers, repeats)
-    return {"kind": "mixing", "executed_blocks_per_token": float(cfg.n_layer),
-            "n_layers": cfg.n_layer, "executed_fraction": 1.0,
-            "flops_ratio_compiled": compiled["model"] / compiled["static"],
-            "flops_ratio_analytic": est["record_flops_per_window"]
-            / est["static_mixing_flops_per_window"],
-            "compiled_flops": compiled,
-            "dense_twin": "the same weights with static mixing (dense_bs only, no DA MLP)",
-            "baseline": "static mixing",
-            "latency": _latency_rows(med, "model", "static", batches,
-                                     lambda b: (b * T, "tokens")),
-            "load_average": latency.load_average()}
 
 
 # ---------------------------------------------------------------------------- verdicts
@@ -272,125 +162,37 @@ def _execution_verdict(ex: dict, th, baseline: str, where: str) -> str:
 
 # ----------------------------------------------------------------------------- program
 
-def score(path: str, config, out_dir, log=print) -> dict:
-    """The scorecard of one checkpoint: a train.py run directory (language model or
-    classifier) or a MUDDPythia HF directory."""
-    from dynjax import rundir
-    from dynjax.loaders import muddpythia_hf
-
-    if muddpythia_hf.is_hf_dir(path):
-        return score_muddpythia(path, config, out_dir, log)
-    if rundir.is_classifier(rundir.read_config(path)):
-        return score_classifier(path, config, out_dir, log)
-    return score_run(path, config, out_dir, log)
-
-
-def _audit(config_audit, out_dir, log, what: str, **where) -> dict:
-    """The audit of ``where`` (run_dirs= or muddpythia_dir=), written under out_dir/audit."""
-    from pathlib import Path
-
-    from dynjax.audit import run as audit_run
-    log(f"{what}: auditing ({config_audit.data.eval_windows} windows, "
-        f"{config_audit.reassignments} reassignments)")
-    return audit_run.audit_from_config(config_audit, out=str(Path(out_dir) / "audit"),
-                                       progress=False, log=log, **where)
-
-
-def _card(path, model_name: str, params) -> dict:
-    return {"run": str(path), "model": model_name,
-            "params": int(sum(np.prod(p.shape) for p in jax.tree.leaves(params)))}
-
-
-def _finish(card: dict, config) -> dict:
+def score(path: str, config, out_dir, log=print, kind: str | None = None) -> dict:
+    """The scorecard of one checkpoint of any kind (:func:`dynjax.runs.open_target`; ``kind``
+    as there): the audit (``config.audit``, as the kind adapts it) for variation and
+    dependence, then the kind's execution panel; verdicts by ``config.thresholds``."""
+    target = open_target(path, kind=kind, config=config.audit)
+    audit_config = target.scorecard_audit_config(config)
+    card = {"run": str(path), "model": target.label,
+            "params": int(sum(np.prod(p.shape) for p in jax.tree.leaves(target.params))),
+            **target.card_extra()}
+    params = jax.device_put(target.params)   # HF weights load as host arrays
+    audit = None
+    if target.has_coefficients:
+        log(f"{path}: auditing ({audit_config.data.eval_windows} windows, "
+            f"{audit_config.reassignments} reassignments)")
+        audit = audit_run.audit_from_config(audit_config, out=str(Path(out_dir) / "audit"),
+                                            progress=False, log=log, targets=[target])
+    data_cfg = audit_config.data.copy_and_resolve_references()
+    if audit is not None and "seq_len" in audit["meta"]["windows"]:
+        data_cfg.seq_len = audit["meta"]["windows"]["seq_len"]
+    _, ev, _ = target.windows(data_cfg, 0, target.execution_windows(config))
+    ev = target.task.prepare(ev)
+    if audit is not None:
+        _, coeffs = jax.jit(target.apply_fn)(params, target.task.inputs(ev))
+        card["variation"] = variation(audit, coeffs, target.model.cfg, target.schema,
+                                      target.family)
+        card["dependence"] = dependence(audit)
+    log(f"{path}: timing against {target.baseline}")
+    card["execution"] = target.execution(params, ev, config)
     card["verdicts"] = verdicts(card, config.thresholds)
     card["thresholds"] = config.thresholds.to_dict()
     return card
-
-
-def score_run(run_dir: str, config, out_dir, log=print) -> dict:
-    """The scorecard of one train.py language-model run: audit (quick settings from
-    ``config.audit``) for variation and dependence, then the execution panel; verdicts by
-    ``config.thresholds``."""
-    from dynjax import rundir
-    from dynjax.data import text
-
-    cfg_run, model, params = rundir.load_params(run_dir)
-    cfg = model.cfg
-    dc = cfg_run.data
-    splits = text.load_splits(dc.source, dc.get("path"), dc.get("tfds_name"), dc.get("data_dir"))
-    windows = text.eval_windows(splits["test"], dc.seq_len, int(config.execution_windows))
-    card = _card(run_dir, f"{cfg.family}/{cfg.variant}", params)
-    if model.schema:
-        audit = _audit(config.audit, out_dir, log, run_dir, run_dirs=[run_dir])
-        _, coeffs = jax.jit(model.apply)(params, jnp.asarray(windows))
-        card["variation"] = variation(audit, coeffs, cfg, model.schema)
-        card["dependence"] = dependence(audit)
-    log(f"{run_dir}: timing against its dense twin")
-    card["execution"] = execution_panel(cfg, params, windows, tuple(config.latency_batches),
-                                        int(config.latency_repeats))
-    return _finish(card, config)
-
-
-def classifier_audit_config(config):
-    """``config.audit`` with ``config.classifier_examples`` calibration and evaluation
-    examples, all in one forward (a window is one example: 32 would give wide intervals),
-    and no window length."""
-    c = config.audit.copy_and_resolve_references()
-    n = int(config.classifier_examples)
-    c.data.calib_windows = c.data.eval_windows = c.batch_size = n
-    c.data.seq_len = None   # a MUDDPythia's window length, when one is scored beside it
-    c.per_window = False
-    return c
-
-
-def score_classifier(run_dir: str, config, out_dir, log=print) -> dict:
-    """The scorecard of one DynamicGate-MLP (or baseline) classifier run: the audit on
-    ``config.classifier_examples`` examples, variation of the unit gates / expert routing
-    on the audit's evaluation examples, and :func:`classifier_execution_panel`; the gates
-    run at the schedule of the checkpoint's step, as in the audit."""
-    from dynjax import rundir
-    from dynjax.audit import inputs
-
-    audit_config = classifier_audit_config(config)
-    config_run = rundir.read_config(run_dir)
-    model = inputs.classifier_model(config_run)
-    apply_fn, params, _, settings = inputs.load_classifier(run_dir, config_run)
-    _, ev, _ = inputs.classifier_windows(audit_config.data, config_run, 0,
-                                         int(config.classifier_examples))
-    card = {**_card(run_dir, f"gated_mlp/{model.cfg.variant}", params), "gate_settings": settings}
-    if model.schema:
-        audit = _audit(audit_config, out_dir, log, run_dir, run_dirs=[run_dir])
-        _, coeffs = jax.jit(apply_fn)(params, jnp.asarray(ev["x"]))
-        card["variation"] = variation(audit, coeffs, model.cfg, model.schema, "gated_mlp")
-        card["dependence"] = dependence(audit)
-    log(f"{run_dir}: timing against the dense MLP")
-    card["execution"] = classifier_execution_panel(
-        model, params, ev["x"], settings, tuple(config.latency_batches),
-        int(config.classifier_latency_repeats))
-    return _finish(card, config)
-
-
-def score_muddpythia(hf_dir: str, config, out_dir, log=print) -> dict:
-    """The scorecard of a MUDDPythia HF directory: the audit (``config.audit``, whose data
-    section names the local validation and test text and the window length) for variation
-    and dependence, and :func:`muddpythia_execution_panel` on test windows."""
-    from dynjax.audit import inputs
-
-    audit = _audit(config.audit, out_dir, log, hf_dir, muddpythia_dir=hf_dir)
-    target, cfg, tokenizer = inputs.load_muddpythia_target(hf_dir, config.audit.muddpythia.dtype)
-    model, params = build(cfg), jax.device_put(target["params"])   # loaded as host arrays
-    seq_len = audit["meta"]["windows"]["seq_len"]
-    _, windows, _ = inputs.muddpythia_windows(config.audit.data, tokenizer, cfg.vocab_size,
-                                              seq_len, 0, int(config.execution_windows))
-    card = _card(hf_dir, "muddpythia/muddpythia", params)
-    _, coeffs = jax.jit(model.apply)(params, jnp.asarray(windows))
-    card["variation"] = variation(audit, coeffs, cfg, model.schema, "muddpythia")
-    card["dependence"] = dependence(audit)
-    log(f"{hf_dir}: timing against static mixing")
-    card["execution"] = muddpythia_execution_panel(cfg, params, windows,
-                                                   tuple(config.latency_batches),
-                                                   int(config.latency_repeats))
-    return _finish(card, config)
 
 
 def render_markdown(cards: list) -> str:
@@ -424,8 +226,10 @@ def _latency_lines(latency: dict, baseline: str) -> list:
     out = []
     for name, r in latency.items():
         item, digits = ("tokens", 2) if "tokens_per_s" in r else ("examples", 3)
+        flops = (f", {r['model_flops_per_s']:.3g} FLOP/s by the analytic count"
+                 if "model_flops_per_s" in r else "")
         out.append(f"- {name}: {r['ratio']:.3f}x {baseline} ({r['seconds'] * 1e3:.{digits}f} ms, "
-                   f"{r[item + '_per_s']:.0f} {item}/s)")
+                   f"{r[item + '_per_s']:.0f} {item}/s{flops})")
     return out
 
 
@@ -447,6 +251,19 @@ def _execution_lines(ex: dict) -> list:
             lines += ["", f"Structured path (only the open blocks, gathered): FLOPs compiled "
                       f"{st['flops_ratio_compiled']:.3f}, analytic {st['flops_ratio_analytic']:.3f}"
                       " of dense", *_latency_lines(st["latency"], "dense")]
+        return lines
+    if kind == "experts":
+        share = np.asarray(ex["tokens_per_expert"])
+        per_layer = "; ".join(f"layer {i}: " + " ".join(f"{v:.2f}" for v in row)
+                              for i, row in zip(ex["moe_layers"], share))
+        lines = [f"Each token reads {ex['active_params']:,} of {ex['total_params']:,} parameters "
+                 f"({ex['executed_fraction']:.1%}: {ex['top_k']} of {ex['num_experts']} experts "
+                 f"per MoE layer); vs {ex['dense_twin']}: {flops}; the analytic ratio predicts "
+                 f"{ex['predicted_time_ratio']:.3f}x the dense forward time {load}",
+                 f"Tokens per expert (share of routes, 1/E = {1 / ex['num_experts']:.3f} is "
+                 f"balanced): {per_layer}; max/mean per layer "
+                 + ", ".join(f"{v:.2f}" for v in ex["load_max_over_mean"]),
+                 *_latency_lines(ex["latency"], ex["baseline"])]
         return lines
     if kind == "mixing":
         return [f"Every block runs for every token ({ex['n_layers']} of {ex['n_layers']}: no "
@@ -492,8 +309,8 @@ def plot(card: dict):
     ax2.set_xscale("symlog", linthresh=1e-3)
     ax2.set_title("functional dependence: ΔNLL (nats)")
     ex = card["execution"]
-    bars = {("open\nunits" if ex.get("kind") == "units" else "executed\nblocks"):
-            ex["executed_fraction"],
+    bars = {{"units": "open\nunits", "experts": "active\nparams"}.get(
+            ex.get("kind"), "executed\nblocks"): ex["executed_fraction"],
             "FLOPs\ncompiled": ex["flops_ratio_compiled"],
             "FLOPs\nanalytic": ex["flops_ratio_analytic"],
             **{k.replace("_b", "\nb"): r["ratio"] for k, r in ex["latency"].items()}}

@@ -89,15 +89,14 @@ def train_run(config, workdir: str) -> None:
 
 def load_run(workdir: str):
     """``(apply_fn, params, inputs)`` of a run's final checkpoint: apply_fn(params, x, coeffs)."""
-    from dynjax import rundir
-    from dynjax.audit import inputs
-    config = rundir.read_config(workdir)
-    if "family" in config.model:
-        _, model, params = rundir.load_params(workdir)
+    from dynjax.audit.settings import LM
+    from dynjax.runs import open_target
+    target = open_target(workdir)
+    if target.task is LM:
         x = jnp.asarray(np.arange(2 * 32).reshape(2, 32) * 37 % 256, jnp.int32)
-        return model.apply, params, x
-    apply_fn, params, _, _ = inputs.load_classifier(workdir, config)
-    return apply_fn, params, jax.random.normal(jax.random.key(7), (4, 784), jnp.float32)
+    else:
+        x = jax.random.normal(jax.random.key(7), (4, 784), jnp.float32)
+    return target.apply_fn, target.params, x
 
 
 def muddpythia_digests() -> dict:

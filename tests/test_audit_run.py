@@ -411,15 +411,15 @@ def test_scorecard_reuses_the_audit_and_flop_report_numbers(fg_run, fg_audit, tm
     ratio is flop_report's, and its verdicts follow the configured thresholds."""
     from configs import scorecard as scorecard_config
     from dynjax import scorecard
-    from dynjax.measure import execution
     from dynjax import rundir
+    from dynjax.measure import execution, panels
 
     res, _ = fg_audit
     config = scorecard_config.get_config()
     small(config.audit)
     config.execution_windows, config.latency_batches, config.latency_repeats = 1, (1,), 1
     config.thresholds.latency_batch = 1
-    card = scorecard.score_run(fg_run, config, tmp_path / "0", log=lambda *a: None)
+    card = scorecard.score(fg_run, config, tmp_path / "0", log=lambda *a: None)
     for name, row in card["dependence"]["conditions"].items():
         for key in ("estimate", "ci_low", "ci_high", "p"):
             assert row[key] == res["conditions"][name][key], (name, key)
@@ -429,7 +429,7 @@ def test_scorecard_reuses_the_audit_and_flop_report_numbers(fg_run, fg_audit, tm
     assert to_jsonable(card["variation"]["variance"]) == res["variance"]
     cfg = rundir.load_params(fg_run)[1].cfg
     ratio = (execution.flop_report(cfg, 1, T)["compiled_flops"]
-             / execution.flop_report(scorecard.dense_twin(cfg), 1, T)["compiled_flops"])
+             / execution.flop_report(panels.dense_twin(cfg), 1, T)["compiled_flops"])
     assert card["execution"]["flops_ratio_compiled"] == ratio
     assert card["execution"]["executed_fraction"] == 1.0
     assert card["verdicts"]["execution"].startswith("no skipping")

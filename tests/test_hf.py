@@ -114,6 +114,28 @@ def test_logical_axes_shard_experts_with_the_ep_preset():
     assert saved == experts * 7 // 8
 
 
+def test_plan_takes_a_port_with_expert_parallelism():
+    """``dynjax.plan`` sizes a training run of a port (the ep preset splits the experts;
+    remat keeps fewer activations)."""
+    import dataclasses
+
+    from ml_collections import ConfigDict
+
+    from configs import tiny
+    from dynjax import plan
+
+    config = tiny.get_config()
+    config.model = ConfigDict(dict(dataclasses.asdict(loaded("olmoe")[0].cfg), family="llm"))
+    config.data.seq_len, config.train.batch_size = 16, 2
+    mesh = {"data": 1, "fsdp": 1, "tensor": 4}
+    ep = plan.plan(config, mesh, sharding.PRESETS["ep"])
+    dp = plan.plan(config, mesh, sharding.PRESETS["dp"])
+    assert ep["params_count"] == dp["params_count"] == sum(
+        a.size for a in jax.tree.leaves(loaded("olmoe")[1]))
+    assert ep["params"] < dp["params"]
+    assert ep["activations_remat"] < ep["activations_no_remat"]
+
+
 # ---------------------------------------------------------------------------- errors
 
 def _copy(tmp_path, arch="olmoe"):
@@ -244,3 +266,27 @@ def test_live_against_transformers(tmp_path):
     assert model.cfg.moe_layers == (1,)
     logits, _ = jax.jit(model.apply)(params, ids.astype(np.int32))
     assert np.abs(np.asarray(logits) - want).max() <= 1e-5
+
+
+# ---------------------------------------------------------------------------- decoding
+
+@pytest.mark.parametrize("arch", ("llama", "olmoe", "qwen2_moe"))
+def test_decoding_equals_the_forward(arch):
+    """prefill, token-by-token cached_forward and greedy generate through dynjax.decoding
+    give the forward's logits and tokens (Llama: llama3 rotary scaling; OLMoE: full q/k
+    norm and clipping; Qwen2-MoE: a dense layer, the shared expert, q/k/v biases)."""
+    from dynjax import decoding
+
+    model, params, ref, apply, (logits, _) = loaded(arch)
+    cfg, ids = model.cfg, ref["input_ids"][:, :12]
+    run = jax.jit(lambda p, t: (decoding.prefill(cfg, p, t, 16)[0],
+                                decoding.cached_forward(cfg, p, t)[0],
+                                decoding.generate(cfg, p, t[:, :6], 6)))
+    pre, cached, gen = run(params, ids)
+    want = np.asarray(logits)[:, :12]    # causal: a prefix's logits are the window's
+    np.testing.assert_allclose(np.asarray(pre), want, atol=2e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(cached), want, atol=2e-5, rtol=0)
+    gen = np.asarray(gen)
+    np.testing.assert_array_equal(gen[:, :6], ids[:, :6])
+    again, _ = apply(params, gen)
+    np.testing.assert_array_equal(np.argmax(np.asarray(again)[:, 5:-1], -1), gen[:, 6:])

@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "dynjax"
 LAYERS = (("coeffs", "jsonio", "_alloc"), ("data",), ("errors",), ("parallel",),
           ("models", "gate_schedule"),
           ("loaders", "decoding", "skip"), ("measure",), ("rundir",), ("train",),
-          ("audit", "plan"), ("scorecard",))
+          ("audit", "plan", "runs"), ("scorecard",))
 RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}
 KNOWN_CYCLES = []
 

@@ -279,6 +279,7 @@ AUDIT = textwrap.dedent(r"""
     from dynjax.audit.placement import Placement
     from dynjax.audit.settings import AuditError
     from dynjax.parallel import sharding
+    from dynjax.runs import open_target
     from tests.test_audit_run import muddpythia_audit_config, small
     from tests.test_muddpythia import write_tiny_hf_dir
     tmp = pathlib.Path(sys.argv[1]).parent
@@ -296,7 +297,7 @@ AUDIT = textwrap.dedent(r"""
             k: [c["estimate"], c["ci_low"], c["ci_high"]] for k, c in res["conditions"].items()}}}}
     if jax.device_count() > 1:
         # where the arrays live: the record's cache split over data x fsdp, and fsdp's params
-        target, mcfg, _ = run.load_muddpythia_target(hf, "float32")
+        target = open_target(hf, kind="muddpythia").audit_target()
         mesh = sharding.make_mesh(cfg.sharding)
         eng = Engine(target["apply_fn"], target["schema"], 16, 32,
                      placement=Placement(mesh, sharding.PRESETS["fsdp"]))

@@ -81,7 +81,7 @@ def test_rundir_opens_the_params_alone_at_every_step(straight_run):
 
 def test_audit_and_rundir_import_no_training_code():
     """Layers run one way: opening a run for the audit never imports the trainer."""
-    code = ("import sys, dynjax.rundir, dynjax.audit.inputs; "
+    code = ("import sys, dynjax.rundir, dynjax.runs; "
             "print(sorted(m for m in sys.modules if m.startswith('dynjax.train')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)

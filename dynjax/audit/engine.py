@@ -101,32 +101,42 @@ class CoeffPrograms:
         self.take_cached = jax.jit(take_cached)
         self.write = jax.jit(write, donate_argnums=0)
         self._reassign: dict[tuple, Callable] = {}
-        self._transform: dict[str, Callable] = {}
+        self._transform: dict[tuple, Callable] = {}
 
-    def reassign(self, names: tuple[str, ...]) -> Callable:
-        """``(cache, keys) -> tuple of (R_c, ...) stacks``, one per randomized condition.
+    def reassign(self, names: tuple[str, ...], facts: tuple = ()) -> Callable:
+        """``(cache, keys, tokens) -> tuple of (R_c, ...) stacks``, one per randomized
+        condition (``tokens``: the windows, for conditions that need them, else None).
 
         One vmapped, jitted program over keys for the whole group: the conditions see the same
         key per reassignment (paired, as the 2x2 factorial needs) and XLA shares the donor maps
         and token permutations they have in common. Each applies to the *whole* cache, so a
-        derangement is global over every evaluation window.
+        derangement is global over every evaluation window. ``facts``: the model's
+        ``((name, value), ...)`` that conditions need (e.g. top_k).
         """
-        if names not in self._reassign:
-            conds = [interventions.CONDITIONS[n] for n in names]
-            self._reassign[names] = jax.jit(jax.vmap(
-                lambda cache, key: tuple(c.fn(cache, self.schema, key) for c in conds),
-                in_axes=(None, 0)))
-        return self._reassign[names]
+        if (names, facts) not in self._reassign:
+            conds = [interventions.REGISTRY[n] for n in names]
+            self._reassign[names, facts] = jax.jit(jax.vmap(
+                lambda cache, key, tokens: tuple(
+                    c.fn(cache, self.schema, key, **_needs(c, facts, tokens)) for c in conds),
+                in_axes=(None, 0, None)))
+        return self._reassign[names, facts]
 
-    def transform(self, name: str) -> Callable:
+    def transform(self, name: str, facts: tuple = ()) -> Callable:
         """``(cache, calib, w_idx) -> rows``: a deterministic condition on one batch of rows
         (its means come from ``calib``, so the rows alone determine its output)."""
-        if name not in self._transform:
-            cond = interventions.CONDITIONS[name]
-            self._transform[name] = jax.jit(
+        if (name, facts) not in self._transform:
+            cond = interventions.REGISTRY[name]
+            self._transform[name, facts] = jax.jit(
                 lambda cache, calib, w_idx: cond.fn(self._take_cached_py(cache, w_idx),
-                                                    self.schema, calib))
-        return self._transform[name]
+                                                    self.schema, calib,
+                                                    **_needs(cond, facts, None)))
+        return self._transform[name, facts]
+
+
+def _needs(cond, facts: tuple, tokens) -> dict:
+    """The keyword arguments ``cond`` needs: the windows' tokens, or model facts."""
+    facts = dict(facts)
+    return {n: tokens if n == "tokens" else facts[n] for n in cond.needs}
 
 
 _PROGRAMS: dict[str, CoeffPrograms] = {}
@@ -171,7 +181,7 @@ class Engine:
     """
 
     def __init__(self, apply_fn: Callable, schema, rows: int, window, task: Task = LM,
-                 placement: Placement | None = None):
+                 placement: Placement | None = None, facts: dict | None = None):
         leaves = jax.tree.leaves(schema, is_leaf=is_axes)
         if not leaves:
             raise AuditError("the model records no coefficients (empty schema), so there is "
@@ -182,6 +192,7 @@ class Engine:
             raise AuditError(f"coefficient leaves with axes {missing} lack an 'example' axis; "
                              "the audit batches and reassigns windows along it")
         self.apply_fn, self.schema = apply_fn, schema
+        self.facts = tuple(sorted((facts or {}).items()))   # e.g. top_k, for weights_flat
         if isinstance(window, (int, np.integer)):
             window = jax.ShapeDtypeStruct((int(window),), jnp.int32)
         self.rows, self.window, self.task = int(rows), window, task
@@ -295,10 +306,14 @@ class Engine:
         return Recording(cache, _gather(nll_rec), _gather(nll_rep), max_d)
 
     # -- conditions
+    def transform(self, name: str) -> Callable:
+        """The deterministic condition ``name``'s program, with this model's facts."""
+        return self.programs.transform(name, self.facts)
+
     def deterministic_nll(self, name: str, params, windows, rec: Recording, calib, bar=None):
         """(W,) loss under a deterministic condition (means over ``calib``), batch by batch."""
         windows = self.task.prepare(windows)
-        fn, parts = self.programs.transform(name), []
+        fn, parts = self.transform(name), []
         for start, keep in self._chunks(n_windows(windows)):
             w_idx = np.arange(start, start + self.rows, dtype=np.int32)
             nll, _ = self.replay_fn(params, _rows(windows, slice(start, start + self.rows)),
@@ -321,11 +336,13 @@ class Engine:
         cache_bytes = sum(a.nbytes for a in jax.tree.leaves(rec.coeffs))
         per = keys_per_chunk(R, cache_bytes * len(names), max_reassign_bytes)
         out = {n: np.empty((R, W), np.float32) for n in names}
-        reassign = self.programs.reassign(names)
+        reassign = self.programs.reassign(names, self.facts)
+        tokens = windows if any("tokens" in interventions.REGISTRY[n].needs
+                                for n in names) else None
         for k0 in range(0, R, per):
             kc = keys[k0:k0 + per]
             n_keys = int(kc.shape[0])
-            stacks = reassign(rec.coeffs, kc)
+            stacks = reassign(rec.coeffs, kc, tokens)
             parts = {n: [] for n in names}
             for start, keep in self._chunks(n_keys * W):
                 p = np.arange(start, start + self.rows)
@@ -349,7 +366,7 @@ class Engine:
         n = lambda m: len(_chunks(m, self.rows))
         total = 2 * n(n_eval) + n(n_calib)
         names = [c for c in settings.conditions if c != "correct"]
-        group = [c for c in names if interventions.CONDITIONS[c].randomized]
+        group = [c for c in names if interventions.REGISTRY[c].randomized]
         total += n(n_eval) * (len(names) - len(group))
         if group:
             R = settings.reassignments

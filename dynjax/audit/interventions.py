@@ -1,4 +1,5 @@
-"""Frozen-Controller Audit interventions: pure functions of (coeffs, schema, key | calib).
+"""Frozen-Controller Audit interventions: pure functions of (coeffs, schema, key | calib),
+plus, for the routing conditions (:data:`ROUTING`), the windows' token ids or the model's top-k.
 
 Every function here reads only axis *names* from the schema (see :mod:`dynjax.coeffs`), so
 one implementation serves gates, MUDD mixing weights, MoD/MoE routing values and unit gates.
@@ -27,6 +28,7 @@ from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dynjax.coeffs import Axes, Coeffs, Schema, axis_size, check, is_axes, map_with_axes
 
@@ -239,6 +241,110 @@ def structure_removed(coeffs: Coeffs, schema: Schema, calib: Coeffs | None = Non
     return jax.tree.map(one, schema, coeffs, source, is_leaf=is_axes)
 
 
+# ------------------------------------------------------------------- routing conditions
+# Three questions production routers raise (docs/audit_hf.md): is routing a lookup table of
+# the token id, do expert identities matter (a control that must hurt), and do the mixing
+# weights matter or only the choice of experts?
+
+def same_token_donors(key, tokens):
+    """``(N,)`` donors over the flattened (example, token) positions of ``tokens`` (W, T):
+    each position's donor is a uniformly random *other* position holding the same token id;
+    a position whose id occurs nowhere else is its own donor.
+
+    Positions are sorted by (id, random tie-break) and each takes its successor within its
+    id's run, cyclically: in a uniformly random cyclic order the successor is uniform over
+    the other members. Fixed shapes, so it jits and vmaps over keys.
+    """
+    flat = jnp.asarray(tokens).reshape(-1)
+    n = flat.shape[0]
+    order = jnp.lexsort((jax.random.permutation(key, n), flat))
+    ids = flat[order]
+    idx = jnp.arange(n)
+    starts = jnp.concatenate([jnp.ones((1,), bool), ids[1:] != ids[:-1]])
+    first = jax.lax.cummax(jnp.where(starts, idx, 0))          # start of each id's run
+    nxt = jnp.minimum(idx + 1, n - 1)
+    succ = jnp.where((idx + 1 < n) & (ids[nxt] == ids), nxt, first)
+    return jnp.zeros(n, order.dtype).at[order].set(order[succ])
+
+
+def singleton_fraction(tokens) -> float:
+    """Share of positions whose token id occurs nowhere else in ``tokens``: under
+    token_identity they keep their own scores (the condition cannot move them)."""
+    _, inverse, counts = np.unique(np.asarray(tokens).reshape(-1), return_inverse=True,
+                                   return_counts=True)
+    return float(np.mean(counts[inverse] == 1))
+
+
+def token_identity(coeffs: Coeffs, schema: Schema, key, tokens) -> Coeffs:
+    """TokenIdentity: each (example, token) position receives every coefficient recorded at
+    another position holding the same token id (one donor map for every leaf and layer, so
+    a token's whole routing comes from one other occurrence). If routing were a lookup
+    table of the token id, this would cost nothing. Needs ``tokens``, the windows (W, T)."""
+    donors = same_token_donors(jax.random.fold_in(key, 2), tokens)
+    W, T = jnp.shape(tokens)
+
+    def one(a, axes: Axes):
+        e, t = axes.index("example"), axes.index("token")
+        if e is None or t is None:
+            return a
+        x = jnp.moveaxis(a, (e, t), (0, 1))
+        if x.shape[:2] != (W, T):
+            raise ValueError(f"tokens have shape {(W, T)} but a coefficient's (example, token) "
+                             f"axes have {x.shape[:2]}")
+        y = jnp.take(x.reshape((W * T,) + x.shape[2:]), donors, axis=0).reshape(x.shape)
+        return jnp.moveaxis(y, (0, 1), (e, t))
+
+    return map_with_axes(one, coeffs, schema)
+
+
+def expert_relabel(coeffs: Coeffs, schema: Schema, key) -> Coeffs:
+    """ExpertRelabel: a fixed random derangement of the experts per layer (the same for every
+    example and token): expert ``e`` receives the scores of expert ``perm[e]``. Routing keeps
+    its statistics but sends tokens to experts that never learned them: a control that must
+    hurt. Leaves without an ``expert`` axis are unchanged."""
+    k = jax.random.fold_in(key, 3)
+
+    def one(a, axes: Axes):
+        x = axes.index("expert")
+        if x is None:
+            return a
+        n_exp, layer = a.shape[x], axes.index("layer")
+        if layer is None:
+            return jnp.take(a, derangement(k, n_exp), axis=x)
+        perms = jax.vmap(lambda kl: derangement(kl, n_exp))(jax.random.split(k, a.shape[layer]))
+        b = jnp.moveaxis(a, (layer, x), (0, -1))
+        b = jax.vmap(lambda row, perm: jnp.take(row, perm, axis=-1))(b, perms)
+        return jnp.moveaxis(b, (0, -1), (layer, x))
+
+    return map_with_axes(one, coeffs, schema)
+
+
+def weights_flat(coeffs: Coeffs, schema: Schema, calib: Coeffs | None = None, *, top_k: int
+                 ) -> Coeffs:
+    """WeightsFlat: each token keeps its top-``top_k`` experts, with equal weights.
+
+    On the ``expert`` axis the k chosen scores all become their mean and every other score
+    0 (or the mean - 1 where the mean is not positive), so a replay that selects by top-k
+    picks the same set, strictly, and weighs it equally: the mean itself where the router's
+    scores are the weights (softmax then top-k, no renormalisation: their sum is kept), 1/k
+    where the model renormalises the k weights. A model that selects on anything else
+    (DeepSeek-V3 adds a bias for selection; group-limited top-k) keeps the set only while
+    that bias spans less than the mean. ``calib`` is unused (a deterministic condition's
+    signature)."""
+    def one(a, axes: Axes):
+        x = axes.index("expert")
+        if x is None:
+            return a
+        b = jnp.moveaxis(a, x, -1)
+        vals, idx = jax.lax.top_k(b, top_k)
+        mean = jnp.mean(vals.astype(jnp.promote_types(b.dtype, jnp.float32)), -1, keepdims=True)
+        chosen = jnp.sum(jax.nn.one_hot(idx, b.shape[-1], dtype=jnp.int32), -2) > 0
+        low = jnp.where(mean > 0, 0.0, mean - 1.0)
+        return jnp.moveaxis(jnp.where(chosen, mean, low).astype(a.dtype), -1, x)
+
+    return map_with_axes(one, coeffs, schema)
+
+
 @dataclasses.dataclass(frozen=True)
 class Condition:
     """A registry entry. Randomized: ``fn(coeffs, schema, key)``; else ``fn(coeffs, schema, calib)``.
@@ -249,6 +355,9 @@ class Condition:
     fn: Callable
     randomized: bool
     doc: str
+    needs: tuple = ()       # keyword arguments beyond (coeffs, schema, key | calib):
+                            # "tokens" (the windows) or a model fact such as "top_k"
+    axes: tuple = ()        # axes a coefficient must have for the condition to apply
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
@@ -272,12 +381,33 @@ CONDITIONS: dict[str, Condition] = {c.name: c for c in (
 )}
 
 
+# Conditions for routers (an ``expert`` axis): not in the paper's protocol, so audits run
+# them only when asked (configs/audit_hf.py); REGISTRY holds every condition by name.
+ROUTING: dict[str, Condition] = {c.name: c for c in (
+    Condition("token_identity", "Token-identity", token_identity, True,
+              "each position gets the coefficients of another position with the same token id",
+              needs=("tokens",), axes=("example", "token")),
+    Condition("expert_relabel", "Expert-relabel", expert_relabel, True,
+              "a random derangement of the experts per layer (a control that must hurt)",
+              axes=("expert",)),
+    Condition("weights_flat", "Weights-flat", weights_flat, False,
+              "each token's top-k experts kept, with equal weights", needs=("top_k",),
+              axes=("expert",)),
+)}
+REGISTRY: dict[str, Condition] = {**CONDITIONS, **ROUTING}
+
+
 def apply_condition(name: str, coeffs: Coeffs, schema: Schema, *, key=None,
-                    calib: Coeffs | None = None) -> Coeffs:
-    """Call registry entry ``name`` with the argument its kind needs (key or calib)."""
-    cond = CONDITIONS[name]
+                    calib: Coeffs | None = None, **needs) -> Coeffs:
+    """Call registry entry ``name`` with the argument its kind needs (key or calib) and
+    what it ``needs`` (tokens, top_k)."""
+    cond = REGISTRY[name]
+    missing = [n for n in cond.needs if n not in needs]
+    if missing:
+        raise ValueError(f"condition {name!r} needs {missing}")
+    extra = {n: needs[n] for n in cond.needs}
     if cond.randomized:
         if key is None:
             raise ValueError(f"condition {name!r} is randomized and needs a key")
-        return cond.fn(coeffs, schema, key)
-    return cond.fn(coeffs, schema, calib)
+        return cond.fn(coeffs, schema, key, **extra)
+    return cond.fn(coeffs, schema, calib, **extra)

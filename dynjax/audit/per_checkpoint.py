@@ -65,7 +65,7 @@ def audit_checkpoint(engine: Engine, params, calib_windows, eval_windows, settin
 
     base = rec.nll_replay.astype(np.float64)
     delta, constant = {}, {}
-    group = tuple(n for n in settings.conditions if interventions.CONDITIONS[n].randomized)
+    group = tuple(n for n in settings.conditions if interventions.REGISTRY[n].randomized)
     for name in settings.conditions:
         t = time.perf_counter()
         if name == "correct":   # the checked replay above: ΔNLL is 0 by construction
@@ -81,7 +81,7 @@ def audit_checkpoint(engine: Engine, params, calib_windows, eval_windows, settin
         else:
             nll = engine.deterministic_nll(name, params, eval_windows, rec, cal.coeffs, bar=bar)
             delta[name] = nll.astype(np.float64) - base
-            rows = engine.programs.transform(name)(
+            rows = engine.transform(name)(
                 rec.coeffs, cal.coeffs, np.arange(engine.rows, dtype=np.int32))
             constant[name] = constant_along(engine.to_host(rows), engine.schema)
         seconds[name] = time.perf_counter() - t

@@ -18,7 +18,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from dynjax.audit.interventions import CONDITIONS
+from dynjax.audit.interventions import REGISTRY
 from dynjax.jsonio import atomic_write, write_json_atomic, write_text_atomic
 
 PLOTS = ("delta_nll.png", "coeff_heatmap.png", "depth_profile.png")
@@ -28,7 +28,7 @@ PLOTS = ("delta_nll.png", "coeff_heatmap.png", "depth_profile.png")
 
 def _label(name: str) -> str:
     """A condition's display name (a row's own ``label``, e.g. LayerMean, comes first)."""
-    return CONDITIONS[name].label if name in CONDITIONS else name
+    return REGISTRY[name].label if name in REGISTRY else name
 
 
 def to_jsonable(obj):

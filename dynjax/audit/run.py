@@ -1,6 +1,7 @@
 """The audit's driver and audit.py's program: config in, report out.
 
-:func:`audit_from_config` ties inputs.py (checkpoints, windows), the engine (per checkpoint),
+:func:`audit_from_config` ties the checkpoints (:mod:`dynjax.runs`: model, params,
+windows), the engine (per checkpoint),
 summary.py (statistics) and report.py together; :func:`audit_targets` audits several
 checkpoints on the same windows; :func:`combine_dirs` joins audits run apart;
 :func:`verdict_table` prints the outcome.
@@ -15,77 +16,52 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from dynjax.audit import interventions
 from dynjax.audit.engine import Engine, schema_signature
-from dynjax.audit.inputs import (_opt, _resolve_seq_len, classifier_windows, family_variant,
-                                 format_plan, is_classifier_run, load_muddpythia_target,
-                                 load_run_targets, muddpythia_plan, muddpythia_windows,
-                                 run_windows)
 from dynjax.audit.per_checkpoint import audit_checkpoint
 from dynjax.audit.placement import Placement
 from dynjax.audit.report import replay_status
-from dynjax.audit.settings import (CLASSIFY, LM, AuditError, ReplayError, Settings, Task,
-                                   applicable, n_windows, window_spec, windows_sha256)
+from dynjax.audit.settings import (LM, AuditError, ReplayError, Settings, Task, applicable,
+                                   n_windows, window_spec, windows_sha256)
 from dynjax.audit.summary import assemble_results, combine_stored
 from dynjax.jsonio import command_line
 from dynjax.parallel import distributed, sharding
+from dynjax.runs import check_compatible, open_target
+from dynjax.runs.windows import opt
 
 __all__ = ["AuditError", "ReplayError", "audit_from_config", "combine_dirs", "verdict_table"]
 
 
 def audit_from_config(config, run_dirs: Sequence[str] = (), muddpythia_dir: str | None = None,
-                      out: str | None = None, progress: bool = True, log=print) -> dict:
-    """The whole audit.py program: inputs, engine, statistics, report. Returns the results."""
+                      out: str | None = None, progress: bool = True, log=print,
+                      targets: Sequence | None = None, hf_dir: str | None = None) -> dict:
+    """The whole audit.py program: checkpoints, windows, engine, statistics, report; returns
+    the results. The checkpoints are ``run_dirs`` (any kind :func:`dynjax.runs.open_target`
+    recognises), a MUDDPythia or HF directory, or ``targets`` already opened."""
     from dynjax.audit import report
 
     progress = progress and distributed.is_main()   # other processes of a multi-host run
     settings = Settings.from_config(config)
-    task = LM
     dc = config.data
-    n_calib, n_eval = int(dc.calib_windows), int(dc.eval_windows)
-    mudd = muddpythia_dir or _opt(config.get("muddpythia"), "path")
-    if mudd and run_dirs:
-        raise AuditError("pass either --checkpoints (dynjax runs) or --muddpythia, not both")
-    if mudd:
-        mc = config.muddpythia
-        seq_len = int(_opt(dc, "seq_len", 512))
-        plan = muddpythia_plan(mudd, mc.dtype, seq_len, n_calib, n_eval, settings,
-                               _opt(mc, "flops_per_second"))
-        if plan:
-            log(format_plan(plan))
-        target, cfg, tokenizer = load_muddpythia_target(mudd, mc.dtype)
-        if seq_len > cfg.block_size:
-            raise AuditError(f"data.seq_len={seq_len} exceeds the model's block_size "
-                             f"{cfg.block_size}; set --config.data.seq_len={cfg.block_size} or "
-                             "less")
-        calib, ev, data_info = muddpythia_windows(dc, tokenizer, cfg.vocab_size, seq_len,
-                                                  n_calib, n_eval)
-        targets = [target]
-        title = f"FCA: MUDDPythia ({target['info']['name']}), 1 checkpoint"
-        meta = {"plan": plan}
-    else:
-        targets, configs = load_run_targets(run_dirs)
-        if is_classifier_run(configs[0]):
-            if _opt(dc, "seq_len") is not None:
-                raise AuditError("data.seq_len does not apply to a classifier run (a window is "
-                                 "one example); drop the override")
-            task = CLASSIFY
-            calib, ev, data_info = classifier_windows(dc, configs[0], n_calib, n_eval)
-        else:
-            seq_len = _resolve_seq_len(_opt(dc, "seq_len"), int(configs[0].data.seq_len),
-                                       f"checkpoint {run_dirs[0]}")
-            calib, ev, data_info = run_windows(dc, configs[0], seq_len, n_calib, n_eval)
-        family, variant = family_variant(configs[0])
-        title = f"FCA: {family}/{variant}, {len(targets)} checkpoint" + \
-            ("s" if len(targets) > 1 else "")
-        meta = {"run_configs": [c.to_dict() for c in configs]}
-        for t in targets:
-            if "note" in t["info"]:
-                log(f"warning: {t['info']['note']}")
+    targets = list(targets or []) or _open_targets(config, run_dirs, muddpythia_dir, hf_dir)
+    for t in targets:
+        t.require_coefficients()
+    check_compatible(targets)
+    plan = targets[0].plan(config, settings)
+    if plan:
+        log(targets[0].format_plan(plan))
+    calib, ev, data_info = targets[0].windows(dc, int(dc.calib_windows), int(dc.eval_windows))
+    task = targets[0].task
+    meta = type(targets[0]).audit_meta(targets, plan)
+    for t in targets:
+        for note in t.notes:
+            log(f"warning: {note}")
     for note in data_info.get("notes", []):
         log(f"warning: {note}")
     meta.update(config=config.to_dict(), data=data_info)
     t0 = time.perf_counter()
-    results = audit_targets(targets, calib, ev, settings, title, meta=meta, progress=progress,
+    results = audit_targets([t.audit_target() for t in targets], calib, ev, settings,
+                            type(targets[0]).title(targets), meta=meta, progress=progress,
                             task=task, placement=placement_of(config))
     for name in results["meta"]["not_applicable"]:
         log(f"note: {name} not applicable: {results['meta']['not_applicable'][name]}")
@@ -102,6 +78,24 @@ def audit_from_config(config, run_dirs: Sequence[str] = (), muddpythia_dir: str 
     if out and distributed.is_main():
         report.write_report(results, out)
     return results
+
+
+def _open_targets(config, run_dirs, muddpythia_dir, hf_dir) -> list:
+    """The checkpoints audit.py was given: run directories, or one MUDDPythia or HF
+    directory (``--muddpythia`` / ``--hf``, or the config's ``muddpythia.path`` /
+    ``hf.path``)."""
+    named = {"muddpythia": muddpythia_dir or opt(config.get("muddpythia"), "path"),
+             "hf": hf_dir or opt(config.get("hf"), "path")}
+    named = {kind: path for kind, path in named.items() if path}
+    if len(named) + bool(run_dirs) > 1:
+        raise AuditError("pass one of --checkpoints (dynjax runs), --muddpythia or --hf, "
+                         "not several")
+    for kind, path in named.items():
+        return [open_target(path, kind=kind, config=config)]
+    if not run_dirs:
+        raise AuditError("no checkpoints given: pass --checkpoints RUN_DIR [RUN_DIR ...] "
+                         "(run directories written by train.py) or --muddpythia HF_DIR")
+    return [open_target(d, config=config) for d in run_dirs]
 
 
 def combine_dirs(audit_dirs: Sequence[str], out: str | None = None) -> dict:
@@ -145,7 +139,8 @@ def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings
     """Audit every target (one checkpoint each) on the same windows; the results dict.
 
     A target is ``{"apply_fn", "schema", "params", "info": {...}}`` and optionally
-    ``"logical_axes"`` (the model's, for ``placement``'s rules); targets that share an
+    ``"logical_axes"`` (the model's, for ``placement``'s rules) and ``"facts"`` (what
+    conditions need to know of the model, e.g. ``{"top_k": 2}``); targets that share an
     ``engine_key`` share one compiled Engine (pass ``engines``, a dict, to keep them across
     calls). ``task`` says what a window is and how it is scored (:data:`LM`, :data:`CLASSIFY`).
     Conditions that cannot apply to the schema are skipped and reported (:func:`applicable`).
@@ -161,7 +156,8 @@ def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings
     if len({schema_signature(t["schema"]) for t in targets}) > 1:
         raise AuditError("the checkpoints have different coefficient schemas; audit one "
                          "model family and variant per run")
-    settings, skipped = applicable(settings, targets[0]["schema"])
+    facts = targets[0].get("facts", {})
+    settings, skipped = applicable(settings, targets[0]["schema"], task, facts)
     n_eval, n_calib = n_windows(eval_windows), n_windows(calib_windows)
     rows = min(settings.batch_size, n_eval, n_calib)
     engines = {} if engines is None else engines
@@ -169,7 +165,8 @@ def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings
     for t in targets:
         key = (t.get("engine_key", id(t)), rows, str(spec), task.name, id(placement))
         if key not in engines:
-            engines[key] = Engine(t["apply_fn"], t["schema"], rows, spec, task, placement)
+            engines[key] = Engine(t["apply_fn"], t["schema"], rows, spec, task, placement,
+                                  facts)
         engine_of.append(engines[key])
     total = 0
     for t, eng in zip(targets, engine_of):
@@ -189,6 +186,13 @@ def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings
     meta = dict(meta or {})
     shapes = {"seq_len": int(spec.shape[0])} if task is LM else {
         "window_shapes": jax.tree.map(lambda s: list(s.shape), spec)}
+    if facts:
+        meta["facts"] = dict(facts)
+    if "token_identity" in settings.conditions:
+        meta["token_identity"] = {
+            "singleton_fraction": interventions.singleton_fraction(eval_windows),
+            "note": "positions whose token id occurs nowhere else in the evaluation windows "
+                    "keep their own coefficients"}
     meta["windows"] = {**shapes, "calibration": n_calib, "evaluation": n_eval,
                        "calibration_sha256": windows_sha256(calib_windows),
                        "evaluation_sha256": windows_sha256(eval_windows),

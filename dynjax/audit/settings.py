@@ -13,6 +13,7 @@ import numpy as np
 
 from dynjax.audit import interventions, stats
 from dynjax.coeffs import is_axes
+from dynjax.rundir import params_sha256  # noqa: F401  the digest audits record
 from dynjax.models.transformer import next_token_nll
 
 # Conditions that act on the ``token`` axis. Without one (a classifier's unit gates) they
@@ -105,10 +106,10 @@ class Settings:
     def __post_init__(self):
         names = tuple(self.conditions)
         object.__setattr__(self, "conditions", names)
-        unknown = [n for n in names if n not in interventions.CONDITIONS]
+        unknown = [n for n in names if n not in interventions.REGISTRY]
         if unknown:
             raise AuditError(f"unknown condition(s) {unknown}; choose from "
-                             f"{list(interventions.CONDITIONS)}")
+                             f"{list(interventions.REGISTRY)}")
         if "correct" not in names:
             raise AuditError("the conditions must include 'correct' (every ΔNLL is against it)")
         if self.reassignments < 1 or self.batch_size < 1:
@@ -118,13 +119,16 @@ class Settings:
 
     @classmethod
     def from_config(cls, c) -> "Settings":
-        """From an audit ConfigDict (configs/audit_tiny.py's fields)."""
+        """From an audit ConfigDict (configs/audit_tiny.py's fields). ``conditions``: a
+        comma-separated list, "paper" (the paper's seven) or "all" (with the routing ones)."""
         conds = c.conditions
         if isinstance(conds, str):
-            conds = tuple(interventions.CONDITIONS) if conds == "all" else \
+            named = {"all": tuple(interventions.REGISTRY),
+                     "paper": tuple(interventions.CONDITIONS)}
+            conds = named[conds] if conds in named else \
                 tuple(s.strip() for s in conds.split(",") if s.strip())
-        conds = tuple(n for n in interventions.CONDITIONS if n in conds) + \
-            tuple(n for n in conds if n not in interventions.CONDITIONS)  # registry order
+        conds = tuple(n for n in interventions.REGISTRY if n in conds) + \
+            tuple(n for n in conds if n not in interventions.REGISTRY)  # registry order
         return cls(conditions=conds, reassignments=int(c.reassignments), seed=int(c.seed),
                    batch_size=int(c.batch_size), max_reassign_bytes=int(c.max_reassign_bytes),
                    replay_atol=float(c.replay_atol), level=float(c.stats.level),
@@ -139,12 +143,28 @@ class Settings:
         return d
 
 
-def applicable(settings: Settings, schema) -> tuple[Settings, dict]:
+def applicable(settings: Settings, schema, task: "Task | None" = None,
+               facts: dict | None = None) -> tuple[Settings, dict]:
     """``(settings to run, {skipped condition: why})``: :data:`TOKEN_CONDITIONS` are skipped
-    when no coefficient leaf has a ``token`` axis (see there)."""
-    if any("token" in ax for ax in jax.tree.leaves(schema, is_leaf=is_axes)):
+    when no coefficient leaf has a ``token`` axis (see there); a routing condition when no
+    leaf has the axes it acts on, when it needs token ids and the task has none, or when it
+    needs a fact of the model (``facts``, e.g. top_k) the checkpoint does not give."""
+    leaves = jax.tree.leaves(schema, is_leaf=is_axes)
+    facts = facts or {}
+    skipped = {}
+    for name in settings.conditions:
+        cond = interventions.REGISTRY[name]
+        if name in TOKEN_CONDITIONS and not any("token" in ax for ax in leaves):
+            skipped[name] = TOKEN_CONDITIONS[name]
+        elif cond.axes and not any(all(a in ax for a in cond.axes) for ax in leaves):
+            skipped[name] = f"no coefficient has the axes {' and '.join(cond.axes)}"
+        elif "tokens" in cond.needs and task is not None and task is not LM:
+            skipped[name] = "it needs token ids, and a window here is not a token sequence"
+        elif any(n != "tokens" and n not in facts for n in cond.needs):
+            skipped[name] = (f"the checkpoint does not say its "
+                             f"{', '.join(n for n in cond.needs if n != 'tokens')}")
+    if not skipped:
         return settings, {}
-    skipped = {n: TOKEN_CONDITIONS[n] for n in settings.conditions if n in TOKEN_CONDITIONS}
     keep = tuple(n for n in settings.conditions if n not in skipped)
     return dataclasses.replace(settings, conditions=keep), skipped
 
@@ -158,14 +178,3 @@ def not_applicable_row(reason: str, label: str) -> dict:
 def reassignment_keys(seed: int, n: int):
     """The R keys every randomized condition shares (so the 2x2 factorial is paired)."""
     return jax.random.split(jax.random.key(seed), n)
-
-
-def params_sha256(params) -> str:
-    """sha256 over every parameter's path, dtype, shape and bytes (order-independent of dicts)."""
-    h = hashlib.sha256()
-    flat = jax.tree_util.tree_flatten_with_path(params)[0]
-    for path, leaf in sorted(flat, key=lambda pl: jax.tree_util.keystr(pl[0])):
-        a = np.asarray(jax.device_get(leaf))
-        h.update(f"{jax.tree_util.keystr(path)}|{a.dtype}|{a.shape}|".encode())
-        h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()

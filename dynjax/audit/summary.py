@@ -24,7 +24,7 @@ def condition_labels(schema) -> dict:
     """Display names: the paper's LayerMean / GlobalMean for gates, StaticMixMean /
     SourceUniformMean where coefficients mix source layers (MUDD)."""
     mixing = any("source" in ax for ax in jax.tree.leaves(schema, is_leaf=is_axes))
-    labels = {name: c.label for name, c in interventions.CONDITIONS.items()}
+    labels = {name: c.label for name, c in interventions.REGISTRY.items()}
     labels["static_profile"] = "StaticMixMean" if mixing else "LayerMean"
     labels["structure_removed"] = "SourceUniformMean" if mixing else "GlobalMean"
     return labels
@@ -194,7 +194,7 @@ def _with_not_applicable(res: dict, not_applicable: dict | None, labels: dict) -
         return res
     rows = dict(res["conditions"], **{n: not_applicable_row(why, labels.get(n, n))
                                       for n, why in not_applicable.items()})
-    res = dict(res, conditions={n: rows[n] for n in interventions.CONDITIONS if n in rows})
+    res = dict(res, conditions={n: rows[n] for n in interventions.REGISTRY if n in rows})
     missing = [n for n in RANDOMIZED_2X2 if n in not_applicable]
     if missing and not res["effects"]:
         why = f"the 2x2 factorial needs {' and '.join(missing)}, not applicable here"

@@ -26,13 +26,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from dynjax.decoding import gates, mod, moe, mudd
+from dynjax.decoding import gates, llm, mod, moe, mudd
 from dynjax.decoding.sampling import Sampling, next_token
-from dynjax.models.transformer import (Embed, Head, ModelConfig, Positions, token_positions,
-                                       window_positions)
+from dynjax.models.transformer import Embed, Head, ModelConfig, Positions, token_positions
 
 GREEDY = Sampling()
-FAMILIES = {"gates": gates, "mod": mod, "moe": moe, "mudd": mudd}
+FAMILIES = {"gates": gates, "mod": mod, "moe": moe, "mudd": mudd, "llm": llm}
 BRANCHES = mod.BRANCHES
 
 
@@ -59,8 +58,19 @@ def cache_bytes(cache) -> int:
     return sum(layer[n].nbytes for layer in cache for n in ("k", "v"))
 
 
+def _positions(cfg, index, bound=None) -> Positions:
+    """Rotary positions of tokens at ``index`` (B, n): the family's own where it has them
+    (the Hugging Face ports' frequencies follow their config.json)."""
+    fam = _family(cfg)
+    return fam.positions(cfg, index) if hasattr(fam, "positions") else \
+        token_positions(cfg, index, bound)
+
+
 def _chunk(cfg: ModelConfig, params, cache, tokens, positions: Positions, branch):
-    """tokens (B, n) at ``positions`` -> logits (B, n, V), cache, info (leaves (layers, B, n))."""
+    """tokens (B, n) at ``positions`` -> logits (B, n, V), cache, info (leaves (layers, B, n)).
+    A family with its own embedding and head (``llm``) runs the whole chunk itself."""
+    if hasattr(_family(cfg), "chunk"):
+        return _family(cfg).chunk(cfg, params, cache, tokens, positions, branch)
     h = Embed(cfg).apply({"params": params["embed"]}, tokens)
     h, cache, info = _family(cfg).layers(cfg, params, cache, h, positions, branch)
     return Head(cfg).apply({"params": params["head"]}, h), cache, info
@@ -72,7 +82,7 @@ def decode_step(cfg: ModelConfig, params, cache, token, pos, branch: str = "cond
     when some sequence's token enters it; "masked" always runs it, keeping the result only
     where a token entered. Either way the cache grows only for the entering tokens."""
     logits, cache, info = _chunk(cfg, params, cache, token[:, None],
-                                 token_positions(cfg, pos[:, None]), branch)
+                                 _positions(cfg, pos[:, None]), branch)
     return logits[:, 0], cache, jax.tree.map(lambda a: a[..., 0], info)
 
 
@@ -82,7 +92,8 @@ def prefill(cfg: ModelConfig, params, prompt, max_len: int | None = None):
     info (leaves (layers, B, P))."""
     B, P = prompt.shape
     cache = init_cache(cfg, B, max_len or P)
-    return _chunk(cfg, params, cache, prompt, window_positions(cfg, B, P), "cond")
+    index = jnp.broadcast_to(jnp.arange(P), (B, P))
+    return _chunk(cfg, params, cache, prompt, _positions(cfg, index, bound=P), "cond")
 
 
 def cached_forward(cfg: ModelConfig, params, tokens, branch: str = "cond", max_len=None):

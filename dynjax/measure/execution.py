@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dynjax.measure import routing
-from dynjax.models import build, mod, moe
+from dynjax.models import build, dispatch, mod, moe
 from dynjax.models.transformer import ModelConfig
 
 
@@ -88,8 +88,14 @@ def _mlp_flops(cfg: ModelConfig, n: int) -> int:
 def _moe_ffn_flops(cfg: ModelConfig, n: int, capacity: int) -> dict:
     """MoE FFN on n tokens as the program computes it: the router, the one-hot dispatch and
     combine einsums (every token against every buffer slot), and each real expert's MLP on
-    its full buffer of ``capacity`` slots, used or not (a no-op route has no buffer)."""
+    its full buffer of ``capacity`` slots, used or not (a no-op route has no buffer).
+    Dropless: no dispatch einsums; the experts' MLP on the sorted layout's static rows
+    (every route, padded to blocks: ``dispatch.n_rows``), used or not."""
     d, E = cfg.d_model, cfg.moe.num_experts
+    if moe.dropless(cfg):
+        pairs = n * cfg.moe.num_experts_per_tok
+        rows = dispatch.n_rows(pairs, E, dispatch.default_block(pairs, E))
+        return {"router": 2 * n * d * moe.n_routes(cfg), "experts": _mlp_flops(cfg, rows)}
     return {"router": 2 * n * d * moe.n_routes(cfg),
             "dispatch_combine": 2 * 2 * n * E * capacity * d,
             "experts": E * _mlp_flops(cfg, capacity)}

@@ -26,9 +26,10 @@ heads ``(embed, heads, kv)`` as the core transformer's, expert weights stacked
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import zlib
-from typing import Optional
+from typing import ClassVar, Optional
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +50,8 @@ ROPE_TYPES = ("default", "linear", "llama3")
 @dataclasses.dataclass(frozen=True)
 class Config:
     """One decoder LLM. Frozen and made of tuples, so it is hashable (a static jit arg)."""
+
+    family: ClassVar[str] = "llm"    # what dynjax.decoding dispatches on
 
     model_type: str = "llama"        # the HF model_type this config came from (informative)
     vocab_size: int = 256
@@ -77,6 +80,7 @@ class Config:
     norm_topk_prob: bool = False     # renormalise the k selected probabilities to sum 1
     shared_expert_size: int = 0      # Qwen2-MoE: an always-on expert behind a sigmoid gate
     attn_block: int = 128            # causal_attention's query blocks (0: the full square)
+    remat: bool = False              # rematerialise each layer in a backward pass (plan, tuning)
     dtype: str = "float32"           # parameter and compute dtype
 
     def __post_init__(self):
@@ -307,6 +311,18 @@ def _layer_given(given, j):
     return coeffs_lib.part(given, lambda v: {name: a[j] for name, a in v.items()})
 
 
+def layer(cfg: Config, p, h, positions: Positions, given):
+    """One pre-norm layer: (new h, its coefficients after their site; {} if dense)."""
+    eps = cfg.rms_norm_eps
+    q, k, v = project_qkv(cfg, p["attn"], rms_norm(h, p["input_norm"], eps), positions)
+    h = h + attend(cfg, p["attn"], q, k, v, positions.index, positions.index)
+    x = rms_norm(h, p["post_norm"], eps)
+    if "moe" in p:
+        y, used = moe_ffn(cfg, p["moe"], x, given)
+        return h + y, used
+    return h + swiglu(p["mlp"], x, cfg.compute_dtype), {}
+
+
 def forward(cfg: Config, params, tokens, coeffs=None):
     """``(logits float32 (B, T, V), coeffs)``; ``coeffs``: None records, a pytree replays,
     a :class:`~dynjax.coeffs.Given` is either."""
@@ -314,20 +330,16 @@ def forward(cfg: Config, params, tokens, coeffs=None):
     B, T = tokens.shape
     positions = positions_at(cfg, jnp.broadcast_to(jnp.arange(T), (B, T)))
     h = jnp.take(params["embed"], tokens, axis=0).astype(cfg.compute_dtype)
+    run = functools.partial(layer, cfg)
+    if cfg.remat:
+        run = jax.checkpoint(run)
     used = []
-    eps = cfg.rms_norm_eps
-    for i, p in enumerate(params["layers"]):
-        q, k, v = project_qkv(cfg, p["attn"], rms_norm(h, p["input_norm"], eps), positions)
-        h = h + attend(cfg, p["attn"], q, k, v, positions.index, positions.index)
-        x = rms_norm(h, p["post_norm"], eps)
-        if "moe" in p:
-            y, c = moe_ffn(cfg, p["moe"], x, _layer_given(given, len(used)))
+    for p in params["layers"]:
+        h, c = run(p, h, positions, _layer_given(given, len(used)) if "moe" in p else None)
+        if c:
             used.append(c)
-        else:
-            y = swiglu(p["mlp"], x, cfg.compute_dtype)
-        h = h + y
-    return head(cfg, params, rms_norm(h, params["final_norm"], eps)), \
-        jax.tree.map(lambda *a: jnp.stack(a), *used) if used else {}
+    logits = head(cfg, params, rms_norm(h, params["final_norm"], cfg.rms_norm_eps))
+    return logits, jax.tree.map(lambda *a: jnp.stack(a), *used) if used else {}
 
 
 def head(cfg: Config, params, x):
@@ -336,25 +348,30 @@ def head(cfg: Config, params, x):
     return (x @ w.astype(x.dtype)).astype(F32)
 
 
+@dataclasses.dataclass(frozen=True)
 class LLM:
-    """The registry's interface (``dynjax.models.build``) over the functions above."""
+    """The registry's interface (``dynjax.models.build``) over the functions above; the
+    parameter shapes follow from the config alone, so ``tokens`` only names the call."""
 
-    def __init__(self, cfg: Config):
-        self.cfg = cfg
-        self.schema = schema(cfg)
+    cfg: Config
 
-    def init(self, key, tokens):
-        del tokens  # the shapes follow from the config alone
+    @property
+    def schema(self):
+        return schema(self.cfg)
+
+    def init(self, key, tokens=None):
         return init(self.cfg, key)
 
-    def apply(self, params, tokens, coeffs=None):
+    def apply(self, params, tokens, coeffs=None, *, with_aux=False):
+        """``(logits, coeffs)``, as every family; ``with_aux`` adds the auxiliary training
+        losses, none here (a port of trained checkpoints): what ``dynjax.plan`` asks for."""
         given = coeffs_lib.as_given(coeffs)
         if given.values is not None:
             coeffs_lib.check(given.values, self.schema)
-        return forward(self.cfg, params, tokens, given)
+        logits, used = forward(self.cfg, params, tokens, given)
+        return (logits, used, {}) if with_aux else (logits, used)
 
-    def logical_axes(self, tokens):
-        del tokens
+    def logical_axes(self, tokens=None):
         return logical_axes(self.cfg)
 
 

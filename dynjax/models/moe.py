@@ -29,6 +29,13 @@ outputs; the last is a no-op expert with no parameters and no buffer. A token ro
 skips the MLP (its update is just its attention output), so the layer computes only the
 E real experts' buffers, C = ceil(cf * k * T / (E + 1)) each.
 
+Dispatch (``moe_dispatch``): "onehot" is the GShard form above; "dropless" (token choice
+only) sends every token to each of its top-k experts through ``dynjax.models.dispatch``
+(sort by expert, grouped matmul, weighted combine): nothing is ever dropped, so capacity
+and priority play no part, and memory grows with tokens x k, not tokens x experts x
+capacity. It computes what the one-hot form computes with ``moe_capacity_factor <= 0``,
+within float rounding; the one-hot form stays the default for existing runs.
+
 Coefficients: ``{"router": (layer, example, token, expert)}``, the router probabilities.
 Replay recomputes the selection, capacity and weights from them (the router still runs;
 ``coeffs.site`` selects the given probabilities).
@@ -43,11 +50,13 @@ import jax.numpy as jnp
 
 from dynjax import coeffs as coeffs_lib
 from dynjax.coeffs import Axes
+from dynjax.models import dispatch as dispatch_lib
 from dynjax.models.activation_sharding import BUFFER_HIDDEN, BUFFERS, TOKENS, constrain
 from dynjax.models.transformer import (Attention, Head, ModelConfig, dense_init, embed_tokens, norm,
                                        scan_layers)
 
 VARIANTS = ("moe", "mode_integrated")
+DISPATCHES = ("onehot", "dropless")
 ROUTER_AXES = Axes(("layer", "example", "token", "expert"))
 
 
@@ -67,6 +76,12 @@ def validate(cfg: ModelConfig):
                          "'expert_choice'")
     if cfg.moe.routing == "expert_choice" and cfg.moe.capacity_factor <= 0:
         raise ValueError("expert_choice routing needs model.moe_capacity_factor > 0")
+    if cfg.moe.dispatch not in DISPATCHES:
+        raise ValueError(f"model.moe_dispatch={cfg.moe.dispatch!r}; use 'onehot' (GShard "
+                         "buffers) or 'dropless' (sort by expert)")
+    if cfg.moe.dispatch == "dropless" and cfg.moe.routing != "token_choice":
+        raise ValueError("model.moe_dispatch='dropless' needs moe_routing='token_choice' "
+                         "(expert choice has capacity by definition)")
     if cfg.moe.priority not in ("choice", "position"):
         raise ValueError(f"model.moe_priority={cfg.moe.priority!r}; use 'choice' (GShard) or "
                          "'position' (causal)")
@@ -77,13 +92,17 @@ def is_causal(cfg: ModelConfig) -> bool:
     ranks the whole sequence; choice-major buffers do too once a second choice can drop."""
     if cfg.moe.routing == "expert_choice":
         return False
-    return (cfg.moe.priority == "position" or cfg.moe.num_experts_per_tok == 1
+    return (dropless(cfg) or cfg.moe.priority == "position" or cfg.moe.num_experts_per_tok == 1
             or cfg.moe.capacity_factor <= 0)
 
 
+def dropless(cfg: ModelConfig) -> bool:
+    return cfg.moe.dispatch == "dropless"
+
+
 def expert_capacity(cfg: ModelConfig, seq_len: int) -> int:
-    """Tokens each expert's buffer holds per sequence."""
-    if cfg.moe.capacity_factor <= 0:
+    """Tokens each expert's buffer holds per sequence (dropless: every token)."""
+    if cfg.moe.capacity_factor <= 0 or dropless(cfg):
         return seq_len
     c = math.ceil(cfg.moe.capacity_factor * cfg.moe.num_experts_per_tok * seq_len
                   / n_routes(cfg) - 1e-9)
@@ -151,6 +170,10 @@ class MoeFfn(nn.Module):
         probs = coeffs_lib.site(jax.nn.softmax(logits, axis=-1), given)
         aux = {"router_z": cfg.moe.router_z_loss_weight * jnp.mean(
             jax.nn.logsumexp(logits, axis=-1) ** 2)}
+        if dropless(cfg):
+            y, routes_aux, stats = dropless_ffn(cfg, x, probs, *expert_kernels(self, cfg, d),
+                                                valid)
+            return y, probs, dict(aux, **routes_aux), stats
         C = expert_capacity(cfg, T) if capacity is None else capacity
         if cfg.moe.routing == "token_choice":
             dispatch, combine, kept = token_choice(probs, k, C, valid,
@@ -174,6 +197,35 @@ class MoeFfn(nn.Module):
         stats = {"dropped": dropped, "noop": noop, "load": dispatch.sum((1, 3)).mean(0) / T,
                  "ffn_ran": dispatch.sum((2, 3)) > 0}  # (B, T): some real expert took it
         return y, probs, aux, stats
+
+
+def dropless_ffn(cfg: ModelConfig, x, probs, wi, wo, valid=None):
+    """MoeFfn's token-choice arithmetic without capacity: -> (y, aux, stats) as the one-hot
+    form computes them with capacity_factor <= 0, from per-route counts instead of
+    [B, T, E, C] tensors. Tokens with ``valid`` False and no-op routes go nowhere."""
+    B, T, d = x.shape
+    E, k, R = cfg.moe.num_experts, cfg.moe.num_experts_per_tok, n_routes(cfg)
+    gates, experts = jax.lax.top_k(probs, k)                       # (B, T, k)
+    routes = experts if valid is None else jnp.where(valid[..., None], experts, -1)
+    dt = cfg.compute_dtype
+
+    def expert_fn(rows, groups):
+        h = nn.gelu(dispatch_lib.grouped_matmul(rows, wi.astype(dt), groups))
+        return dispatch_lib.grouped_matmul(h, wo.astype(dt), groups)
+
+    y = dispatch_lib.dropless(x.reshape(B * T, d), routes.reshape(B * T, k),
+                              gates.reshape(B * T, k), E, expert_fn).reshape(B, T, -1)
+    # routes per (example, route), the no-op route included; invalid tokens count nowhere
+    per_example = jnp.zeros((B, R + 1), jnp.float32).at[
+        jnp.arange(B)[:, None, None], jnp.where(routes < 0, R, routes)].add(1.0)[:, :R]
+    counts = jnp.zeros((B, R), jnp.float32).at[jnp.arange(B)[:, None, None], experts].add(1.0)
+    aux = {"load_balance": cfg.moe.load_balance_loss_weight * R * jnp.sum(
+        counts.sum(0) / (k * B * T) * probs.mean((0, 1)))}
+    real = (routes >= 0) & (routes < E)
+    stats = {"dropped": jnp.zeros((), jnp.float32),
+             "noop": per_example[:, E:].sum() / (B * T) if R > E else jnp.zeros(()),
+             "load": per_example[:, :E].mean(0) / T, "ffn_ran": real.any(-1)}
+    return constrain(y, TOKENS), aux, stats
 
 
 class MoeFfnPerToken(nn.Module):

@@ -56,6 +56,8 @@ class MoEConfig:
     capacity_factor: float = 1.25  # expert buffer ceil(cf * k * T / E); <= 0: never drop
     priority: str = "choice"       # buffer order: "choice" (GShard: all first choices first)
                                    # or "position" (token order: causal)
+    dispatch: str = "onehot"       # "onehot" (GShard buffers, capacity) or "dropless" (sort by
+                                   # expert, grouped matmul, nothing dropped; token choice)
     load_balance_loss_weight: float = 0.01
     router_z_loss_weight: float = 0.001
 

@@ -1,7 +1,7 @@
 """The training loop every task shares: run directory, resume, cadence, final evaluation.
 
-``train(config, workdir)`` picks the task from the config (a classifier run names a
-``data.dataset``: :mod:`dynjax.train.classify`; otherwise a language model:
+``train(config, workdir)`` picks the task from the config (a classifier run,
+:func:`dynjax.rundir.is_classifier`: :mod:`dynjax.train.classify`; otherwise a language model:
 :mod:`dynjax.train.lm`) and runs it: every check before the run directory is written, the
 resume guard, ``config.json``, the orbax manager (resume from the newest checkpoint that
 restores), then per step the task's batch and jitted step, logging every
@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from dynjax import errors, rundir
 from dynjax.jsonio import check_writable, write_json_atomic
 from dynjax.parallel import distributed
-from dynjax.train import checkpoint, classify, guard, lm, preempt
+from dynjax.train import checkpoint, classify, convert, guard, lm, preempt
 from dynjax.train.metrics import JsonlWriter
 from dynjax.train.runlock import RunLock
 
@@ -44,11 +44,13 @@ def summary(config, result: dict) -> list[str]:
     return [task_of(config).summary(split, result[split]) for split in ("validation", "test")]
 
 
-def _initial_state(task, mngr, run_dir, main: bool):
-    """The newest checkpoint that restores, or a fresh state from the seed."""
+def _initial_state(task, mngr, run_dir, main: bool, source=None):
+    """The newest checkpoint that restores, or a fresh state from the seed (its params
+    converted from ``source``'s when the run has one: dynjax.train.convert)."""
     if mngr.latest_step() is None:
-        return jax.jit(task.init_state, out_shardings=task.state_shardings)(
+        state = jax.jit(task.init_state, out_shardings=task.state_shardings)(
             jax.random.key(task.config.seed))
+        return state if source is None else source.convert(task, state)
     target = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                           task.abstract, task.state_shardings)
     state = checkpoint.restore_newest(mngr, target, run_dir)
@@ -68,16 +70,18 @@ def train(config, workdir: str, progress: bool = True) -> dict:
         task = task_of(config)(config)
     config, tc = task.config, task.config.train
     run_dir = pathlib.Path(workdir)
+    config = rundir.with_recorded_family(config, run_dir)
     changes = checkpoint.check_same_run(run_dir, config, keys=task.same_run_keys)
     main = distributed.is_main()
     if main:
         check_writable(run_dir, "--workdir")
     task.load_data()
+    source = convert.source_of(task, run_dir)  # train.init_from, recorded in config.json
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
     with (RunLock(run_dir) if main else contextlib.nullcontext()), \
             preempt.StopOnSignal() as stop:
-        return _train(task, run_dir, changes, stop, progress and main, main)
+        return _train(task, config, source, run_dir, changes, stop, progress and main, main)
 
 
 def _finished(run_dir, start: int, steps: int) -> dict | None:
@@ -87,13 +91,13 @@ def _finished(run_dir, start: int, steps: int) -> dict | None:
     return result if result is not None and result.get("step") == steps else None
 
 
-def _train(task, run_dir, changes, stop, progress: bool, main: bool) -> dict:
-    config, tc = task.config, task.config.train
+def _train(task, config, source, run_dir, changes, stop, progress: bool, main: bool) -> dict:
+    tc = config.train
     if main and not (run_dir / rundir.CONFIG).exists():   # config.json: how the run began
         write_json_atomic(run_dir / rundir.CONFIG, config.to_dict())
 
     mngr = checkpoint.manager(run_dir, tc.ckpt_every, tc.keep_checkpoints)
-    state = _initial_state(task, mngr, run_dir, main)
+    state = _initial_state(task, mngr, run_dir, main, source)
     start = int(state["step"])
     finished = _finished(run_dir, start, tc.steps)
     if finished is not None:
@@ -113,6 +117,8 @@ def _train(task, run_dir, changes, stop, progress: bool, main: bool) -> dict:
     record = guard.init_record()
     final = lambda r: start == tc.steps and r.get("split") in ("validation", "test")  # noqa: E731
     writer = JsonlWriter(run_dir / rundir.METRICS, resume_step=start, redo=final)
+    if source is not None and source.report is not None:
+        writer.write(source.report)              # the loss jump at conversion, step 0
     # Multi-device CPU simulation can deadlock when steps are pipelined: block each step.
     block_each = jax.device_count() > 1 or tc.get("block_every_step", False)
 

@@ -1,0 +1,236 @@
+"""Execution panels: what each kind of checkpoint executes, against what it is compared with.
+
+A language model against its dense twin (executed blocks, FLOPs, KV cache, latency), a
+classifier against the dense MLP of the same widths (open units, RelMAC), MUDDPythia
+against the same weights with static mixing, a production MoE (``llm``) against the dense
+model of the same total parameters (tokens per expert, active parameters). The scorecard
+shows them; each kind of checkpoint (:mod:`dynjax.runs`) says which is its own. Timers of a model and its baseline
+take turns in one run (``dynjax.measure.latency``).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dynjax import decoding
+from dynjax.measure import execution, latency, mlp_execution
+from dynjax.models import build, llm, muddpythia
+from dynjax.models.transformer import ModelConfig
+
+
+def dense_twin(cfg: ModelConfig) -> ModelConfig:
+    """The same-size dense decoder a dynamic model's execution is compared with."""
+    if cfg.family in ("gates", "mod"):
+        return cfg.replace(variant="dense")
+    return ModelConfig(family="gates", variant="dense", vocab_size=cfg.vocab_size,
+                       d_model=cfg.d_model, n_heads=cfg.n_heads, n_layers=cfg.n_layers,
+                       d_ff=cfg.d_ff, dtype=cfg.dtype, scan_layers=cfg.scan_layers)
+
+
+def execution_panel(cfg: ModelConfig, params, windows, batches=(1, 8), repeats: int = 5) -> dict:
+    """Executed blocks, FLOPs, KV-cache bytes and measured forward / prefill / decode
+    latency relative to the dense twin, the two models' timers taking turns in one run
+    (``dynjax.measure.latency``; timing inputs are random tokens of the window length)."""
+    model, twin_cfg = build(cfg), dense_twin(cfg)
+    twin = build(twin_cfg)
+    T = windows.shape[1]
+    tokens = jnp.asarray(windows[:max(batches)])
+    counts = execution.executed_blocks(model, params, tokens)
+    flops = execution.flop_report(cfg, 1, T)
+    twin_flops = execution.flop_report(twin_cfg, 1, T)
+    twin_params = twin.init(jax.random.key(0), tokens[:1])
+    kv = lambda c: decoding.cache_bytes(decoding.init_cache(c, 1, T))
+    out = {"executed_blocks_per_token": float(np.mean(counts)), "n_layers": cfg.n_layers,
+           "executed_fraction": float(np.mean(counts)) / cfg.n_layers,
+           "flops_ratio_compiled": flops["compiled_flops"] / twin_flops["compiled_flops"],
+           "flops_ratio_analytic": flops["analytic_flops"] / twin_flops["analytic_flops"],
+           "kv_cache_bytes_ratio": kv(cfg) / kv(twin_cfg),
+           "dense_twin": f"{twin_cfg.family}/{twin_cfg.variant}", "latency": {},
+           "load_average": latency.load_average()}
+    timers = {}
+    for who, (c, p) in {"model": (cfg, params), "dense": (twin_cfg, twin_params)}.items():
+        timers.update({f"{who}/{k}": f for k, f in latency.model_timers(c, p, T, batches).items()})
+    med = latency.paired_medians(timers, repeats)
+    mine = {k.split("/", 1)[1]: v for k, v in med.items() if k.startswith("model/")}
+    rate = latency.rates(mine, T)
+    for name, s in mine.items():
+        out["latency"][name] = {"seconds": s, "dense_seconds": med[f"dense/{name}"],
+                                "ratio": s / med[f"dense/{name}"], "tokens_per_s": rate[name]}
+    return out
+
+
+def _latency_rows(med: dict, program: str, baseline: str, batches, per_call) -> dict:
+    """``forward_b{b}`` rows of ``program`` against ``baseline`` from paired medians keyed
+    ``{who}/forward_b{b}``; ``per_call(b)`` is (items per call, what an item is)."""
+    rows = {}
+    for b in batches:
+        s, base = med[f"{program}/forward_b{b}"], med[f"{baseline}/forward_b{b}"]
+        n, item = per_call(b)
+        rows[f"forward_b{b}"] = {"seconds": s, "dense_seconds": base, "ratio": s / base,
+                                 f"{item}_per_s": n / s}
+    return rows
+
+
+def classifier_execution_panel(model, params, x, settings: dict, batches=(1, 8),
+                               repeats: int = 50) -> dict:
+    """A GatedMLP's open units per example (RelMAC), and its forward's FLOPs and latency
+    against the dense MLP of the same widths; a structured model's open-blocks path beside
+    it under ``structured``. ``x``: test examples (RelMAC over all, timing on the first
+    max(batches)); ``settings``: the gate schedule at the checkpoint's step."""
+    cfg = model.cfg
+    units = mlp_execution.open_units(model, params, jnp.asarray(x), settings)
+    analytic = mlp_execution.analytic_flops(cfg, units)
+    compiled = mlp_execution.compiled_flops(cfg, params, settings)
+    med = latency.paired_medians(mlp_execution.timers(cfg, params, x, settings, batches),
+                                 repeats)
+
+    def program(name):
+        return {"flops_ratio_compiled": compiled[name] / compiled["dense"],
+                "flops_ratio_analytic": analytic[name] / analytic["dense"],
+                "latency": _latency_rows(med, name, "dense", batches, lambda b: (b, "examples"))}
+    out = {"kind": "units", **program("model"), "relmac": units["relmac"],
+           "open_units_per_example": units["open_units_per_example"], "units": units["units"],
+           "executed_fraction": units["executed_fraction"],
+           "compiled_flops_per_example": compiled, "analytic_flops_per_example": analytic,
+           "dense_twin": "gated_mlp/dense " + "-".join(map(str, model.dims)),
+           "load_average": latency.load_average()}
+    if "structured" in compiled:
+        out["structured"] = program("structured")
+    return out
+
+
+def muddpythia_execution_panel(cfg, params, windows, batches=(1, 8), repeats: int = 5) -> dict:
+    """MUDDPythia runs every block for every token (no skipping); its forward's FLOPs
+    (compiled, and analytic from ``muddpythia.memory_time_estimate``) and latency, timed in
+    turns, against ``muddpythia.apply_static_mixing``: the same weights, no DA MLP."""
+    T = windows.shape[1]
+    programs = {"model": lambda p, t: muddpythia.apply(cfg, p, t)[0],
+                "static": lambda p, t: muddpythia.apply_static_mixing(cfg, p, t)[0]}
+    one = jnp.asarray(windows[:1])
+    compiled = {k: execution.compiled_cost(f, params, one)["flops"] for k, f in programs.items()}
+    est = muddpythia.memory_time_estimate(cfg, 1, T, 1)
+    timers = {}
+    for name, f in programs.items():
+        jitted = jax.jit(f)
+        for b in batches:
+            tokens = jnp.asarray(windows[:b])
+            timers[f"{name}/forward_b{b}"] = lambda f=jitted, t=tokens: f(params, t)
+    med = latency.paired_medians(timers, repeats)
+    return {"kind": "mixing", "executed_blocks_per_token": float(cfg.n_layer),
+            "n_layers": cfg.n_layer, "executed_fraction": 1.0,
+            "flops_ratio_compiled": compiled["model"] / compiled["static"],
+            "flops_ratio_analytic": est["record_flops_per_window"]
+            / est["static_mixing_flops_per_window"],
+            "compiled_flops": compiled,
+            "dense_twin": "the same weights with static mixing (dense_bs only, no DA MLP)",
+            "baseline": "static mixing",
+            "latency": _latency_rows(med, "model", "static", batches,
+                                     lambda b: (b * T, "tokens")),
+            "load_average": latency.load_average()}
+
+
+# ------------------------------------------------------------------ production MoE (llm)
+
+def llm_flops_per_window(cfg, seq_len: int, params_per_token: int) -> int:
+    """Analytic forward FLOPs of one window: 2 per multiply-add of the ``params_per_token``
+    matmul weights each token reads (the embedding lookup is not a matmul), plus attention
+    scores and values over the full T x T square."""
+    embed = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
+    attn = cfg.n_layers * 2 * 2 * seq_len * seq_len * cfg.n_heads * cfg.head_dim
+    return 2 * seq_len * (params_per_token - embed) + attn
+
+
+def llm_estimate(cfg, n_windows: int, seq_len: int, batch: int) -> dict:
+    """Sizes of an audit of an ``llm`` model from its config alone (no weights): the
+    parameters (all, and those one token reads), the coefficient cache of ``n_windows``,
+    a rough upper bound of one forward's live activations at ``batch`` rows (the residual
+    stream, one layer's expert hidden states as the dense-over-experts path computes them,
+    the float32 scores of one attention block, the float32 logits) and the FLOPs per window
+    of record and replay (one program: equal)."""
+    count = llm.param_count(cfg)
+    item = jnp.dtype(cfg.dtype).itemsize
+    n_moe = len(cfg.moe_layers)
+    per_window = seq_len * n_moe * (cfg.num_experts + (1 if cfg.shared_expert_size else 0)) * 4
+    width = max(cfg.intermediate_size, cfg.num_experts * cfg.moe_intermediate_size
+                + cfg.shared_expert_size)
+    act = batch * seq_len * (4 * cfg.hidden_size * item + 2 * width * item
+                             + cfg.vocab_size * 4)
+    act += 2 * batch * cfg.n_heads * min(seq_len, cfg.attn_block or seq_len) * seq_len * 4
+    flops = llm_flops_per_window(cfg, seq_len, count["active"])
+    return {"param_count": count["total"], "active_param_count": count["active"],
+            "param_bytes": count["total"] * item, "coeff_cache_bytes": n_windows * per_window,
+            "activation_bytes_per_batch": act, "record_flops_per_window": flops,
+            "replay_flops_per_window": flops}
+
+
+def dense_same_total(cfg):
+    """The dense ``llm`` config with the same total parameters: every layer a SwiGLU MLP
+    whose width makes the count equal (to within one column of 3 x hidden parameters)."""
+    dense = lambda width: dataclasses.replace(
+        cfg, moe_layers=(), num_experts=0, top_k=0, moe_intermediate_size=0,
+        shared_expert_size=0, norm_topk_prob=False, intermediate_size=width)
+    base, per = llm.param_count(dense(1))["total"], llm.param_count(dense(2))["total"]
+    per -= base
+    return dense(max(1, round(1 + (llm.param_count(cfg)["total"] - base) / per)))
+
+
+def tokens_per_expert(router, k: int):
+    """(layer, expert) share of the routes each expert takes (rows sum to 1; 1/E is
+    balanced) from recorded router scores (layer, example, token, expert)."""
+    chosen = np.asarray(jax.lax.top_k(jnp.asarray(router), k)[1])
+    L, E = router.shape[0], router.shape[-1]
+    counts = np.stack([np.bincount(chosen[i].ravel(), minlength=E) for i in range(L)])
+    return counts / counts.sum(axis=1, keepdims=True)
+
+
+def moe_execution_panel(cfg, params, windows, batches=(1, 8), repeats: int = 5) -> dict:
+    """A production MoE's execution: tokens per expert per layer (load balance) on
+    ``windows``; active and total parameters; FLOPs per token against the dense model of the
+    same total parameters (analytic, and XLA's count of both compiled forwards: what this
+    port really executes); measured forward time of both, timed in turns, beside the
+    time the analytic FLOP ratio predicts."""
+    model, twin_cfg = build(cfg), dense_same_total(cfg)
+    twin = build(twin_cfg)
+    twin_params = llm.init(twin_cfg, jax.random.key(0))
+    T = windows.shape[1]
+    _, coeffs = jax.jit(model.apply)(params, jnp.asarray(windows))
+    share = tokens_per_expert(coeffs["router"], cfg.top_k)
+    count, twin_count = llm.param_count(cfg), llm.param_count(twin_cfg)
+    analytic = {"model": llm_flops_per_window(cfg, T, count["active"]),
+                "dense": llm_flops_per_window(twin_cfg, T, twin_count["active"])}
+    one = jnp.asarray(windows[:1])
+    forward = lambda m: (lambda p, t: m.apply(p, t)[0])
+    compiled = {"model": execution.compiled_cost(forward(model), params, one)["flops"],
+                "dense": execution.compiled_cost(forward(twin), twin_params, one)["flops"]}
+    timers = {}
+    for who, (m, p) in {"model": (model, params), "dense": (twin, twin_params)}.items():
+        f = jax.jit(forward(m))
+        for b in batches:
+            tokens = jnp.asarray(windows[:b])
+            timers[f"{who}/forward_b{b}"] = lambda f=f, p=p, t=tokens: f(p, t)
+    med = latency.paired_medians(timers, repeats)
+    rows = _latency_rows(med, "model", "dense", batches, lambda b: (b * T, "tokens"))
+    for b in batches:
+        rows[f"forward_b{b}"]["model_flops_per_s"] = b * analytic["model"] / \
+            med[f"model/forward_b{b}"]
+    flops_ratio = analytic["model"] / analytic["dense"]
+    return {"kind": "experts", "n_layers": cfg.n_layers, "moe_layers": list(cfg.moe_layers),
+            "num_experts": cfg.num_experts, "top_k": cfg.top_k,
+            "tokens_per_expert": share,
+            "load_max_over_mean": (share.max(axis=1) * cfg.num_experts).tolist(),
+            "active_params": count["active"], "total_params": count["total"],
+            "dense_params": twin_count["total"],
+            "executed_fraction": count["active"] / count["total"],
+            "flops_per_token_analytic": analytic["model"] / T,
+            "dense_flops_per_token_analytic": analytic["dense"] / T,
+            "flops_ratio_analytic": flops_ratio,
+            "flops_ratio_compiled": compiled["model"] / compiled["dense"],
+            "compiled_flops_per_window": compiled,
+            "predicted_time_ratio": flops_ratio,
+            "dense_twin": f"dense llm, intermediate_size {twin_cfg.intermediate_size} "
+                          f"({twin_count['total']:,} parameters)",
+            "baseline": "dense (same total parameters)", "latency": rows,
+            "load_average": latency.load_average()}

@@ -1,0 +1,105 @@
+"""A Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json) of a
+ported architecture (:mod:`dynjax.loaders.hf`): its routers audited on text tokenized with
+its own tokenizer, its execution timed against the dense model of the same total size."""
+from __future__ import annotations
+
+from dynjax.audit.settings import AuditError
+from dynjax.errors import CheckpointError, ConfigError
+from dynjax.measure import panels
+from dynjax.runs import audit_plan, windows
+from dynjax.runs.base import Target
+
+DEFAULT_SEQ_LEN = 256
+
+
+class HfDir(Target):
+    kind = "hf"
+    baseline = "the dense model of the same total parameters"
+    family = "llm"
+
+    def __init__(self, path, config=None):
+        from dynjax.loaders import hf
+        from dynjax.models import build
+
+        super().__init__(path)
+        if not self.path.is_dir():
+            raise AuditError(f"HF checkpoint directory {path} does not exist; copy the "
+                             "checkpoint (config.json, *.safetensors, tokenizer.json) to a local "
+                             "folder first")
+        section = config.get("hf") if config is not None else None
+        self.dtype = windows.opt(section, "dtype", "float32")
+        self.flops_per_second = windows.opt(section, "flops_per_second")
+        try:   # config.json alone: the checks and the plan come before any weights load
+            self.cfg = hf.config_from_hf(hf.read_config(str(self.path)), self.dtype)
+        except (ConfigError, CheckpointError) as e:
+            raise AuditError(str(e)) from None
+        self.model = build(self.cfg)
+
+    @property
+    def label(self) -> str:
+        return f"llm/{self.cfg.model_type}"
+
+    def _load(self) -> dict:
+        from dynjax.loaders import hf
+        try:
+            _, params = hf.load(str(self.path), self.dtype)
+        except (ConfigError, CheckpointError) as e:
+            raise AuditError(str(e)) from None
+        return {"params": params, "info": {"family": "llm", "variant": self.cfg.model_type,
+                                           "dtype": self.cfg.dtype}}
+
+    @property
+    def engine_key(self):
+        return ("hf", self.cfg)
+
+    @property
+    def condition_facts(self) -> dict:
+        return {"top_k": int(self.cfg.top_k)} if self.cfg.moe_layers else {}
+
+    def require_coefficients(self):
+        if not self.has_coefficients:
+            raise AuditError(f"{self.path} is a dense {self.cfg.model_type} checkpoint: it has "
+                             "no router, so there is nothing to audit; audit an MoE checkpoint "
+                             "(mixtral, olmoe, qwen2_moe, qwen3_moe)")
+
+    @classmethod
+    def title(cls, targets) -> str:
+        return f"FCA: {targets[0].cfg.model_type} ({targets[0].name}), 1 checkpoint"
+
+    def plan(self, config, settings) -> dict:
+        dc = config.data
+        n_calib, n_eval = int(dc.calib_windows), int(dc.eval_windows)
+        seq_len = int(windows.opt(dc, "seq_len", DEFAULT_SEQ_LEN))
+        rows = min(settings.batch_size, n_calib, n_eval)
+        est = panels.llm_estimate(self.cfg, n_eval, seq_len, rows)
+        model = {"n_layer": self.cfg.n_layers, "dim": self.cfg.hidden_size,
+                 "dtype": self.cfg.dtype, "params": est["param_count"],
+                 "active_params": est["active_param_count"]}
+        return audit_plan.audit_plan(model, est, n_calib, n_eval, seq_len, settings,
+                                     self.flops_per_second)
+
+    def format_plan(self, plan: dict) -> str:
+        return audit_plan.format_plan(plan, f"HF {self.cfg.model_type}", "hf")
+
+    def windows(self, data_cfg, n_calib: int, n_eval: int):
+        """Consecutive windows of the validation (calibration) and test (evaluation) text,
+        tokenized with the checkpoint's tokenizer.json (:func:`dynjax.loaders.hf.
+        token_windows`): the embedded corpus, or ``data.source=files`` with ``data.path``."""
+        from dynjax.data.text import DataError
+        from dynjax.loaders import hf
+
+        seq_len = int(windows.opt(data_cfg, "seq_len", DEFAULT_SEQ_LEN))
+        source = windows.opt(data_cfg, "source", "embedded")
+        path = windows.opt(data_cfg, "path")
+        try:
+            w = hf.token_windows(str(self.path), seq_len, n_calib, n_eval, source=source,
+                                 text_path=path)
+        except (DataError, CheckpointError) as e:
+            raise AuditError(str(e)) from None
+        info = {"source": source, "path": path, "tokenizer": "tokenizer.json",
+                "calibration_split": "validation", "evaluation_split": "test", "notes": []}
+        return w["calibration"], w["evaluation"], info
+
+    def execution(self, params, ev, config) -> dict:
+        return panels.moe_execution_panel(self.cfg, params, ev, tuple(config.latency_batches),
+                                          int(config.latency_repeats))

@@ -1,0 +1,63 @@
+"""``open_target(path)``: any checkpoint dynjax can read, as one :class:`~dynjax.runs.base.Target`.
+
+The kinds, in the order they are recognised:
+
+- an HF directory whose config.json names a ported ``model_type`` (:class:`HfDir`:
+  Llama, Qwen3, Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE; :mod:`dynjax.loaders.hf`);
+- another HF directory (``*.safetensors``): MUDDPythia (:class:`MuddPythiaDir`);
+- a train.py run directory (``config.json`` + orbax ``checkpoints/``): a classifier run
+  (:class:`ClassifierRun`, its ``model.family`` is ``gated_mlp``) or a language-model run
+  (:class:`LmRun`).
+
+``kind=`` picks one by name instead (audit.py's ``--muddpythia`` / ``--hf`` say which they
+expect).
+"""
+from __future__ import annotations
+
+import json
+
+from dynjax import rundir
+from dynjax.loaders import hf, muddpythia_hf
+from dynjax.audit.settings import AuditError
+from dynjax.runs.base import Target
+from dynjax.runs.hf import HfDir
+from dynjax.runs.muddpythia import MuddPythiaDir
+from dynjax.runs.train_runs import ClassifierRun, LmRun, read_run_config
+
+KINDS = {k.kind: k for k in (LmRun, ClassifierRun, MuddPythiaDir, HfDir)}
+
+
+def open_target(path, kind: str | None = None, config=None) -> Target:
+    """The checkpoint at ``path`` (its kind recognised, or ``kind``). ``config``: the audit
+    config, whose section of the kind (``muddpythia``, ``hf``: the dtype weights load in)
+    applies; None: the defaults."""
+    if kind is not None:
+        if kind not in KINDS:
+            raise AuditError(f"unknown checkpoint kind {kind!r}; choose one of {sorted(KINDS)}")
+        cls = KINDS[kind]
+    elif hf.is_hf_dir(path):
+        cls = HfDir
+    elif muddpythia_hf.is_hf_dir(path):
+        cls = MuddPythiaDir
+    else:
+        config = read_run_config(path)
+        cls = ClassifierRun if rundir.is_classifier(config) else LmRun
+        return cls(path, config)
+    if cls in (LmRun, ClassifierRun):
+        return cls(path)
+    return cls(path, config)
+
+
+def check_compatible(targets) -> None:
+    """The checkpoints of one audit share their kind and each kind's same-run facts (window
+    length, model, training data); else an AuditError naming what differs."""
+    kinds = sorted({t.kind for t in targets})
+    if len(kinds) > 1:
+        raise AuditError(f"the checkpoints are of different kinds ({', '.join(kinds)}); audit "
+                         "one kind of checkpoint per run")
+    facts = [t.same_run_facts() for t in targets]
+    for what in facts[0]:
+        values = {json.dumps(f[what], sort_keys=True) for f in facts}
+        if len(values) > 1:
+            raise AuditError(f"the checkpoints differ in {what} ({sorted(values)}); audit the "
+                             "seeds of one model and data configuration together")

@@ -1,0 +1,374 @@
+"""Start a run from another run's parameters (``train.init_from``): a dense model continued
+as Mixture-of-Depths, or its MLPs upcycled into MoE experts (Komatsuzaki et al. 2023).
+
+    python train.py --config=configs/mod_tiny.py:mod --workdir=runs/mod_from_dense \
+        --config.train.init_from=runs/dense[:STEP] --config.train.steps=60
+
+What is copied and what is new. Source and target are both read as one list of blocks,
+whatever the family's layout (scanned or unrolled layers, MoD groups, MoE layers): the
+embedding and head, then per block its attention, norms and MLP. Every target parameter
+with a source twin of the same name and shape is copied. The conversion creates only
+
+- a MoD block's router and causal predictor (``router/``, ``predictor/``), fitted by the
+  rule below (``fit_routers``);
+- an MoE layer's experts from that block's dense MLP: ``wi[e] = mlp/up``, ``wo[e] =
+  mlp/down`` for every expert e (plus, with ``train.init_upcycle_noise`` = s > 0, Gaussian
+  noise of s times the matrix's std, seeded), and its router ``moe/router``, which keeps
+  the target's own seeded init (sparse upcycling's new router).
+
+A parameter the source lacks, holds with another shape, or holds where the target has no
+place for it, and a core field (width, depth, heads, vocabulary, rotary base) that differs,
+are listed in one ConfigError. The optimizer state is the target's fresh one (the loop builds
+it); warm-up and learning rate are the ordinary ``train.*`` fields.
+
+The record. ``config.json`` gets ``train.init_source`` = {path, step, params_sha256,
+conversion}; a resumed run reads it back (the source's newest step may have moved on, or the
+source may be gone) and restores its own checkpoint: the conversion runs only for a run
+that has none. Before step 1 the source's and the converted model's bits/byte on the first
+``train.init_report_windows`` validation windows go into metrics.jsonl (``split:
+"conversion"``): the loss jump, under every routing rule.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+
+from dynjax import rundir
+from dynjax.data import text as text_data
+from dynjax.errors import ConfigError
+from dynjax.models import mod as mod_lib
+from dynjax.models.transformer import Block, Embed, window_positions
+from dynjax.train.evaluation import Evaluator
+
+FAMILIES = ("gates", "mod", "moe")           # the transformer-core families a block list reads
+CORE = ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "rope_base")
+MLP_OF = {"wi": ("mlp", "up", "kernel"), "wo": ("mlp", "down", "kernel")}
+
+
+# ------------------------------------------------------------------------ the block view
+
+def block_sites(cfg, params) -> dict:
+    """Every parameter of a core-family model under a layout-free name.
+
+    ``{(block, path): (real path, index)}``: ``block`` the depth index (None for the
+    embedding and head), ``path`` the parameter's path inside the block (``attn/query/kernel``,
+    ``mlp/up/kernel``, ``moe/wi``, ``router/proj/kernel``), ``index`` the position along a
+    scanned stack's leading axis (None when unrolled)."""
+    per_unit = len(mod_lib.layout(cfg)[1]) if cfg.family == "mod" else 1
+    out = {}
+    for path, leaf in traverse_util.flatten_dict(params).items():
+        if path[0] != "layers":
+            out[(None, path)] = (path, None)
+            continue
+        if cfg.scan_layers:
+            units = [(u, path[1:], u) for u in range(leaf.shape[0])]
+        else:
+            units = [(int(path[1].removeprefix("layer_")), path[2:], None)]
+        for u, rest, index in units:
+            j = 0
+            if cfg.family == "mod":
+                j, rest = int(rest[0].removeprefix("sub_")), rest[1:]
+            if rest[0] == "block":          # gates, mod: the core Block's own parameters
+                rest = rest[1:]
+            out[(u * per_unit + j, rest)] = (path, index)
+    return out
+
+
+def _values(cfg, params) -> dict:
+    """``{(block, path): array}`` of ``block_sites``, as host arrays."""
+    flat = traverse_util.flatten_dict(jax.device_get(params))
+    return {key: np.asarray(flat[path] if i is None else flat[path][i])
+            for key, (path, i) in block_sites(cfg, params).items()}
+
+
+def _name(key) -> str:
+    block, path = key
+    return "/".join(path) if block is None else f"block {block} {'/'.join(path)}"
+
+
+def created(path: tuple) -> bool:
+    """Parameters a conversion creates when the source has no twin of that shape."""
+    return path[0] in ("router", "predictor") or path[:2] == ("moe", "router")
+
+
+# ------------------------------------------------------------------------ the router rule
+
+def dense_trace(cfg, blocks: dict, embed: dict, windows: np.ndarray, batch_size: int = 16):
+    """Each block's input h and update F(h) along a dense model's forward over ``windows``:
+    two lists (one per block) of (N, T, d) float32 host arrays. ``blocks``: block -> its
+    parameter tree (attention, norms, MLP); ``embed``: the embedding's."""
+    positions = window_positions(cfg, batch_size, windows.shape[1])
+    block_fn = jax.jit(lambda p, h: Block(cfg).apply({"params": p}, h, positions)[0])
+    embed_fn = jax.jit(lambda p, t: Embed(cfg).apply({"params": p}, t))
+    hs, us = [[] for _ in blocks], [[] for _ in blocks]
+    for lo in range(0, len(windows), batch_size):
+        chunk = windows[lo:lo + batch_size]
+        pad = batch_size - len(chunk)
+        tokens = np.concatenate([chunk, np.zeros((pad, chunk.shape[1]), chunk.dtype)])
+        h = embed_fn(embed, tokens)
+        for b in range(len(blocks)):
+            u = block_fn(blocks[b], h)
+            hs[b].append(np.asarray(h)[:len(chunk)])
+            us[b].append(np.asarray(u)[:len(chunk)])
+            h = h + u
+    return [np.concatenate(x) for x in hs], [np.concatenate(x) for x in us]
+
+
+def router_target(update: np.ndarray, capacity: float, gain: float) -> np.ndarray:
+    """z = gain * (log||F(h)|| - q_{1-c}) / std(log||F(h)||) per token, (N, T): a fraction
+    c of the tokens (those with the largest updates) score above 0."""
+    s = np.log(np.linalg.norm(update.astype(np.float64), axis=-1) + 1e-12)
+    return gain * (s - np.quantile(s, 1.0 - capacity)) / max(float(s.std()), 1e-12)
+
+
+def ridge(x: np.ndarray, z: np.ndarray, rel: float = 1e-4) -> np.ndarray:
+    """argmin_w ||x w - z||^2 + lam ||w||^2, lam = rel * trace(x'x) / dim (float64)."""
+    x, z = x.astype(np.float64), z.astype(np.float64)
+    gram = x.T @ x
+    lam = rel * np.trace(gram) / gram.shape[0]
+    return np.linalg.solve(gram + lam * np.eye(gram.shape[0]), x.T @ z)
+
+
+def fit_routers(cfg, mod_blocks, hs, us, init: dict, gain: float) -> tuple[dict, dict]:
+    """The MoD rule: per MoD block b, the router r = w.h fitted by ridge least squares to
+    ``router_target`` on the dense forward's (h_b, F_b(h_b)); the predictor keeps its
+    seeded hidden layer, its output layer (weights and bias) is fitted to the same target.
+
+    ``init``: the target's seeded values ``{(b, path): array}`` (the predictor's hidden
+    layer). Returns (``{(b, path): fitted array}``, a fit report per block)."""
+    fitted, report = {}, {}
+    k = mod_lib.capacity(cfg, hs[0].shape[1]) if mod_blocks else 0
+    for b in mod_blocks:
+        h, z = hs[b].reshape(-1, hs[b].shape[-1]), router_target(us[b], cfg.mod.capacity, gain)
+        w = ridge(h, z.reshape(-1))
+        fitted[(b, ("router", "proj", "kernel"))] = w[:, None].astype(np.float32)
+        hid = init[(b, ("predictor", "hidden", "kernel"))], init[(b, ("predictor", "hidden", "bias"))]
+        feats = np.asarray(nn.gelu(jnp.asarray(h @ hid[0] + hid[1])), np.float64)
+        v = ridge(np.concatenate([feats, np.ones((len(feats), 1))], axis=1), z.reshape(-1))
+        fitted[(b, ("predictor", "out", "kernel"))] = v[:-1, None].astype(np.float32)
+        fitted[(b, ("predictor", "out", "bias"))] = v[-1:].astype(np.float32)
+        r = (h @ w).reshape(z.shape)
+        fit_top = np.argsort(-r, axis=1)[:, :k]
+        true_top = np.argsort(-z, axis=1)[:, :k]
+        overlap = np.mean([len(np.intersect1d(a, t)) / k for a, t in zip(fit_top, true_top)])
+        report[str(b)] = {"router_r2": float(1 - np.var(r - z) / np.var(z)),
+                          "topk_overlap": float(overlap), "router_asks": float(np.mean(r > 0)),
+                          "predictor_asks": float(np.mean(feats @ v[:-1] + v[-1] > 0))}
+    return fitted, report
+
+
+# ------------------------------------------------------------------------ the conversion
+
+def _shapes(cfg, params) -> dict:
+    """``{(block, path): shape}`` of ``block_sites`` (arrays or ShapeDtypeStructs)."""
+    flat = traverse_util.flatten_dict(params)
+    return {key: tuple(flat[path].shape)[0 if i is None else 1:]
+            for key, (path, i) in block_sites(cfg, params).items()}
+
+
+def plan(src_cfg, src_params, cfg, params) -> dict:
+    """How each target parameter is made: ``{(block, path): "copy" | "upcycle" | "create"}``.
+    Works on shapes alone (arrays or ShapeDtypeStructs), so a run checks it before writing
+    its directory. Raises ConfigError listing every parameter it cannot make."""
+    for c, what in ((src_cfg, "source"), (cfg, "target")):
+        if getattr(c, "family", None) not in FAMILIES:
+            raise ConfigError(f"train.init_from converts among the {', '.join(FAMILIES)} "
+                              f"families; the {what} is {getattr(c, 'family', type(c).__name__)!r}")
+    core = [f"model.{f}: source {getattr(src_cfg, f)!r}, target {getattr(cfg, f)!r}"
+            for f in CORE if getattr(src_cfg, f) != getattr(cfg, f)]
+    if core:
+        raise ConfigError("train.init_from: the source's core differs from the target's ("
+                          + "; ".join(core) + "); set the target's model fields to the source's")
+    src, target = _shapes(src_cfg, src_params), _shapes(cfg, params)
+    actions, used, problems = {}, set(), []
+    for key, shape in target.items():
+        block, path = key
+        mlp = (block, MLP_OF.get(path[-1])) if block is not None and path[0] == "moe" else None
+        if src.get(key) == shape:
+            actions[key] = "copy"
+            used.add(key)
+        elif mlp and mlp in src:
+            if (shape[0],) + src[mlp] != shape:
+                problems.append(f"{_name(key)} {shape} cannot hold copies of the source's "
+                                f"{'/'.join(mlp[1])} {src[mlp]}")
+            actions[key] = "upcycle"
+            used.add(mlp)
+        elif created(path):
+            actions[key] = "create"
+        elif key in src:
+            problems.append(f"{_name(key)}: source {src[key]}, target {shape}")
+        else:
+            problems.append(f"{_name(key)}: not in the source")
+    problems += [f"the source's {_name(k)} has no place in the target"
+                 for k in sorted(set(src) - used, key=_name)]
+    if problems:
+        shown = "; ".join(problems[:6]) + (f"; {len(problems) - 6} more" if len(problems) > 6 else "")
+        raise ConfigError(f"train.init_from cannot convert a {src_cfg.family}/{src_cfg.variant} "
+                          f"source into {cfg.family}/{cfg.variant}: {shown}; use a source of the "
+                          "same size whose extra parts the conversion creates (routers, "
+                          "predictors, experts from the MLP)")
+    routers = [b for (b, p), a in actions.items() if a == "create" and p[0] == "router"]
+    if routers and not (src_cfg.variant == "dense" and src_cfg.family != "moe"):
+        raise ConfigError("a MoD router is fitted on a dense source's forward: train.init_from "
+                          f"must be a dense run (got {src_cfg.family}/{src_cfg.variant})")
+    return actions
+
+
+def convert(src_cfg, src_params, cfg, params, *, windows=None, gain: float = 2.0,
+            noise: float = 0.0, seed: int = 0) -> tuple[dict, dict]:
+    """The target ``params`` (its seeded init, giving shapes and the new routers' seeds)
+    filled from the source's as ``plan`` says: ``(params, report)``. ``windows``: calibration
+    token windows for the MoD router fit (needed when a MoD router is created)."""
+    actions = plan(src_cfg, src_params, cfg, params)
+    src, init = _values(src_cfg, src_params), _values(cfg, params)
+    out, kinds = {}, set()
+    for key, action in actions.items():
+        block, path = key
+        if action == "copy":
+            out[key] = src[key]
+        elif action == "upcycle":
+            mlp = src[(block, MLP_OF[path[-1]])]
+            rng = np.random.default_rng([seed, block, path[-1] == "wo"])
+            out[key] = (np.broadcast_to(mlp, init[key].shape) + noise * float(mlp.std())
+                        * rng.standard_normal(init[key].shape)).astype(init[key].dtype)
+            kinds.add("moe_upcycle")
+        else:
+            out[key] = init[key]                   # MoD routers: refitted below
+            if path[0] in ("router", "predictor"):
+                kinds.add("mod")
+    report = {"conversion": "+".join(sorted(kinds)) or "copy"}
+    mod_blocks = sorted({b for (b, p), a in actions.items() if a == "create" and p[0] == "router"})
+    if mod_blocks:
+        if windows is None:
+            raise ValueError("a MoD router fit needs calibration windows")
+        trees = [traverse_util.unflatten_dict({p: v for (b, p), v in src.items() if b == i})
+                 for i in range(src_cfg.n_layers)]
+        hs, us = dense_trace(src_cfg, trees, {"embedding": src[(None, ("embed", "embedding"))]},
+                             windows)
+        fitted, report["routers"] = fit_routers(cfg, mod_blocks, hs, us, init, gain)
+        out.update(fitted)
+        report.update(router_rule="ridge fit to log update norm", router_gain=gain,
+                      calibration_windows=int(len(windows)))
+    return _assemble(cfg, params, out), report
+
+
+def _assemble(cfg, params, values: dict):
+    """``params``' tree with every site replaced by ``values[site]``."""
+    flat = {path: np.array(leaf) for path, leaf in
+            traverse_util.flatten_dict(jax.device_get(params)).items()}
+    for key, (path, i) in block_sites(cfg, params).items():
+        if i is None:
+            flat[path] = np.asarray(values[key], flat[path].dtype)
+        else:
+            flat[path][i] = values[key]
+    return traverse_util.unflatten_dict(flat)
+
+
+# ------------------------------------------------------------------------ the loop's hook
+
+def parse_source(spec: str) -> tuple[pathlib.Path, int | None]:
+    """``DIR`` or ``DIR:STEP``."""
+    head, _, tail = spec.rpartition(":")
+    if head and tail.isdigit():
+        return pathlib.Path(head), int(tail)
+    return pathlib.Path(spec), None
+
+
+@dataclasses.dataclass
+class Source:
+    """A run's ``train.init_from``: its record for config.json, and the conversion."""
+
+    record: dict
+    run: rundir.Run | None = None
+    report: dict | None = None
+
+    def load(self) -> rundir.Run:
+        if self.run is None:
+            run = _open(pathlib.Path(self.record["path"]), self.record["step"])
+            if rundir.params_sha256(run.params) != self.record["params_sha256"]:
+                raise ConfigError(f"train.init_from: {self.record['path']} step "
+                                  f"{self.record['step']} no longer holds the parameters this "
+                                  "run was converted from (its digest changed); restore it or "
+                                  "start a new --workdir")
+            self.run = run
+        return self.run
+
+    def convert(self, task, state):
+        """The fresh ``state`` with converted params (opt_state stays the fresh one)."""
+        run, tc = self.load(), task.config.train
+        windows = text_data.eval_windows(task.splits["train"], task.config.data.seq_len,
+                                         tc.get("init_calibration_windows", 64))
+        params, report = convert(run.model.cfg, run.params, task.model.cfg, state["params"],
+                                 windows=windows, gain=tc.get("init_router_gain", 2.0),
+                                 noise=tc.get("init_upcycle_noise", 0.0), seed=task.config.seed)
+        params = jax.device_put(params, task.state_shardings["params"])
+        state = dict(state, params=params)
+        n = tc.get("init_report_windows", 64)
+        val = task.windows("validation")[:n]
+        bs = task.config.eval.batch_size
+        before = Evaluator(run.model.cfg)(run.params, val, bs)
+        after = task.evaluator(state["params"], val, bs)
+        self.report = {"step": 0, "split": "conversion", **report, "source": before,
+                       "converted": after, "jump_bpb": after["bpb"] - before["bpb"]}
+        return state
+
+
+def _open(path: pathlib.Path, step: int | None) -> rundir.Run:
+    from dynjax.loaders import hf
+
+    if hf.is_hf_dir(path):
+        raise ConfigError(f"train.init_from={str(path)!r} is a Hugging Face checkpoint (the llm "
+                          "family: SwiGLU MLPs, grouped-query attention, its own tokenizer); "
+                          "the MoD and MoE families this converts into are built on the byte-"
+                          "level core (GELU MLPs), so start from a dynjax run directory")
+    if not (path / rundir.CONFIG).exists():
+        raise ConfigError(f"train.init_from={str(path)!r} is not a dynjax run directory (no "
+                          f"{rundir.CONFIG}); point it at a train.py --workdir")
+    saved = rundir.steps(path)
+    if step is None and not saved:
+        raise ConfigError(f"train.init_from={str(path)!r} has no checkpoint; train it first")
+    if step is not None and step not in saved:
+        raise ConfigError(f"train.init_from: {path} has no checkpoint at step {step} "
+                          f"(saved: {saved}); use DIR:STEP with a saved step")
+    if rundir.is_classifier(rundir.read_config(path)):
+        raise ConfigError(f"train.init_from={str(path)!r} is a classifier run; conversions "
+                          "start from a language-model run")
+    return rundir.load(path, step)
+
+
+def source_of(task, run_dir) -> Source | None:
+    """The run's source (None without ``train.init_from``), checked against the task's
+    model, its record put into ``task.config.train.init_source`` for config.json. A run directory that already records one
+    keeps it: the same step and digest, whatever the source holds now."""
+    config = task.config
+    spec = config.train.get("init_from", "")
+    if not spec:
+        return None
+    if rundir.is_classifier(config):
+        raise ConfigError("train.init_from is for language-model runs")
+    old = pathlib.Path(run_dir) / rundir.CONFIG
+    previous = json.loads(old.read_text()).get("train", {}).get("init_source") \
+        if old.exists() else None
+    if previous and previous.get("spec") != spec:
+        raise ConfigError(f"{run_dir} was converted from train.init_from="
+                          f"{previous.get('spec')!r}, not {spec!r}; resume with that value or "
+                          "use a new --workdir")
+    if previous:
+        source = Source(dict(previous))
+    else:
+        path, step = parse_source(spec)
+        run = _open(path, step)
+        plan(run.model.cfg, run.params, task.model.cfg, task.abstract["params"])
+        source = Source({"spec": spec, "path": str(path.resolve()), "step": run.step,
+                         "params_sha256": rundir.params_sha256(run.params),
+                         "family": run.config.model.family,
+                         "variant": run.config.model.variant}, run)
+    config.train.init_source = source.record
+    return source

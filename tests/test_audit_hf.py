@@ -1,0 +1,156 @@
+"""audit.py --hf and scorecard.py --hf on the committed tiny random HF fixtures (tests/data/hf):
+the routing audit prints its plan and table with the routing conditions; the scorecard's
+tokens per expert are the top-k counts of the recorded router scores, its parameter counts
+the port's; weights_flat replays through the ports' own router with the same experts and
+equal weights; open_target tells HF directories apart."""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dynjax.audit import interventions
+from dynjax.audit.settings import AuditError
+from tests.conftest import ROOT
+
+HF = os.path.join(ROOT, "tests", "data", "hf")
+SMALL = ["--config.reassignments=2", "--config.batch_size=8", "--config.data.calib_windows=8",
+         "--config.data.eval_windows=8", "--config.data.seq_len=32",
+         "--config.stats.n_resamples=99"]
+
+
+def _run(args, timeout=420):
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": ROOT}, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def hf_audit(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("hf_audit") / "olmoe")
+    stdout = _run(["audit.py", "--config=configs/audit_hf.py", f"--hf={HF}/olmoe", f"--out={out}",
+                   *SMALL])
+    with open(os.path.join(out, "results.json")) as f:
+        return stdout, json.load(f), out
+
+
+def test_audit_hf_prints_the_plan_and_the_routing_table(hf_audit):
+    stdout, res, out = hf_audit
+    assert stdout.startswith("HF olmoe audit plan: 2 layers, dim 48")
+    for label in ("Cross-input", "Token-shuffle", "LayerMean", "GlobalMean", "Token-identity",
+                  "Expert-relabel", "Weights-flat"):
+        assert f"\n{label}" in stdout, label
+    assert res["title"] == "FCA: olmoe (olmoe), 1 checkpoint"
+    assert res["replay"]["exact"] is True
+    assert list(res["conditions"]) == list(interventions.REGISTRY)
+    assert res["meta"]["facts"] == {"top_k": 4} and res["meta"]["task"] == "next_token"
+    assert 0 < res["meta"]["token_identity"]["singleton_fraction"] < 1
+    ck = res["meta"]["checkpoints"][0]
+    assert ck["family"] == "llm" and ck["variant"] == "olmoe"
+    assert np.shape(ck["per_window"]["delta_nll"]["token_identity"]) == (2, 8)
+    assert np.shape(ck["per_window"]["delta_nll"]["weights_flat"]) == (8,)
+    assert res["meta"]["plan"]["windows"]["seq_len"] == 32
+    assert os.path.exists(os.path.join(out, "report.md"))
+    assert "Token-identity" in open(os.path.join(out, "report.md")).read()
+
+
+def test_scorecard_hf_tokens_per_expert_and_parameters(tmp_path):
+    from dynjax.loaders import hf
+    from dynjax.models import llm
+    from dynjax.runs import open_target
+
+    out = str(tmp_path / "card")
+    stdout = _run(["scorecard.py", "--config=configs/scorecard_hf.py", f"--hf={HF}/qwen2_moe",
+                   f"--out={out}", *[a.replace("--config.", "--config.audit.") for a in SMALL],
+                   "--config.execution_windows=2", "--config.latency_batches=1,",
+                   "--config.latency_repeats=1", "--config.thresholds.latency_batch=1"])
+    assert "llm/qwen2_moe" in stdout and "execution" in stdout
+    card = json.load(open(os.path.join(out, "scorecard.json")))["cards"][0]
+    ex = card["execution"]
+    assert ex["kind"] == "experts" and ex["top_k"] == 2 and ex["moe_layers"] == [0, 2]
+    # the shares are the top-k counts of the router scores recorded on the same windows
+    target = open_target(f"{HF}/qwen2_moe", kind="hf")
+    _, ev, _ = target.windows(target.scorecard_audit_config(_config()).data, 0, 2)
+    model, params = hf.load(f"{HF}/qwen2_moe")
+    _, coeffs = jax.jit(model.apply)(params, jnp.asarray(ev))
+    chosen = np.asarray(jax.lax.top_k(coeffs["router"], 2)[1])
+    counts = np.stack([np.bincount(c.ravel(), minlength=8) for c in chosen])
+    np.testing.assert_allclose(ex["tokens_per_expert"], counts / counts.sum(1, keepdims=True))
+    n = llm.param_count(model.cfg)
+    assert (ex["active_params"], ex["total_params"]) == (n["active"], n["total"])
+    assert abs(ex["dense_params"] - n["total"]) <= 3 * model.cfg.hidden_size
+    assert ex["flops_ratio_analytic"] < 1 and "latency" in ex
+    assert set(card["dependence"]["conditions"]) >= {"token_identity", "expert_relabel",
+                                                     "weights_flat"}
+
+
+def _config():
+    from configs import scorecard_hf
+    c = scorecard_hf.get_config()
+    c.audit.data.seq_len = 32
+    return c
+
+
+@pytest.mark.parametrize("name", ["olmoe", "qwen2_moe"])
+def test_weights_flat_replays_the_same_experts_with_equal_weights(name):
+    """Through the port's own router (llm.route): the top-k set is kept and the k weights
+    are equal (1/k where norm_topk_prob renormalises: olmoe; else their mean: qwen2_moe)."""
+    from dynjax.loaders import hf
+    from dynjax.models import llm
+    from dynjax.runs import open_target
+
+    target = open_target(f"{HF}/{name}")
+    cfg = target.cfg
+    tokens = jnp.asarray(np.arange(2 * 16).reshape(2, 16) % cfg.vocab_size, jnp.int32)
+    model, params = hf.load(f"{HF}/{name}")
+    _, coeffs = jax.jit(model.apply)(params, tokens)
+    flat = interventions.apply_condition("weights_flat", coeffs, model.schema,
+                                         top_k=target.condition_facts["top_k"])
+    e0, _ = llm.route(cfg, coeffs["router"])
+    e1, w1 = llm.route(cfg, flat["router"])
+    np.testing.assert_array_equal(np.sort(np.asarray(e0), -1), np.sort(np.asarray(e1), -1))
+    w1 = np.asarray(w1)
+    np.testing.assert_allclose(w1, np.broadcast_to(w1[..., :1], w1.shape), rtol=1e-6)
+    if cfg.norm_topk_prob:
+        np.testing.assert_allclose(w1, 1 / cfg.top_k, rtol=1e-6)
+    if "shared_gate" in coeffs:
+        np.testing.assert_array_equal(np.asarray(flat["shared_gate"]),
+                                      np.asarray(coeffs["shared_gate"]))
+
+
+def test_open_target_tells_hf_directories_apart(tmp_path):
+    from dynjax.runs import HfDir, open_target
+
+    moe = open_target(f"{HF}/olmoe")
+    assert isinstance(moe, HfDir) and moe.label == "llm/olmoe" and moe.has_coefficients
+    assert moe.condition_facts == {"top_k": 4}
+    assert set(open_target(f"{HF}/qwen2_moe").schema) == {"router", "shared_gate"}
+    dense = open_target(f"{HF}/llama")
+    assert isinstance(dense, HfDir) and dense.condition_facts == {}
+    with pytest.raises(AuditError, match="dense llama checkpoint: it has no router"):
+        dense.require_coefficients()
+    with pytest.raises(AuditError, match="HF checkpoint directory .* does not exist"):
+        open_target(tmp_path / "nope", kind="hf")
+
+
+def test_real_configs_for_the_plan():
+    """configs/hf_llm.py builds each real MoE as the llm family with the parameter count
+    results/hf_memory.json records for it (the plan then sizes it, as test_hf checks)."""
+    import ml_collections  # noqa: F401  (the config is a ConfigDict)
+
+    from configs import hf_llm
+    from dynjax.models import build, llm
+
+    table = json.load(open(os.path.join(ROOT, "results", "hf_memory.json")))["models"]
+    for arg, name in hf_llm.MODELS.items():
+        c = hf_llm.get_config(arg)
+        model = build(c.model.to_dict())
+        assert c.model.family == "llm" and c.model.dtype == "bfloat16" and c.model.remat
+        assert llm.param_count(model.cfg)["total"] == table[name]["params"], arg
+    with pytest.raises(ValueError, match="unknown model"):
+        hf_llm.get_config("deepseek_v3")

@@ -1,0 +1,268 @@
+"""Dropless MoE dispatch: the sort-by-expert layout, both grouped matmuls, and the models'
+``moe_dispatch="dropless"`` against the one-hot form that never drops (capacity <= 0)."""
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dynjax.audit import interventions
+from dynjax.coeffs import replaying
+from dynjax.models import build, dispatch, mod, moe
+from dynjax.models.transformer import ModelConfig
+
+B, T, D = 2, 16, 32
+CFG = ModelConfig(family="moe", variant="moe", d_model=D, n_heads=2, n_layers=1, d_ff=64,
+                  scan_layers=False).replace(moe_capacity_factor=0.0)
+TOKENS = jax.random.randint(jax.random.key(0), (B, T), 0, 256)
+
+
+def dense_reference(x, w, experts, weights):
+    """Every token through every expert, then the routes picked by a one-hot mask."""
+    E = w.shape[0]
+    h = jnp.einsum("nd,edf->nef", x, w)
+    live = (experts >= 0) & (experts < E)
+    mask = jax.nn.one_hot(jnp.where(live, experts, E), E) * weights[..., None]
+    return jnp.einsum("nke,nef->nf", mask, h)
+
+
+def routing(key, n, k, E, nowhere=True):
+    """Distinct experts per token (as top-k gives), some routed nowhere (-1 or E)."""
+    ke, kn, kw = jax.random.split(key, 3)
+    experts = jax.vmap(lambda kk: jax.random.permutation(kk, E)[:k])(jax.random.split(ke, n))
+    if nowhere:
+        drop = jax.random.bernoulli(kn, 0.2, (n, k))
+        experts = jnp.where(drop, jnp.where(jnp.arange(n)[:, None] % 2 == 0, -1, E), experts)
+    return experts.astype(jnp.int32), jax.random.uniform(kw, (n, k))
+
+
+def matmul_fn(w, impl):
+    return lambda x, experts, weights: dispatch.dropless(
+        x, experts, weights, w.shape[0], lambda r, g: dispatch.grouped_matmul(r, w, g),
+        impl=impl)
+
+
+@pytest.mark.parametrize("impl", dispatch.IMPLS)
+@pytest.mark.parametrize("E,k,block", [(4, 1, None), (5, 2, 8), (64, 4, None), (8, 3, 1)])
+def test_dropless_equals_every_expert_on_every_token(impl, E, k, block):
+    n, d, f = 24, 8, 16
+    x = jax.random.normal(jax.random.key(1), (n, d))
+    w = jax.random.normal(jax.random.key(2), (E, d, f))
+    experts, weights = routing(jax.random.key(3), n, k, E)
+    run = jax.jit(lambda x, w, e, g: dispatch.dropless(
+        x, e, g, E, lambda r, gr: dispatch.grouped_matmul(r, w, gr), block=block, impl=impl))
+    np.testing.assert_allclose(run(x, w, experts, weights),
+                               dense_reference(x, w, experts, weights), rtol=1e-5, atol=1e-5)
+    loss = lambda fn: lambda *a: jnp.sum(jnp.sin(fn(*a)))
+    got = jax.jit(jax.grad(loss(run), (0, 1, 3)))(x, w, experts, weights)
+    want = jax.grad(loss(dense_reference), (0, 1, 3))(x, w, experts, weights)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_layout_sorts_by_expert_pads_to_blocks_and_skips_unrouted_pairs():
+    experts = jnp.asarray([2, 0, 2, -1, 0, 2, 3, 2], jnp.int32)      # expert 1: no pair
+    dest, row_pair, groups = dispatch.layout(experts, 4, block=2, impl="blocks")
+    assert groups.rows == dispatch.n_rows(8, 4, 2) == 12   # (8 + 4 * (2 - 1)) // 2 blocks
+    np.testing.assert_array_equal(groups.group_sizes, [2, 0, 4, 2])
+    np.testing.assert_array_equal(groups.block_expert, [0, 2, 2, 3, 3, 3])   # unused blocks: E-1
+    # expert 0's rows 0-1 (pairs 1, 4), expert 2's rows 2-5 (pairs 0, 2, 5, 7, in order),
+    # expert 3's row 6 (pair 6) and its padding; pair 3 (expert -1) has no row.
+    np.testing.assert_array_equal(dest, [2, 0, 3, 12, 1, 4, 6, 5])
+    np.testing.assert_array_equal(row_pair[:7], [1, 4, 0, 2, 5, 7, 6])
+    np.testing.assert_array_equal(groups.row_expert, np.repeat([0, 2, 2, 3, 3, 3], 2))
+
+
+def test_ragged_dot_path_equals_blocks_path_under_vmap_and_grad():
+    """The accelerator path (``ragged_dot``, its own vjp and batching rule) called
+    explicitly on CPU: values, gradients, and vmap over routings with unbatched weights."""
+    n, d, f, E, k, R = 32, 8, 16, 6, 2, 3
+    x = jax.random.normal(jax.random.key(4), (n, d))
+    w = jax.random.normal(jax.random.key(5), (E, d, f))
+    experts, weights = jax.vmap(lambda kk: routing(kk, n, k, E))(
+        jax.random.split(jax.random.key(6), R))
+    fwd = {impl: jax.jit(jax.vmap(matmul_fn(w, impl), (None, 0, 0))) for impl in dispatch.IMPLS}
+    np.testing.assert_allclose(fwd["ragged"](x, experts, weights),
+                               fwd["blocks"](x, experts, weights), rtol=1e-5, atol=1e-5)
+    grads = {impl: jax.jit(jax.vmap(jax.grad(
+        lambda w, e, g, i=impl: jnp.sum(matmul_fn(w, i)(x, e, g) ** 2)), (None, 0, 0)))(
+        w, experts, weights) for impl in dispatch.IMPLS}
+    np.testing.assert_allclose(grads["ragged"], grads["blocks"], rtol=1e-4, atol=1e-4)
+
+
+def test_expert_bias_and_swiglu_experts():
+    """What the Hugging Face ports build from the API: SwiGLU experts with biases."""
+    n, d, f, E, k = 20, 8, 12, 4, 2
+    keys = jax.random.split(jax.random.key(7), 6)
+    x = jax.random.normal(keys[0], (n, d))
+    wg, wu = (jax.random.normal(kk, (E, d, f)) for kk in keys[1:3])
+    wd = jax.random.normal(keys[3], (E, f, d))
+    bias = jax.random.normal(keys[4], (E, d))
+    experts, weights = routing(keys[5], n, k, E, nowhere=False)
+
+    def expert_fn(rows, g):
+        gm = lambda w: dispatch.grouped_matmul(rows, w, g)
+        h = jax.nn.silu(gm(wg)) * gm(wu)
+        return dispatch.grouped_matmul(h, wd, g) + dispatch.expert_bias(bias, g)
+
+    y = jax.jit(lambda x: dispatch.dropless(x, experts, weights, E, expert_fn))(x)
+    per = lambda xe, e: (jax.nn.silu(xe @ wg[e]) * (xe @ wu[e])) @ wd[e] + bias[e]
+    want = [sum(weights[i, j] * per(x[i], experts[i, j]) for j in range(k)) for i in range(n)]
+    np.testing.assert_allclose(y, np.stack(want), rtol=1e-4, atol=1e-4)
+
+
+def test_one_program_for_every_routing():
+    n, E = 16, 4
+    x = jax.random.normal(jax.random.key(8), (n, 8))
+    w = jax.random.normal(jax.random.key(9), (E, 8, 8))
+
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def run(experts, weights):
+        return matmul_fn(w, "blocks")(x, experts, weights)
+
+    for seed in range(3):   # all to one expert, then spread: same shapes, one trace
+        experts, weights = routing(jax.random.key(seed), n, 2, E)
+        run(jnp.zeros_like(experts) if seed == 0 else experts, weights)
+
+
+# ----------------------------------------------------------------------------- models
+
+def pair(cfg):
+    """The same parameters under the one-hot (never dropping) and dropless dispatch."""
+    onehot, dropless = build(cfg), build(cfg.replace(moe_dispatch="dropless"))
+    return onehot, dropless, onehot.init(jax.random.key(1), TOKENS)
+
+
+def loss_fn(model, probe):
+    def loss(params, coeffs=None):
+        logits, _, aux = model.apply(params, TOKENS, coeffs, with_aux=True)
+        return jnp.sum(logits * probe) + sum(aux.values()), (logits, aux)
+    return loss
+
+
+@pytest.mark.parametrize("variant,E,k", [("moe", 4, 1), ("mode_integrated", 16, 3),
+                                         ("moe", 64, 4)])
+def test_model_equals_one_hot_that_never_drops(variant, E, k):
+    """Logits, both auxiliary losses, every parameter's gradient, the routing statistics."""
+    cfg = CFG.replace(variant=variant, moe_num_experts=E, moe_num_experts_per_tok=k,
+                      moe_load_balance_loss_weight=1.0, moe_router_z_loss_weight=1.0)
+    onehot, dropless, params = pair(cfg)
+    probe = jax.random.normal(jax.random.key(2), (B, T, cfg.vocab_size))
+    out = {name: jax.jit(jax.value_and_grad(loss_fn(m, probe), has_aux=True))(params)
+           for name, m in (("onehot", onehot), ("dropless", dropless))}
+    (_, (lo, ao)), go = out["onehot"]
+    (_, (ld, ad)), gd = out["dropless"]
+    np.testing.assert_allclose(ld, lo, rtol=1e-5, atol=1e-5)
+    assert set(ad) == set(ao) == {"load_balance", "router_z"}
+    for name in ao:
+        np.testing.assert_allclose(ad[name], ao[name], rtol=1e-5)
+    chex.assert_trees_all_close(gd, go, rtol=1e-4, atol=1e-5)
+    # the routing statistics the measurements read
+    stats = lambda m: jax.jit(lambda p: m.module.apply({"params": p}, TOKENS, mutable=[
+        "moe_stats"])[1]["moe_stats"]["stats"][0])(params)
+    so, sd = stats(onehot), stats(dropless)
+    chex.assert_trees_all_close(sd, so, rtol=1e-5, atol=1e-6)
+
+
+def test_vmap_over_coefficient_reassignments_equals_one_hot():
+    """The audit's R reassignments as one vmapped program: cross-input derangements of the
+    recorded router probabilities, replayed through both dispatches."""
+    cfg = CFG.replace(variant="mode_integrated", moe_num_experts=6, moe_num_experts_per_tok=2)
+    onehot, dropless, params = pair(cfg)
+    _, coeffs = jax.jit(dropless.apply)(params, TOKENS)
+    keys = jax.random.split(jax.random.key(3), 3)
+    stack = jax.vmap(lambda kk: interventions.cross_input(coeffs, dropless.schema, kk))(keys)
+    assert not np.allclose(stack["router"][0], coeffs["router"])
+    replay = lambda m: jax.jit(jax.vmap(lambda c: m.apply(params, TOKENS, c)[0]))
+    got, want = replay(dropless)(stack), replay(onehot)(stack)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    one = jax.jit(lambda c: dropless.apply(params, TOKENS, c)[0])
+    np.testing.assert_allclose(got[1], one(jax.tree.map(lambda a: a[1], stack)),
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", ["moe", "mode_integrated"])
+def test_dropless_replay_is_bitwise_under_jit(variant):
+    _, model, params = pair(CFG.replace(variant=variant, moe_num_experts_per_tok=2))
+    f = jax.jit(lambda c=None: model.apply(params, TOKENS, c))
+    logits, coeffs = f()
+    chex.assert_trees_all_equal(f(coeffs), (logits, coeffs))
+
+
+def test_staged_mode_causal_routing_equals_one_hot():
+    """Staged MoDE routed causally by its router: slots of tokens that did not enter go to
+    no expert; with buffers that cannot fill the one-hot form is the same function."""
+    cfg = mod.decode_config(ModelConfig(
+        family="mod", variant="mode_staged", d_model=D, n_heads=2, n_layers=2, d_ff=64,
+        scan_layers=False).replace(mod_capacity=0.25, moe_num_experts=4,
+                                   moe_num_experts_per_tok=2, moe_capacity_factor=0.0))
+    onehot, dropless, params = pair(cfg)
+    probe = jax.random.normal(jax.random.key(2), (B, T, cfg.vocab_size))
+    (go, (lo, _)), (gd, (ld, _)) = (jax.jit(jax.grad(loss_fn(m, probe), has_aux=True))(
+        params) for m in (onehot, dropless))
+    np.testing.assert_allclose(ld, lo, rtol=1e-5, atol=1e-5)
+    chex.assert_trees_all_close(gd, go, rtol=1e-4, atol=1e-5)
+    stats = lambda m: jax.jit(lambda p: m.module.apply({"params": p}, TOKENS, mutable=[
+        "mod_stats"])[1]["mod_stats"]["stats"][0])(params)
+    so, sd = stats(onehot), stats(dropless)
+    assert float(np.asarray(so["entered"]).mean()) < 1     # some slots are empty
+    chex.assert_trees_all_close({k: v for k, v in sd.items() if k.startswith("moe_")},
+                                {k: v for k, v in so.items() if k.startswith("moe_")},
+                                rtol=1e-5, atol=1e-6)
+    f = jax.jit(lambda c=None: dropless.apply(params, TOKENS, c))
+    logits, coeffs = f()
+    chex.assert_trees_all_equal(f(coeffs), (logits, coeffs))
+
+
+def largest_array(compiled) -> int:
+    """Elements of the largest array any instruction of a compiled program produces."""
+    import re
+    sizes = [int(np.prod([int(v) for v in dims.split(",") if v]))
+             for dims in re.findall(r"\b(?:f32|bf16|s32|pred|f16)\[([\d,]*)\]",
+                                    compiled.as_text())]
+    return max(sizes)
+
+
+def test_no_tokens_by_experts_by_capacity_tensor_in_the_compiled_train_step():
+    """One MoE FFN where tokens x experts x capacity dwarfs every legitimate array: the
+    one-hot program holds such a tensor, the dropless one nothing near it, and its
+    temporaries are a small fraction of the one-hot ones."""
+    n_tok, E, k, d = 256, 16, 2, 8
+    cfg = CFG.replace(d_model=d, d_ff=d, moe_num_experts=E, moe_num_experts_per_tok=k)
+    x = jax.random.normal(jax.random.key(4), (1, n_tok, d))
+    params = nn.meta.unbox(moe.MoeFfn(cfg).init(jax.random.key(5), x))
+    programs = {}
+    for name in moe.DISPATCHES:
+        ffn = moe.MoeFfn(cfg.replace(moe_dispatch=name))
+        step = jax.grad(lambda p: jnp.sum(ffn.apply(p, x)[0] ** 2))
+        programs[name] = jax.jit(step).lower(params).compile()
+    assert largest_array(programs["onehot"]) >= n_tok * E * n_tok
+    sorted_rows = dispatch.n_rows(n_tok * k, E, dispatch.default_block(n_tok * k, E)) * d
+    assert largest_array(programs["dropless"]) <= sorted_rows < n_tok * E * n_tok // 64
+    temp = {n: c.memory_analysis().temp_size_in_bytes for n, c in programs.items()}
+    assert temp["dropless"] * 20 < temp["onehot"], temp
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="moe_dispatch"):
+        build(CFG.replace(moe_dispatch="sorted"))
+    with pytest.raises(ValueError, match="token_choice"):
+        build(CFG.replace(moe_dispatch="dropless", moe_routing="expert_choice",
+                          moe_capacity_factor=1.0))
+    with pytest.raises(ValueError, match="impl"):
+        dispatch.layout(jnp.zeros(4, jnp.int32), 2, impl="megablox")
+    assert moe.is_causal(CFG.replace(moe_dispatch="dropless", moe_num_experts_per_tok=2,
+                                     moe_capacity_factor=1.0))
+
+
+def test_analytic_flops_count_the_sorted_rows_not_buffers():
+    from dynjax.measure import execution
+    cfg = CFG.replace(moe_num_experts=8, moe_num_experts_per_tok=2)
+    onehot = execution.analytic_forward_flops(cfg, 1, 64)
+    drop = execution.analytic_forward_flops(cfg.replace(moe_dispatch="dropless"), 1, 64)
+    rows = dispatch.n_rows(128, 8, dispatch.default_block(128, 8))     # 64 tokens x top-2
+    assert drop["moe_experts"] == rows * 2 * 2 * D * 64 and "moe_dispatch_combine" not in drop
+    assert onehot["moe_experts"] == 8 * 64 * 2 * 2 * D * 64             # E buffers of T slots
