@@ -1,0 +1,33 @@
+"""The docs a newcomer reads: a short README, and every link in it and in docs/ resolves."""
+import pathlib
+import re
+
+import pytest
+
+from tests.conftest import ROOT
+
+PAGES = [pathlib.Path(ROOT, "README.md"), *sorted(pathlib.Path(ROOT, "docs").glob("*.md")),
+         *sorted(pathlib.Path(ROOT, "results").glob("*/README.md"))]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def local_links(page: pathlib.Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)   # code holds no links
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return [t for t in LINK.findall(text) if not re.match(r"[a-z]+:", t) and not t.startswith("#")]
+
+
+def test_readme_is_short():
+    assert pathlib.Path(ROOT, "README.md").stat().st_size <= 15 * 1024
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_local_link_resolves(page):
+    missing = [t for t in local_links(page) if not (page.parent / t.split("#")[0]).exists()]
+    assert missing == []
+
+
+def test_a_broken_link_is_caught(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("see [there](nowhere.md) and [here](page.md), `[x](y)` in ```\n[a](b)\n```")
+    assert local_links(page) == ["nowhere.md", "page.md"]
