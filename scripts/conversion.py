@@ -24,6 +24,8 @@ Writes RESULTS/conversion.json (with the command), table.md and bpb_vs_flops.png
 """
 from __future__ import annotations
 
+from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
+reexec(__name__)
 import argparse
 import json
 import statistics

@@ -243,7 +243,9 @@ def test_resume_after_conversion_is_bitwise_and_does_not_convert_again(
     moved = tmp_path / "elsewhere"
     shutil.move(str(source_run), moved)
     try:
-        loop.train(_target(source_run, 6), str(run), progress=False)
+        longer = _target(source_run, 6)
+        longer.train.allow_changes = True          # train.steps 3 -> 6 (config_history.jsonl)
+        loop.train(longer, str(run), progress=False)
     finally:
         shutil.move(str(moved), source_run)
     chex.assert_trees_all_equal(rundir.load(run).params, rundir.load(converted_straight).params)
@@ -271,7 +273,8 @@ def test_train_cli_refuses_a_mismatched_source_in_one_line(source_run, tmp_path,
     args = ["--config=configs/mod_tiny.py:mod", f"--workdir={tmp_path / 'run'}",
             f"--config.train.init_from={source_run}", "--config.model.d_model=32",
             "--config.model.n_heads=2", "--config.model.d_ff=64", "--config.model.n_layers=3",
-            "--config.data.seq_len=32", "--config.train.batch_size=8", "--config.train.steps=1"]
+            "--config.data.seq_len=32", "--config.train.batch_size=8", "--config.train.steps=1",
+            "--config.train.warmup_steps=0"]
     args += [e.format(src=source_run) for e in extra]
     out = _cli(args)
     assert out.returncode == 2, out.stderr[-2000:]

@@ -10,7 +10,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "dynjax"
 # Lowest first; a module may import its own layer or any layer below it.
 LAYERS = (("coeffs", "jsonio", "_alloc"), ("data",), ("errors",), ("parallel",),
           ("models", "gate_schedule"),
-          ("loaders", "decoding", "skip"), ("measure",), ("rundir",), ("train",),
+          ("loaders", "decoding", "skip"), ("measure",), ("rundir", "integrity"), ("train",),
           ("audit", "plan", "runs"), ("scorecard",))
 RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}
 KNOWN_CYCLES = []

@@ -108,13 +108,13 @@ def main(argv=None) -> int:
                         help="where to put the archives (default: $DYNJAX_DATA, else .data)")
     args = parser.parse_args(argv)
     if args.data_dir is not None:
-        from dynjax.errors import describe_os_error
         from dynjax.jsonio import check_writable
 
         try:
             check_writable(args.data_dir, "DATA_DIR")
         except OSError as e:
-            parser.exit(2, f"{parser.prog}: error: {describe_os_error(e)}\n")
+            parser.exit(2, f"{parser.prog}: error: {e.filename or args.data_dir}: {e.strerror} "
+                           "(choose a writable folder)\n")
     return fetch_all(args.data_dir)
 
 

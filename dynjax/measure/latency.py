@@ -79,11 +79,12 @@ def load_average() -> list:
 KINDS = ("forward", "prefill", "decode")
 
 
-def model_timers(cfg, params, seq_len: int, batches=(8, 1), key=jax.random.key(1)) -> dict:
+def model_timers(cfg, params, seq_len: int, batches=(8, 1), key=None) -> dict:
     """Timers of one model (any family, any params, e.g. a checkpoint's): for each batch b,
     ``forward_b{b}`` (the model's apply over b x seq_len), ``prefill_b{b}`` (the same tokens
     into a seq_len cache) and ``decode_b{b}`` (one token per sequence at the last position
     of a seq_len cache). Pass them, with other models', to ``paired_medians``."""
+    key = jax.random.key(1) if key is None else key   # not at import: JAX starts later (many hosts)
     from dynjax.models import build
     model = build(cfg)
     out = {}

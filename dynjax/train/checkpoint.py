@@ -42,7 +42,7 @@ from dynjax.jsonio import read_json
 UNRESTORABLE = "unrestorable_checkpoints"
 HISTORY = "config_history.jsonl"
 # train.* fields that do not change what is trained: never a difference between runs
-NOT_COMPARED = ("allow_changes",)
+NOT_COMPARED = ("allow_changes", "init_from")   # init_from: train/convert.py names a changed source
 
 
 class NonFiniteState(ValueError):

@@ -372,3 +372,4 @@ def source_of(task, run_dir) -> Source | None:
                          "variant": run.config.model.variant}, run)
     config.train.init_source = source.record
     return source
+params_sha256 = rundir.params_sha256   # the digest config.json records (one definition, dynjax/rundir.py)
