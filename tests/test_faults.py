@@ -73,8 +73,8 @@ def _diverging(first: int, last: int = 10**9, loss_too: bool = True):
     """lm.Task whose real step's new parameters (and loss, with ``loss_too``) are NaN at
     steps ``first..last`` (1-based, the step counter after the update)."""
     class Diverging(lm.Task):
-        def train_step(self):
-            real = super().train_step()
+        def train_step(self, top_level=True):
+            real = super().train_step(top_level)
 
             def step(state, tokens):
                 new, metrics = real(state, tokens)

@@ -116,6 +116,19 @@ def test_mass_matched_uniform(straight_run, tmp_path):
     assert out["test"]["gate_mass"] == pytest.approx(target, rel=1e-6)
 
 
+def test_a_family_with_its_own_xla_options_trains_through_the_loop(tmp_path):
+    """MUDD's step carries XLA:CPU options (families.py); the loop compiles it inside the
+    non-finite guard's jit, which must then be the one that carries them."""
+    from configs import mudd_tiny
+
+    c = tiny_config()
+    c.model = mudd_tiny.get_config("mudd").model
+    c.model.update(dict(d_model=32, n_heads=2, n_layers=2, d_ff=64, mudd_da_hidden=8))
+    c.train.update(steps=2, ckpt_every=2)
+    result = loop.train(c, str(tmp_path), progress=False)
+    assert np.isfinite(result["validation"]["bpb"])
+
+
 def test_bad_configs_give_clear_errors(straight_run, tmp_path):
     c = tiny_config("dense")
     c.mass_match_run = str(tmp_path)

@@ -178,7 +178,7 @@ class Task:
     def init_state(self, key):
         return init_state(self.model, self.tx, key)
 
-    def train_step(self):
+    def train_step(self, top_level: bool = True):   # no XLA options of its own
         return make_train_step(self.config, self.model, self.tx, self.mesh)
 
     def batch(self, step: int) -> tuple:

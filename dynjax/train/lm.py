@@ -100,13 +100,15 @@ class Task:
     def init_state(self, key):
         return init_state(self.config, self.model, key)
 
-    def train_step(self):
+    def train_step(self, top_level: bool = True):
+        """The jitted step; ``top_level=False`` leaves the family's XLA options to the jit
+        that calls it (the loop's guard: XLA takes options from the outermost jit only)."""
+        options = self.hooks.compiler_options(jax.default_backend()) if top_level else None
         # activations keep the rules' layout too (dynjax.models.activation_sharding)
         return jax.jit(traced_under(make_train_step(self.model, self.tx), self.mesh, self.rules),
                        in_shardings=(self.state_shardings, self.rows),
                        out_shardings=(self.state_shardings, sharding.replicated(self.mesh)),
-                       donate_argnums=0,
-                       compiler_options=self.hooks.compiler_options(jax.default_backend()))
+                       donate_argnums=0, compiler_options=options)
 
     def batch(self, step: int) -> tuple:
         dc, tc, seed = self.config.data, self.config.train, self.config.seed

@@ -113,7 +113,7 @@ def _train(task, config, source, run_dir, changes, stop, progress: bool, main: b
               file=sys.stderr)
     n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(state["params"]))
     skip = bool(tc.get("skip_nonfinite", False))
-    step_fn = guard.guarded_step(task.train_step(), skip, _compiler_options(task))
+    step_fn = guard.guarded_step(task.train_step(top_level=False), skip, _compiler_options(task))
     record = guard.init_record()
     final = lambda r: start == tc.steps and r.get("split") in ("validation", "test")  # noqa: E731
     writer = JsonlWriter(run_dir / rundir.METRICS, resume_step=start, redo=final)
