@@ -8,7 +8,7 @@ it, and does it really execute less?
 RUN_DIR: a train.py run (language model or DynamicGate-MLP classifier) or an HF directory
 (a ported MoE or dense LLM by its config.json's model_type, else MUDDPythia). Writes DIR/scorecard.json, DIR/scorecard.md
 and DIR/scorecard_<i>.png (three panels), and each audited run's audit under DIR/<i>/audit.
-Library: ``dynjax/scorecard.py``.
+Library: ``dynjax/scorecard/`` (panels, run, report).
 """
 
 from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)

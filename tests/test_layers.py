@@ -97,3 +97,21 @@ def test_the_check_sees_an_upward_arrow_and_a_cycle():
     g = {"dynjax.models.a": {"dynjax.train.b"}, "dynjax.train.b": {"dynjax.models.a"}}
     assert upward_arrows(g) == ["dynjax.models.a -> dynjax.train.b"]
     assert cycles(g) == [["dynjax.models.a", "dynjax.train.b"]]
+
+
+def test_scorecard_is_a_folder_with_top_level_imports():
+    """issue 28: the scorecard is dynjax/scorecard/ (panels, run, report), each module's
+    imports at its top (the old 526-line module had 14 function-local ones), and the package
+    still answers to ``dynjax.scorecard.<name>`` for every public name."""
+    folder = ROOT / "scorecard"
+    assert {p.stem for p in folder.glob("*.py")} >= {"__init__", "panels", "run", "report"}
+    assert not (ROOT / "scorecard.py").exists()
+    for path in folder.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for fn in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
+            local = [n for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))]
+            assert not local, f"{path.name}:{fn.name} imports inside the function"
+    from dynjax import scorecard
+    for name in ("score", "write", "plot", "render_markdown", "verdicts", "variation",
+                 "dependence", "input_share", "PANEL_CONDITIONS"):
+        assert callable(getattr(scorecard, name)) or name.isupper()
