@@ -7,6 +7,10 @@ name is unique, so two writers of the same path do not trample each other's temp
 A program checks its output folder with :func:`check_writable` before any compute, and
 reads the JSON files it wrote with :func:`read_json`, which names a corrupt one and its fix.
 Low in the layer order: numpy only, no JAX import.
+
+Paths may be ``etils.epath`` URIs (``gs://bucket/run``, orbax's path type): there a file is
+written straight to its object (an object store shows the old object or the new one, never
+half), and the writability probe is an object written and removed.
 """
 from __future__ import annotations
 
@@ -17,7 +21,10 @@ import pathlib
 import shlex
 import sys
 import tempfile
+import uuid
 from typing import Callable
+
+from etils import epath
 
 
 def to_python(x):
@@ -34,9 +41,24 @@ def to_python(x):
     return x
 
 
+def is_local(path) -> bool:
+    """A path of this machine's filesystem (not a ``scheme://`` URI such as ``gs://``)."""
+    return "://" not in os.fspath(path)
+
+
+def as_path(path):
+    """``path`` as an ``etils.epath.Path`` (a local path stays a local one)."""
+    return epath.Path(path)
+
+
 def atomic_write(path, write: Callable) -> None:
     """``write(binary file object)`` into a temp file beside ``path``, then replace ``path``
-    with it (mode 0644: results are for everyone to read); the temp file goes on failure."""
+    with it (mode 0644: results are for everyone to read); the temp file goes on failure.
+    A URI is written straight to its object."""
+    if not is_local(path):
+        with epath.Path(path).open("wb") as f:
+            write(f)
+        return
     path = pathlib.Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -86,7 +108,7 @@ class CorruptFile(ValueError):
 def read_json(path, fix: str = "restore it from a copy, or delete it and re-create it"):
     """The JSON in ``path``; a file that does not parse is a :class:`CorruptFile` naming
     ``path``, where it breaks, and ``fix``."""
-    path = pathlib.Path(path)
+    path = epath.Path(path)
     text = path.read_text()
     try:
         return json.loads(text)
@@ -100,6 +122,14 @@ def check_writable(path, what: str) -> None:
     filesystem, a file in the way, a full disk), before any compute is spent. Creates
     nothing that stays: the nearest existing ancestor gets a probe file, removed at once.
     ``what`` names the flag (``--workdir``) in the message."""
+    if not is_local(path):
+        probe = epath.Path(path) / f".dynjax_write_probe.{uuid.uuid4().hex}"
+        try:
+            probe.write_bytes(b"x")
+            probe.unlink()
+        except OSError as e:
+            raise OSError(e.errno, f"{e.strerror} ({what})", os.fspath(path)) from None
+        return
     path = pathlib.Path(path).absolute()
     probe = path
     while not probe.exists():
@@ -118,5 +148,5 @@ def check_writable(path, what: str) -> None:
 
 
 def read_jsonl(path) -> list:
-    return [json.loads(line) for line in pathlib.Path(path).read_text().splitlines()
+    return [json.loads(line) for line in epath.Path(path).read_text().splitlines()
             if line.strip()]

@@ -320,6 +320,16 @@ MUTANTS = (
            'if old.exists() and "family" not in json.loads(old.read_text()).get("model", {}):',
            "if False:", ("tests/test_audit_families.py::test_open_target_opens_every_kind",),
            "resuming an old classifier run keeps its config.json's form"),
+    # logging (issue 33)
+    Mutant("tensorboard_drops_a_metric", "dynjax/train/tensorboard.py",
+           "        for tag, value in scalars(record):\n            self._event(",
+           "        for tag, value in scalars(record)[:-1]:\n            self._event(",
+           ("tests/test_tensorboard.py::test_run_directory_files_on_gs_through_epath",),
+           "every numeric field of every metrics.jsonl record is a TensorBoard event"),
+    Mutant("tensorboard_resume_keeps_stale_events", "dynjax/train/tensorboard.py",
+           "                if want[(v.tag, ev.step)] > 0:", "                if True:",
+           ("tests/test_tensorboard.py::test_run_directory_files_on_gs_through_epath",),
+           "a resumed run's event files hold no step twice (no event past the checkpoint)"),
 )
 
 

@@ -34,10 +34,11 @@ import time
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 from dynjax import integrity, rundir
 from dynjax.errors import CheckpointError, ConfigError
-from dynjax.jsonio import read_json
+from dynjax.jsonio import is_local, read_json
 
 UNRESTORABLE = "unrestorable_checkpoints"
 HISTORY = "config_history.jsonl"
@@ -52,7 +53,8 @@ class NonFiniteState(ValueError):
 def manager(run_dir, every: int, keep: int) -> ocp.CheckpointManager:
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=every,
                                            enable_async_checkpointing=False)
-    return ocp.CheckpointManager(pathlib.Path(run_dir).resolve() / "checkpoints",
+    root = epath.Path(run_dir)   # orbax's own path type: a local folder or gs://...
+    return ocp.CheckpointManager((root.resolve() if is_local(root) else root) / "checkpoints",
                                  options=options)
 
 

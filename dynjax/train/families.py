@@ -11,7 +11,11 @@ import json
 import pathlib
 from typing import Callable, NamedTuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+
+from dynjax.models.mod import mod_layer_ids
 
 
 def _no_mass_match(config):
@@ -22,8 +26,8 @@ def _no_mass_match(config):
 
 class Hooks(NamedTuple):
     resolve: Callable = _no_mass_match   # config -> config (a plain copy, editable)
-    step_metrics: Callable = lambda coeffs: {}   # coeffs -> {name: array}, inside jit
-    log_fields: Callable = lambda metrics: {}    # host metrics -> {name: JSON value}
+    step_metrics: Callable = lambda coeffs, cfg: {}   # (coeffs, model cfg) -> {name: array}, in jit
+    log_fields: Callable = lambda metrics, cfg: {}   # (host metrics, model cfg) -> JSON fields
     compiler_options: Callable = lambda backend: None  # backend -> the train step's XLA options
 
 
@@ -48,17 +52,51 @@ def mass_match(config):
     return config
 
 
-def gate_mass(coeffs) -> dict:
+def gate_mass(coeffs, cfg=None) -> dict:
     if "gate" not in coeffs:
         return {}
     return {"gate_mass_per_layer": coeffs["gate"].mean(axis=(1, 2))}
 
 
-def gate_mass_fields(metrics) -> dict:
+def gate_mass_fields(metrics, cfg=None) -> dict:
     if "gate_mass_per_layer" not in metrics:
         return {}
     return {"gate_mass_per_layer": metrics["gate_mass_per_layer"].tolist(),
             "gate_mass": float(np.mean(metrics["gate_mass_per_layer"]))}
+
+
+def mod_entry_rates(coeffs, cfg) -> dict:
+    """Per MoD block, the share of tokens whose router score is positive: the causal rule's
+    entry rate (decoding enters a token when its logit > 0; training's top-k forward always
+    takes the capacity's share, so that rate says nothing)."""
+    if "router" not in coeffs:
+        return {}
+    return {"mod_enter_rate_per_block": (coeffs["router"] > 0).mean(axis=(1, 2))}
+
+
+def mod_entry_fields(metrics, cfg) -> dict:
+    """Keyed by the model's block numbers (``mod_layer_ids``: blocks 1, 3, ... by default)."""
+    if "mod_enter_rate_per_block" not in metrics:
+        return {}
+    return {"mod_enter_rate_per_block": dict(zip(
+        (str(i) for i in mod_layer_ids(cfg)), metrics["mod_enter_rate_per_block"].tolist()))}
+
+
+def moe_load(coeffs, cfg) -> dict:
+    """Per MoE layer and route, the share of the tokens' top-k router choices (1/E is
+    balanced): the load each expert is asked to take."""
+    if "router" not in coeffs:
+        return {}
+    probs = coeffs["router"]                                  # (layer, example, token, route)
+    top = jax.lax.top_k(probs, cfg.moe.num_experts_per_tok)[1]
+    share = jax.nn.one_hot(top, probs.shape[-1], dtype=jnp.float32).mean(axis=(1, 2, 3))
+    return {"moe_load_per_expert": share}
+
+
+def moe_load_fields(metrics, cfg=None) -> dict:
+    if "moe_load_per_expert" not in metrics:
+        return {}
+    return {"moe_load_per_expert": metrics["moe_load_per_expert"].tolist()}
 
 
 def no_ynn_reduce_on_cpu(backend: str):
@@ -74,6 +112,8 @@ def no_ynn_reduce_on_cpu(backend: str):
 
 
 HOOKS = {"gates": Hooks(resolve=mass_match, step_metrics=gate_mass, log_fields=gate_mass_fields),
+         "mod": Hooks(step_metrics=mod_entry_rates, log_fields=mod_entry_fields),
+         "moe": Hooks(step_metrics=moe_load, log_fields=moe_load_fields),
          "mudd": Hooks(compiler_options=no_ynn_reduce_on_cpu)}
 
 

@@ -58,7 +58,7 @@ def make_train_step(model, tx):
                      "params": optax.apply_updates(state["params"], updates),
                      "opt_state": opt_state}
         metrics = {"loss": loss, "grad_norm": optax.tree_utils.tree_norm(grads),
-                   **{f"aux/{k}": v for k, v in aux.items()}, **step_metrics(coeffs)}
+                   **{f"aux/{k}": v for k, v in aux.items()}, **step_metrics(coeffs, model.cfg)}
         return new_state, metrics
 
     return train_step
@@ -125,7 +125,7 @@ class Task:
                   "grad_norm": float(metrics["grad_norm"]),
                   "tokens_per_s": steps * tc.batch_size * self.config.data.seq_len / seconds}
         record.update({k: float(v) for k, v in metrics.items() if k.startswith("aux/")})
-        record.update(self.hooks.log_fields(metrics))
+        record.update(self.hooks.log_fields(metrics, self.model.cfg))
         return record
 
     def postfix(self, record) -> dict:

@@ -18,19 +18,20 @@ directory's files and the progress bar.
 from __future__ import annotations
 
 import contextlib
-import pathlib
 import sys
 import time
 
 import jax
 import numpy as np
+from etils import epath
 from tqdm.auto import tqdm
 
 from dynjax import errors, rundir
 from dynjax.jsonio import check_writable, write_json_atomic
 from dynjax.parallel import distributed
 from dynjax.train import checkpoint, classify, convert, guard, lm, preempt
-from dynjax.train.metrics import JsonlWriter
+from dynjax.train.metrics import RunLog
+from dynjax.train.optim import learning_rate
 from dynjax.train.runlock import RunLock
 
 
@@ -69,7 +70,7 @@ def train(config, workdir: str, progress: bool = True) -> dict:
     with errors.config_errors():
         task = task_of(config)(config)
     config, tc = task.config, task.config.train
-    run_dir = pathlib.Path(workdir)
+    run_dir = epath.Path(workdir)   # a local folder or gs://... (orbax's path type)
     config = rundir.with_recorded_family(config, run_dir)
     changes = checkpoint.check_same_run(run_dir, config, keys=task.same_run_keys)
     main = distributed.is_main()
@@ -116,7 +117,7 @@ def _train(task, config, source, run_dir, changes, stop, progress: bool, main: b
     step_fn = guard.guarded_step(task.train_step(top_level=False), skip, _compiler_options(task))
     record = guard.init_record()
     final = lambda r: start == tc.steps and r.get("split") in ("validation", "test")  # noqa: E731
-    writer = JsonlWriter(run_dir / rundir.METRICS, resume_step=start, redo=final)
+    writer = RunLog(run_dir, resume_step=start, redo=final, name=rundir.METRICS)
     if source is not None and source.report is not None:
         writer.write(source.report)              # the loss jump at conversion, step 0
     # Multi-device CPU simulation can deadlock when steps are pipelined: block each step.
@@ -139,7 +140,8 @@ def _train(task, config, source, run_dir, changes, stop, progress: bool, main: b
         if logged:
             metrics = jax.device_get(metrics)
             now = time.perf_counter()
-            line = {"step": done, **task.log_record(metrics, done - step_last, now - t_last)}
+            line = {"step": done, **task.log_record(metrics, done - step_last, now - t_last),
+                    "lr": learning_rate(tc, step)}
             if skip:
                 line["skipped_nonfinite"] = skipped
             writer.write(line)
@@ -152,6 +154,8 @@ def _train(task, config, source, run_dir, changes, stop, progress: bool, main: b
             line = task.describe(val)
             if progress and line:
                 bar.write(f"step {done} validation {line}")
+        if logged or done % tc.eval_every == 0:
+            writer.flush()    # the TensorBoard events, at log points only
         if saving:
             _save(mngr, done, state, run_dir)
         if stop.signum:
@@ -168,6 +172,7 @@ def _train(task, config, source, run_dir, changes, stop, progress: bool, main: b
         line = task.describe(result[split])
         if progress and line:
             print(f"{split} {line}")
+    writer.close()
     task.finish(state, result)
     if main:
         write_json_atomic(run_dir / rundir.EVAL, result)

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import sys
 
 import jax
+from etils import epath
 
-from dynjax.jsonio import CorruptFile, to_python, write_text_atomic
+from dynjax.jsonio import CorruptFile, is_local, to_python, write_text_atomic
+from dynjax.train.tensorboard import EventWriter
 
 
 def read_records(path, warn=None) -> list[dict]:
     """The records of a JSONL file (none if it is absent). A torn last line is dropped (and
     ``warn``\\ ed); a bad line before it raises :class:`CorruptFile`."""
-    path = pathlib.Path(path)
+    path = epath.Path(path)
     if not path.exists():
         return []
     text = path.read_text()
@@ -45,8 +46,13 @@ def read_records(path, warn=None) -> list[dict]:
 
 
 def append_line(path, record: dict) -> None:
-    """Append ``record`` as one line with a single write (a crash leaves it whole or torn)."""
+    """Append ``record`` as one line with a single write (a crash leaves it whole or torn).
+    An object store (``gs://``) cannot append: the object is written again with the line."""
     data = (json.dumps(to_python(record)) + "\n").encode()
+    if not is_local(path):
+        path = epath.Path(path)
+        path.write_bytes((path.read_bytes() if path.exists() else b"") + data)
+        return
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         while data:
@@ -62,15 +68,38 @@ class JsonlWriter:
     stopped between its last checkpoint and eval.json)."""
 
     def __init__(self, path, resume_step: int | None = None, redo=lambda record: False):
-        self.path = pathlib.Path(path)
+        self.path = epath.Path(path)
         self.active = jax.process_index() == 0
+        self.kept = [] if resume_step is not None else None   # the records the log keeps
         if self.active and resume_step is not None and self.path.exists():
             warn = lambda line: print(line, file=sys.stderr)  # noqa: E731
-            keep = [r for r in read_records(self.path, warn)
-                    if r.get("step", 0) < resume_step
-                    or (r.get("step", 0) == resume_step and not redo(r))]
-            write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in keep))
+            self.kept = [r for r in read_records(self.path, warn)
+                         if r.get("step", 0) < resume_step
+                         or (r.get("step", 0) == resume_step and not redo(r))]
+            write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in self.kept))
 
     def write(self, record: dict) -> None:
         if self.active:
             append_line(self.path, record)
+
+
+class RunLog:
+    """A run's metric log: metrics.jsonl and the TensorBoard event files beside it
+    (:mod:`dynjax.train.tensorboard`), the same records in both. ``flush`` at log points
+    writes the events out; lines go to metrics.jsonl as they come."""
+
+    def __init__(self, run_dir, resume_step: int | None = None, redo=lambda record: False,
+                 name: str = "metrics.jsonl"):
+        run_dir = epath.Path(run_dir)
+        self.jsonl = JsonlWriter(run_dir / name, resume_step, redo)
+        self.events = EventWriter(run_dir, keep=self.jsonl.kept)
+
+    def write(self, record: dict) -> None:
+        self.jsonl.write(record)
+        self.events.write(record)
+
+    def flush(self) -> None:
+        self.events.flush()
+
+    def close(self) -> None:
+        self.events.close()

@@ -5,15 +5,25 @@ import jax
 import optax
 
 
+def schedule(tc) -> optax.Schedule:
+    """Linear warm-up from 0 to ``train.lr``, then cosine decay to ``lr * min_lr_ratio``."""
+    return optax.warmup_cosine_decay_schedule(
+        0.0, tc.lr, tc.warmup_steps, max(tc.steps, tc.warmup_steps + 1),
+        end_value=tc.lr * tc.min_lr_ratio)
+
+
+def learning_rate(tc, step: int) -> float:
+    """The learning rate of the update made by 0-based step ``step`` (optax counts updates
+    from 0): what the loop logs as ``lr`` with the record of steps done = ``step + 1``."""
+    return float(schedule(tc)(step))
+
+
 def make_optimizer(tc) -> optax.GradientTransformation:
     """AdamW with linear warm-up then cosine decay, after global-norm clipping.
     Weight decay applies to matrices only (not norms, gates or biases)."""
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, tc.lr, tc.warmup_steps, max(tc.steps, tc.warmup_steps + 1),
-        end_value=tc.lr * tc.min_lr_ratio)
     return optax.chain(
         optax.clip_by_global_norm(tc.clip_norm),
-        optax.adamw(schedule, b1=tc.b1, b2=tc.b2, eps=tc.get("eps", 1e-8),
+        optax.adamw(schedule(tc), b1=tc.b1, b2=tc.b2, eps=tc.get("eps", 1e-8),
                     weight_decay=tc.weight_decay,
                     mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)))
 
