@@ -123,6 +123,7 @@ def plot(points, dataset: str, path: Path) -> None:
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     atomic_write(path, lambda f: fig.savefig(f, dpi=150, format="png"))
+    atomic_write(path.with_suffix(".svg"), lambda f: fig.savefig(f, format="svg"))  # vector twin
     plt.close(fig)
 
 

@@ -565,7 +565,8 @@ def plot_family(data: dict, variant: str):
     one line per size (markers), the paper's values as dotted reference lines."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(12, 4.8))
+    from dynjax.audit.report import dnll_axis
+    fig = Figure(figsize=(12, 4.8), layout="constrained")
     ax, ax_r = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     paper = data["paper"][variant]
     colors = dict(zip(CONDITIONS, ("C0", "C1", "C2", "C3", "C4", "C5")))
@@ -583,11 +584,11 @@ def plot_family(data: dict, variant: str):
             y = [v.get("estimate") for v in cs]
             if all(v is None for v in y):
                 continue
-            # log scale: a non-positive estimate or CI bound is drawn at the axis floor
-            ys = [max(v, 1e-6) if v is not None else float("nan") for v in y]
-            lo = [ys[i] - max(v.get("ci_low") if v.get("ci_low") is not None else ys[i], 1e-6)
+            # the audit's ΔNLL scale (symlog): a non-positive estimate is drawn where it is
+            ys = [v if v is not None else float("nan") for v in y]
+            lo = [ys[i] - (v["ci_low"] if v.get("ci_low") is not None else ys[i])
                   for i, v in enumerate(cs)]
-            hi = [max(v.get("ci_high") if v.get("ci_high") is not None else ys[i], 1e-6) - ys[i]
+            hi = [(v["ci_high"] if v.get("ci_high") is not None else ys[i]) - ys[i]
                   for i, v in enumerate(cs)]
             # cross+shuffle lies within 2% of token shuffle: dashed and hollow, so both show
             both = c == "cross_shuffle"
@@ -604,9 +605,9 @@ def plot_family(data: dict, variant: str):
         ax.axhline(v, color=colors[c], linestyle=":", linewidth=1)
     ax.axhline(0.002, color="grey", linestyle="--", linewidth=1,
                label="criterion: static < 0.002")
-    ax.set(xscale="log", yscale="log", xlabel="training tokens",
-           ylabel="ΔNLL vs Correct (nats/token)",
+    ax.set(xscale="log", xlabel="training tokens",
            title=f"{FAMILIES[variant][1]}: dotted = {paper['model']} (paper)")
+    dnll_axis(ax, "y", "ΔNLL vs Correct (nats/token)")
     ax.legend(fontsize=6, ncol=2)
     ax_r.axhline(100 * paper["retention"], color="k", linestyle=":",
                  label=f"{paper['model']} (paper)")
@@ -614,7 +615,6 @@ def plot_family(data: dict, variant: str):
     ax_r.set(xscale="log", xlabel="training tokens", ylabel="static retention (%)",
              title="static profile's retention of the gap")
     ax_r.legend(fontsize=7)
-    fig.tight_layout()
     return fig
 
 

@@ -162,7 +162,8 @@ def test_report_writes_all_files(tmp_path):
     res = results_fixture()
     out = report.write_report(res, tmp_path / "audit")
     names = sorted(p.name for p in out.iterdir())
-    assert names == sorted(["report.md", "results.json", *report.PLOTS])
+    assert names == sorted(["report.md", "results.json", *report.PLOTS,
+                            *(p.replace(".png", ".svg") for p in report.PLOTS)])
     loaded = json.loads((out / "results.json").read_text())
     lm = loaded["conditions"]["static_profile"]
     assert lm["estimate"] == pytest.approx(0.0089 / 7) and lm["p"] == 2 / 128

@@ -21,7 +21,23 @@ from matplotlib.ticker import MaxNLocator
 from dynjax.audit.interventions import REGISTRY
 from dynjax.jsonio import atomic_write, write_json_atomic, write_text_atomic
 
-PLOTS = ("delta_nll.png", "coeff_heatmap.png", "depth_profile.png")
+PLOTS = ("delta_nll.png", "coeff_heatmap.png", "depth_profile.png")   # each with an .svg twin
+
+# One ΔNLL axis for the audit, the scorecard and the FCA sweep: symmetric log, linear within
+# ±DNLL_LINTHRESH nats, so a negative or zero estimate is drawn where it is, not clipped.
+DNLL_LINTHRESH = 1e-3
+
+# What a coefficient leaf is, by family and leaf name, for axis and colorbar labels.
+COEFFICIENTS = {
+    ("gates", "gate"): "gate g (multiplies the block's update; 1 = ungated)",
+    ("mod", "router"): "MoD router score r (logit; a causal decoder enters when r > 0)",
+    ("mod", "predictor"): "MoD predictor logit",
+    ("moe", "router"): "top routing probability (max over experts, 0-1)",
+    ("llm", "router"): "top routing probability (max over experts, 0-1)",
+    ("mudd", "mix"): "dynamic mixing weight (dimensionless)",
+    ("muddpythia", "mix"): "dynamic mixing weight (dimensionless)",
+    ("gated_mlp", "p"): "unit open probability (0-1)",
+}
 
 
 # ---------------------------------------------------------------------------- data helpers
@@ -155,51 +171,115 @@ def report_notes(results: dict) -> list[str]:
 
 # ----------------------------------------------------------------------------------- plots
 
+def dnll_axis(ax, axis: str = "x", label: str = "ΔNLL vs Correct (nats)") -> None:
+    """The one ΔNLL scale convention (symlog, linear within ±DNLL_LINTHRESH), labelled."""
+    getattr(ax, f"set_{axis}scale")("symlog", linthresh=DNLL_LINTHRESH)
+    getattr(ax, f"set_{axis}label")(f"{label}\nsymmetric log, linear within "
+                                    f"±{DNLL_LINTHRESH:g}")
+    getattr(ax, f"axvline" if axis == "x" else "axhline")(0.0, color="grey", lw=0.6)
+
+
+def run_name(results: dict) -> str:
+    """The audited run's name for a title (its folder's name, never a path)."""
+    cks = (results.get("meta") or {}).get("checkpoints") or []
+    if len(cks) != 1:
+        return f"{len(cks)} checkpoints" if cks else ""
+    ck = cks[0]
+    return ck.get("name") or Path(str(ck.get("run_dir", ""))).name
+
+
+def _family(results: dict) -> str:
+    cks = (results.get("meta") or {}).get("checkpoints") or [{}]
+    return cks[0].get("family") or ""
+
+
+def _model_config(results: dict) -> dict:
+    rc = (results.get("meta") or {}).get("run_configs")
+    first = next(iter(rc.values()), None) if isinstance(rc, dict) else (rc[0] if rc else None)
+    return (first or {}).get("model", {}) if isinstance(first, dict) else {}
+
+
+def coefficient_label(results: dict) -> str:
+    """The profiled coefficient's name and meaning (COEFFICIENTS), e.g. the gate g."""
+    profiles = results.get("profiles") or {}
+    leaves = profiles.get("coefficients") or list(results.get("variance") or {})
+    names = sorted({leaf.split("'")[1] if "'" in leaf else leaf for leaf in leaves})
+    family = _family(results)
+    return "; ".join(COEFFICIENTS.get((family, n), f"coefficient {n}") for n in names) or \
+        "coefficient"
+
+
+def block_numbers(results: dict, n_rows: int) -> list[int]:
+    """The heatmap rows as the model numbers its blocks: MoD's routed blocks are the model's
+    layers ``mod_layers`` (or every ``mod_every``-th: 1, 3, ...), not 0, 1, ..."""
+    given = (results.get("profiles") or {}).get("blocks")
+    if given and len(given) == n_rows:
+        return [int(b) for b in given]
+    m = _model_config(results)
+    if _family(results) == "mod" and m.get("n_layers"):
+        ids = list(m.get("mod_layers") or range(m.get("mod_every", 2) - 1, m["n_layers"],
+                                                m.get("mod_every", 2)))
+        if len(ids) == n_rows:
+            return ids
+    return list(range(n_rows))
+
+
+def _title(results: dict, what: str) -> str:
+    name = run_name(results)
+    return f"{name}: {what}" if name else what
+
+
 def plot_delta_nll(results: dict) -> Figure:
     rows = [(n, r) for n, r in results["conditions"].items() if n != "correct"]
     est = np.array([_nan(r["estimate"]) for _, r in rows])
     lo = np.array([_nan(r.get("ci_low")) for _, r in rows])
     hi = np.array([_nan(r.get("ci_high")) for _, r in rows])
     err = np.stack([np.where(np.isfinite(lo), est - lo, 0), np.where(np.isfinite(hi), hi - est, 0)])
-    fig = Figure(figsize=(6, 0.5 * len(rows) + 1.5))
+    fig = Figure(figsize=(8, 0.5 * len(rows) + 2.4), layout="constrained")
     ax = fig.add_subplot()
     y = np.arange(len(rows))
     ax.errorbar(est, y, xerr=err, fmt="o", capsize=3)
     ax.set_yticks(y, [r.get("label") or _label(n) for n, r in rows])
     ax.invert_yaxis()
-    if len(est) and np.all(est > 0):
-        ax.set_xscale("log")
     level = (rows[0][1].get("level") or 0.95) if rows else 0.95
-    ax.set_xlabel(f"ΔNLL vs Correct ({level:.0%} CI)\nunit: {results['unit']}")
-    fig.tight_layout()
+    dnll_axis(ax, "x", f"ΔNLL vs Correct (nats, {level:.0%} CI)\nunit of inference: "
+                       f"{results['unit']}")
+    ax.tick_params(axis="x", labelrotation=30)
+    ax.set_title(_title(results, "functional dependence"), fontsize=9)
     return fig
 
 
-def plot_heatmap(profiles: dict) -> Figure:
-    heat = np.asarray(profiles["heatmap"], dtype=np.float64)
-    fig = Figure(figsize=(7, 3.5))
+def plot_heatmap(results: dict) -> Figure:
+    """Layer x position mean of the coefficient, rows numbered as the model's blocks."""
+    heat = np.asarray(results["profiles"]["heatmap"], dtype=np.float64)
+    blocks = block_numbers(results, heat.shape[0])
+    what = coefficient_label(results)
+    fig = Figure(figsize=(7.5, 3.8), layout="constrained")
     ax = fig.add_subplot()
     im = ax.imshow(heat, aspect="auto", origin="lower", interpolation="nearest")
-    ax.set_xlabel("token position")
-    ax.set_ylabel("layer")
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_title("coefficient, mean over examples")
-    fig.colorbar(im, ax=ax)
-    fig.tight_layout()
+    ax.set_xlabel("token position in the window")
+    ax.set_ylabel("block (model's numbering)")
+    ax.set_yticks(np.arange(len(blocks)), [str(b) for b in blocks])
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_title(_title(results, "coefficient per block and position"), fontsize=9)
+    fig.colorbar(im, ax=ax).set_label(f"{what}\nmean over examples", fontsize=8)
     return fig
 
 
-def plot_depth_profile(profiles: dict) -> Figure:
+def plot_depth_profile(results: dict) -> Figure:
+    """LayerMean (the static profile per block) against GlobalMean."""
+    profiles = results["profiles"]
     layer_mean = np.asarray(profiles["layer_mean"], dtype=np.float64)
-    fig = Figure(figsize=(6, 3.5))
+    blocks = block_numbers(results, len(layer_mean))
+    fig = Figure(figsize=(6.5, 3.8), layout="constrained")
     ax = fig.add_subplot()
-    ax.plot(np.arange(len(layer_mean)), layer_mean, "o-", label="LayerMean")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.plot(blocks, layer_mean, "o-", label="LayerMean (per block)")
+    ax.set_xticks(blocks, [str(b) for b in blocks])
     ax.axhline(float(profiles["global_mean"]), color="k", ls="--", label="GlobalMean")
-    ax.set_xlabel("layer")
-    ax.set_ylabel("coefficient")
-    ax.legend()
-    fig.tight_layout()
+    ax.set_xlabel("block (model's numbering)")
+    ax.set_ylabel(coefficient_label(results).replace(" (", "\n("), fontsize=8)
+    ax.set_title(_title(results, "depth profile of the coefficient"), fontsize=9)
+    ax.legend(fontsize=8)
     return fig
 
 
@@ -208,7 +288,19 @@ def _nan(v):
 
 
 def _save_fig(fig: Figure, path: Path) -> None:
+    """The PNG and its vector twin (``.svg`` beside it), each written atomically."""
+    path = Path(path)
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
+    atomic_write(path.with_suffix(".svg"), lambda f: fig.savefig(f, format="svg"))
+
+
+def figures(results: dict) -> list:
+    """(file name, figure) of every plot ``results`` has data for."""
+    figs = [("delta_nll.png", plot_delta_nll(results))]
+    if results.get("profiles"):
+        figs += [("coeff_heatmap.png", plot_heatmap(results)),
+                 ("depth_profile.png", plot_depth_profile(results))]
+    return figs
 
 
 def write_report(results: dict, out_dir, overwrite: bool = True) -> Path:
@@ -224,12 +316,8 @@ def write_report(results: dict, out_dir, overwrite: bool = True) -> Path:
         write_json_atomic(tmp / "results.json", clean, indent=2, sort_keys=False,
                           allow_nan=False)
         plots = []
-        figs = [("delta_nll.png", lambda: plot_delta_nll(clean))]
-        if clean.get("profiles"):
-            figs += [("coeff_heatmap.png", lambda: plot_heatmap(clean["profiles"])),
-                     ("depth_profile.png", lambda: plot_depth_profile(clean["profiles"]))]
-        for name, make in figs:
-            _save_fig(make(), tmp / name)
+        for name, fig in figures(clean):
+            _save_fig(fig, tmp / name)
             plots.append(name)
         write_text_atomic(tmp / "report.md", render_markdown(clean, plots))
         _move_into_place(tmp, out)

@@ -1,13 +1,34 @@
 """The scorecard's files: scorecard.json, scorecard.md and one figure per checkpoint."""
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
 
-from dynjax.audit.report import _save_fig, to_jsonable
+from dynjax.audit.report import _save_fig, dnll_axis, to_jsonable
 from dynjax.jsonio import write_json_atomic, write_text_atomic
+
+
+def run_name(card: dict) -> str:
+    """A checkpoint's name for titles and tables: its folder's name, not its path."""
+    return Path(str(card["run"])).name or str(card["run"])
+
+
+def forward_measured(card: dict) -> str:
+    """Which forward the dependence row audited and the execution panel timed."""
+    if card.get("forward"):
+        return card["forward"]
+    family, _, variant = card["model"].partition("/")
+    if family == "mod" and variant != "dense":
+        return ("dependence: the top-k forward (non-causal: a block takes the window's "
+                "top-k router scores, as in training); execution: forward and prefill time "
+                "that top-k forward, decode the causal KV-cache rule")
+    if family == "gated_mlp":
+        return "dependence and execution: the masked per-example forward (no token order)"
+    return ("dependence and execution: the model's causal forward (each token sees earlier "
+            "ones only); decode: the KV-cache decoder")
 
 
 def render_markdown(cards: list) -> str:
@@ -16,13 +37,14 @@ def render_markdown(cards: list) -> str:
              "|---|---|---|---|---|"]
     for c in cards:
         v = c["verdicts"]
-        lines.append(f"| {c['run']} | {c['model']} | {v['variation']} | {v['dependence']} | "
+        lines.append(f"| {run_name(c)} | {c['model']} | {v['variation']} | {v['dependence']} | "
                      f"{v['execution']} |")
     lines += ["", "Thresholds (configs/scorecard.py): " + ", ".join(
         f"{k} = {val}" for k, val in cards[0]["thresholds"].items()), ""]
     for c in cards:
         ex = c["execution"]
-        lines += [f"## {c['run']} ({c['model']}, {c['params']:,} parameters)", ""]
+        lines += [f"## {run_name(c)} ({c['model']}, {c['params']:,} parameters)", "",
+                  f"Run: `{c['run']}`. Forward measured: {forward_measured(c)}.", ""]
         if "dependence" in c:
             lines += ["| condition | ΔNLL (nats) | 95% CI |", "|---|---|---|"]
             for name, r in c["dependence"]["conditions"].items():
@@ -100,45 +122,62 @@ def _variance_parts(var: dict) -> list:
 
 
 def plot(card: dict):
-    """Three panels: variance shares, ΔNLL with CIs, execution ratios vs dense."""
-    fig = Figure(figsize=(13, 3.8))
+    """Three panels: variance shares, ΔNLL with CIs, execution ratios vs dense; a panel
+    with nothing to show (a dense model's variation and dependence) says so in a sentence."""
+    fig = Figure(figsize=(14, 4.6), layout="constrained")
     ax1, ax2, ax3 = fig.subplots(1, 3)
     var = (card.get("variation") or {}).get("variance", {})
     names = list(var)
-    bottom = np.zeros(len(names))
-    for part in _variance_parts(var):
-        vals = np.array([var[n].get(part, 0.0) for n in names], float)
-        ax1.bar(names, vals, bottom=bottom, label=part)
-        bottom += vals
-    ax1.set_title("variation: share of coefficient variance")
-    ax1.set_ylim(0, 1)
     if names:
+        bottom = np.zeros(len(names))
+        for part in _variance_parts(var):
+            vals = np.array([var[n].get(part, 0.0) for n in names], float)
+            ax1.bar(names, vals, bottom=bottom, label=part)
+            bottom += vals
+        ax1.set_ylim(0, 1)
+        ax1.set_ylabel("share of the coefficient's sum of squares")
+        ax1.set_xlabel("coefficient leaf")
+        ax1.tick_params(axis="x", labelrotation=30)
         ax1.legend(fontsize=7)
+    else:
+        _sentence(ax1, "No coefficients: this model has nothing\nthat could vary with the input.")
+    ax1.set_title("variation: share of coefficient variance", fontsize=9)
     rows = (card.get("dependence") or {}).get("conditions", {})
-    labels = [r.get("label", k) for k, r in rows.items()]
-    est = np.array([r["estimate"] for r in rows.values()], float)
-    err = np.array([[r["estimate"] - r["ci_low"], r["ci_high"] - r["estimate"]]
-                    for r in rows.values()], float).T.reshape(2, -1)
-    ax2.barh(labels, est, xerr=err if len(est) else None, color="tab:red")
-    ax2.set_xscale("symlog", linthresh=1e-3)
-    ax2.set_title("functional dependence: ΔNLL (nats)")
+    if rows:
+        labels = [r.get("label", k) for k, r in rows.items()]
+        est = np.array([r["estimate"] for r in rows.values()], float)
+        err = np.array([[r["estimate"] - r["ci_low"], r["ci_high"] - r["estimate"]]
+                        for r in rows.values()], float).T.reshape(2, -1)
+        ax2.barh(labels, est, xerr=err, color="tab:red")
+        ax2.invert_yaxis()
+        dnll_axis(ax2, "x", "ΔNLL vs Correct (nats, 95% CI)")
+        ax2.tick_params(axis="x", labelrotation=30)
+    else:
+        _sentence(ax2, "No coefficients: the output cannot\ndepend on them (no audit).")
+    ax2.set_title("functional dependence", fontsize=9)
     ex = card["execution"]
-    bars = {{"units": "open\nunits", "experts": "active\nparams"}.get(
-            ex.get("kind"), "executed\nblocks"): ex["executed_fraction"],
-            "FLOPs\ncompiled": ex["flops_ratio_compiled"],
-            "FLOPs\nanalytic": ex["flops_ratio_analytic"],
-            **{k.replace("_b", "\nb"): r["ratio"] for k, r in ex["latency"].items()}}
+    bars = {{"units": "open units", "experts": "active params"}.get(
+            ex.get("kind"), "executed blocks"): ex["executed_fraction"],
+            "FLOPs compiled": ex["flops_ratio_compiled"],
+            "FLOPs analytic": ex["flops_ratio_analytic"],
+            **{k.replace("_b", " b"): r["ratio"] for k, r in ex["latency"].items()}}
     if "structured" in ex:
-        bars.update({"structured\nFLOPs": ex["structured"]["flops_ratio_compiled"],
-                     **{"structured\n" + k.replace("forward_", ""): r["ratio"]
+        bars.update({"structured FLOPs": ex["structured"]["flops_ratio_compiled"],
+                     **{"structured " + k.replace("forward_b", "b"): r["ratio"]
                         for k, r in ex["structured"]["latency"].items()}})
     ax3.bar(list(bars), list(bars.values()), color="tab:green")
     ax3.axhline(1.0, color="k", lw=0.8)
-    ax3.tick_params(axis="x", labelsize=6 if len(bars) > 6 else 8)
-    ax3.set_title(f"execution: relative to\n{ex['dense_twin']}", fontsize=8)
-    fig.suptitle(f"{card['run']} ({card['model']})", fontsize=10)
-    fig.tight_layout()
+    ax3.set_ylabel("ratio to the baseline (1 = same)")
+    ax3.tick_params(axis="x", labelrotation=90, labelsize=8)
+    ax3.set_title("execution vs " + "\n".join(textwrap.wrap(ex["dense_twin"], 48))
+                  + "\n(b1, b8: batch size)", fontsize=8)
+    fig.suptitle(f"{run_name(card)} ({card['model']})", fontsize=10)
     return fig
+
+
+def _sentence(ax, text: str) -> None:
+    ax.axis("off")
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=9)
 
 
 def write(cards: list, out_dir, command: str = "") -> None:

@@ -20,6 +20,10 @@ def score(path: str, config, out_dir, log=print, kind: str | None = None) -> dic
     card = {"run": str(path), "model": target.label,
             "params": int(sum(np.prod(p.shape) for p in jax.tree.leaves(target.params))),
             **target.card_extra()}
+    route = getattr(getattr(target.model.cfg, "mod", None), "route", "topk")
+    if target.family == "mod" and route != "topk":   # the top-k forward is report's default
+        card["forward"] = (f"dependence and execution: the causal {route} rule (a token "
+                           "enters when its logit > 0, up to the slot budget)")
     params = jax.device_put(target.params)   # HF weights load as host arrays
     audit = None
     if target.has_coefficients:
