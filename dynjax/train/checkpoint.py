@@ -191,7 +191,7 @@ def effective_train(run_dir, original: dict) -> dict:
     change's (``config_history.jsonl``)."""
     from dynjax.train.metrics import read_records
 
-    history = read_records(pathlib.Path(run_dir) / HISTORY)
+    history = read_records(epath.Path(run_dir) / HISTORY)
     return history[-1]["train"] if history else original
 
 
@@ -200,7 +200,7 @@ def record_changes(run_dir, step: int, changes: list[str], config) -> None:
     ``RUN/config_history.jsonl``."""
     from dynjax.train.metrics import append_line
 
-    append_line(pathlib.Path(run_dir) / HISTORY,
+    append_line(epath.Path(run_dir) / HISTORY,
                 {"step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  "changes": changes, "train": config.train.to_dict()})
 
