@@ -141,7 +141,7 @@ MUTANTS = (
            'start = int(state["step"])', "start = 0", ("tests/test_train.py",),
            "a resumed run continues from its checkpoint's step"),
     Mutant("final_checkpoint_not_forced", "dynjax/train/loop.py",
-           "force=done == tc.steps or bool(stop.signum))", "force=bool(stop.signum))",
+           "force=done == tc.steps or stopping)", "force=stopping)",
            ("tests/test_train.py",),
            "the last step is always checkpointed"),
     Mutant("evaluation_counts_padding", "dynjax/train/evaluation.py",
