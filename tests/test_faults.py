@@ -367,6 +367,7 @@ PREEMPT_STEPS = 300
 # hard limits only (no test waits for a duration): generous, since a loaded machine may
 # take minutes to start a train.py (import, data, compile)
 PREEMPT_TIMEOUT = 600
+RESPONSE_TIMEOUT = 60   # for what the watcher thread answers the moment a signal arrives
 
 
 def _signalling(at_log: int, sig=signal.SIGTERM):
@@ -482,9 +483,9 @@ def test_a_second_signal_exits_at_once(tmp_path, popen):
     lines = _Lines(proc)
     _wait_for_training(proc, run)
     proc.send_signal(signal.SIGINT)
-    lines.wait_for("stderr", "train.py: SIGINT received: ")
+    lines.wait_for("stderr", "train.py: SIGINT received: ", RESPONSE_TIMEOUT)
     proc.send_signal(signal.SIGTERM)
-    err = lines.stderr()
+    err = lines.stderr(RESPONSE_TIMEOUT)
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert _one_line(err, "train.py: SIGINT received: saving a checkpoint")
     assert _one_line(err, "train.py: SIGTERM again: exiting at once without saving")
@@ -529,22 +530,22 @@ class _Lines:
             self.queue.put((name, line))
         self.queue.put((name, None))
 
-    def wait_for(self, name: str, prefix: str):
-        deadline = time.monotonic() + PREEMPT_TIMEOUT
+    def wait_for(self, name: str, prefix: str, timeout=PREEMPT_TIMEOUT):
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 stream, line = self.queue.get(timeout=max(deadline - time.monotonic(), 0))
             except queue.Empty:
-                pytest.fail(f"no {name} line starting with {prefix!r} in {PREEMPT_TIMEOUT} s")
+                pytest.fail(f"no {name} line starting with {prefix!r} in {timeout} s")
             if line is not None:
                 self.seen[stream].append(line)
             if stream == name and (line is None or line.startswith(prefix)):
                 assert line is not None, "".join(self.seen["stderr"])[-3000:]
                 return
 
-    def stderr(self) -> str:
-        """All of stderr, once the process has exited (within the hard timeout)."""
-        self.proc.wait(timeout=PREEMPT_TIMEOUT)
+    def stderr(self, timeout=PREEMPT_TIMEOUT) -> str:
+        """All of stderr, once the process has exited (within ``timeout``)."""
+        self.proc.wait(timeout=timeout)
         for t in self.threads:
             t.join(timeout=PREEMPT_TIMEOUT)
         while not self.queue.empty():
@@ -564,9 +565,9 @@ def test_a_second_signal_exits_at_once_while_the_main_thread_computes(popen):
     lines = _Lines(proc)
     lines.wait_for("stdout", "computing")
     proc.send_signal(signal.SIGTERM)
-    lines.wait_for("stderr", "train.py: SIGTERM received: ")
+    lines.wait_for("stderr", "train.py: SIGTERM received: ", RESPONSE_TIMEOUT)
     proc.send_signal(signal.SIGTERM)
-    err = lines.stderr()
+    err = lines.stderr(RESPONSE_TIMEOUT)
     assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
     assert _one_line(err, "train.py: SIGTERM received: saving a checkpoint")
     assert _one_line(err, "train.py: SIGTERM again: exiting at once without saving")
