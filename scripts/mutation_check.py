@@ -395,6 +395,10 @@ MUTANTS = (
            "    if code is None:\n        return e\n", "    return e\n",
            (FAULTS + "test_a_full_disk_is_one_line_and_loses_nothing",),
            "orbax's out-of-space error is one OSError line (path, errno)"),
+    Mutant("audit_blames_replay_for_nan", "dynjax/audit/per_checkpoint.py",
+           "        if nonfinite:\n", "        if False:\n",
+           ("tests/test_audit_run.py::test_non_finite_parameters_are_named_not_blamed_on_replay",),
+           "the audit checks the parameters are finite before blaming replay"),
 )
 
 
