@@ -170,6 +170,16 @@ def test_perturbed_replay_is_refused(constant_model, windows):
         engine.programs = engine.programs.base
 
 
+def test_non_finite_parameters_are_named_not_blamed_on_replay(constant_model, windows):
+    """A diverged run's NaN parameters make replay inexact (NaN != NaN): the audit says the
+    parameters are not finite instead of telling the user to fix the model's apply."""
+    model, params, engine = constant_model
+    bad = jax.tree.map(lambda p: p * jnp.nan, params)
+    with pytest.raises(AuditError, match=r"the parameters are not finite \(.* more arrays\): "
+                       r"the run diverged, so replay cannot be judged"):
+        audit_checkpoint(engine, bad, *windows, Settings(reassignments=R))
+
+
 def test_model_that_depends_on_its_coefficients(fg_run, windows):
     """Positive control: a model that reads its input bytes from a coefficient leaf. Giving it
     another window's coefficients must cost a lot; the trained gates alone cost little."""

@@ -133,8 +133,13 @@ def _train(task, config, source, run_dir, changes, stop, progress: bool, main: b
         if block_each:
             jax.block_until_ready(state)
         done = step + 1
+        # The signal flag is read once per step: a signal that lands later in this step (the
+        # handler runs wherever the loop is, e.g. in the log sync or a metrics append) is
+        # this step's only if it was seen before the save was decided, else the next step's.
+        # Reading it twice (to save, then to stop) stopped at a step it never saved.
+        stopping = stop.signum is not None
         logged = done % tc.log_every == 0 or done == tc.steps
-        saving = checkpoint.will_save(mngr, done, force=done == tc.steps or bool(stop.signum))
+        saving = checkpoint.will_save(mngr, done, force=done == tc.steps or stopping)
         if logged or saving:   # the guard is read where the loop syncs anyway
             skipped = _check_finite(record, skip, mngr, run_dir)
         if logged:
@@ -158,11 +163,11 @@ def _train(task, config, source, run_dir, changes, stop, progress: bool, main: b
             writer.flush()    # the TensorBoard events, at log points only
         if saving:
             _save(mngr, done, state, run_dir)
-        if stop.signum:
+        if stopping:
             break
     mngr.wait_until_finished()
     bar.close()
-    if stop.signum:
+    if stop.signum is not None:   # the step stopped at (or the last step) was saved above
         raise preempt.Preempted(stop.signum, int(state["step"]), run_dir)
 
     result = {"step": int(state["step"]), "params": n_params}
