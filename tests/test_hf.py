@@ -55,7 +55,9 @@ def test_router_scores_and_expert_sets_match(arch):
     model, _, ref, _, (_, coeffs) = loaded(arch)
     probs = np.asarray(coeffs["router"]).reshape(ref["router_logits"].shape)
     want = np.asarray(jax.nn.softmax(ref["router_logits"], axis=-1))
-    np.testing.assert_allclose(probs, want, atol=1e-6, rtol=0)
+    # 2e-6: on this CPU the dense form of main (91678bb) was 1.19e-6 off in Qwen3-MoE's
+    # and 1.01e-6 in Qwen2-MoE's probabilities, the dropless form 1.01e-6 in both
+    np.testing.assert_allclose(probs, want, atol=2e-6, rtol=0)
     k = model.cfg.top_k
     assert (np.sort(np.argsort(-probs, -1)[..., :k], -1)
             == np.sort(np.argsort(-want, -1)[..., :k], -1)).all()
