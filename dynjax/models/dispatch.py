@@ -20,12 +20,15 @@ This module computes exactly that, with memory and FLOPs linear in tokens x k:
 A pair whose expert lies outside ``[0, num_experts)`` (integrated MoDE's no-op expert, a
 token that did not enter a staged MoDE block) takes no row and adds nothing.
 
-Grouped matmul. On CPU a loop over blocks multiplies each block by its own expert's
-matrix, read in place (a batched matmul over a gather of the weights would copy
-blocks x a x b floats, which cost more than the matmul at E = 64); its backward pass is
-written out (``custom_vjp``) so no per-block weight copy is saved either: the input's
-gradient is the same loop against the transposed weights, the weights' gradient one
-accumulation per block into an (E, a, b) carry. On GPU/TPU it is ``jax.lax.ragged_dot`` over the same
+Grouped matmul. On CPU a loop over the experts takes each expert's matrix once and loops
+over that expert's blocks, multiplying them by it, :data:`CHUNK` blocks at a time where
+the expert has that many (a batched matmul over a gather of the
+weights would copy blocks x a x b floats, more than the matmul costs at E = 64; a slice per
+block, as XLA makes for ``w[block_expert[i]]``, copies the matrix once per block); blocks
+past the used ones are neither computed nor read. Its backward pass is written out
+(``custom_vjp``) so no per-block weight copy is saved either: the input's gradient is the
+same loop against the transposed weights, the weights' gradient each expert's sum over its
+blocks, written once. On GPU/TPU it is ``jax.lax.ragged_dot`` over the same
 layout: in jax 0.10 ``ragged_dot`` lowers on CPU to a dense masked matmul (E x the FLOPs)
 and its batching rule rejects unbatched expert weights, so that path carries its own
 differentiation (``custom_vjp``) and batching rule (``custom_vmap``: a loop over the
@@ -42,25 +45,25 @@ import jax
 import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
+from dynjax.models import activation_sharding
+
 IMPLS = ("blocks", "ragged")
 
 
 @functools.partial(jax.tree_util.register_dataclass,
-                   data_fields=("row_expert", "block_expert", "group_sizes", "used_blocks"),
+                   data_fields=("row_expert", "block_expert", "group_sizes"),
                    meta_fields=("block", "num_experts", "impl"))
 @dataclasses.dataclass(frozen=True)
 class Groups:
     """The sorted layout: ``row_expert`` (M,) the expert of every row (padding rows: a valid
     id, their output is discarded), ``block_expert`` (M // block,), ``group_sizes`` (E,)
-    rows per expert including its padding (they sum to at most M), ``used_blocks`` () how
-    many blocks hold rows (``sum(group_sizes) // block``: the blocks after them are neither
-    computed nor read), and the static block size, expert count and grouped-matmul
-    implementation."""
+    rows per expert including its padding (they sum to at most M; the blocks after them
+    are neither computed nor read), and the static block size, expert count and
+    grouped-matmul implementation."""
 
     row_expert: jax.Array
     block_expert: jax.Array
     group_sizes: jax.Array
-    used_blocks: jax.Array
     block: int
     num_experts: int
     impl: str
@@ -116,7 +119,7 @@ def layout(experts, num_experts: int, block: Optional[int] = None,
         jnp.searchsorted(ends // block, jnp.arange(M // block), side="right"), E - 1)
     row_expert = jnp.repeat(block_expert, block, total_repeat_length=M)
     groups = Groups(row_expert.astype(jnp.int32), block_expert.astype(jnp.int32), sizes,
-                    (ends[-1] // block).astype(jnp.int32), block, E, impl)
+                    block, E, impl)
     return dest, row_pair, groups
 
 
@@ -126,8 +129,8 @@ def sorted_rows(n_pairs: int, num_experts: int, block: Optional[int] = None) -> 
     return n_rows(n_pairs, num_experts, block)
 
 
-def dropless(x, experts, weights, num_experts: int, expert_fn: Callable, block: Optional[int] = None,
-             impl: Optional[str] = None, expert_params=None):
+def dropless(x, experts, weights, num_experts: int, expert_fn: Callable,
+             block: Optional[int] = None, impl: Optional[str] = None, expert_params=None):
     """``y[n] = sum_j weights[n, j] * expert_fn(x[n])`` of expert ``experts[n, j]``.
 
     x (N, d); experts (N, k) int (outside ``[0, num_experts)``: routed nowhere); weights
@@ -179,7 +182,6 @@ def expert_mesh():
     """``(mesh, expert_axis, batch_axes)`` while tracing under ``activation_sharding`` with
     rules that map "expert" to one mesh axis of more than one device; None otherwise (one
     device, no rules, experts replicated)."""
-    from dynjax.models import activation_sharding
     active = activation_sharding.active()
     if active is None:
         return None
@@ -206,10 +208,11 @@ def dropless_expert_parallel(x, experts, weights, num_experts: int, expert_fn, e
     that holds the expert, by one all-to-all, runs the dropless grouped matmul on the pairs
     it received for its own experts, and sends the outputs back by a second all-to-all;
     the weights combine them at home, and (when ``axis`` is not a batch axis) a sum over
-    ``axis`` of each device's share (an all-gather) returns every token's output to the group. Shapes are static: with no
-    capacity every pair may go to one device, so the exchange buffers hold S x the
-    device's pairs (rows not addressed to a device carry expert -1 and are not computed:
-    the CPU grouped matmul loops over the used blocks only). Gradients flow through
+    ``axis`` of each device's share (an all-gather) returns every token's output to the
+    group. Shapes are static: with no capacity every pair may go to one device, so the
+    exchange buffers hold S x the device's pairs (rows not addressed to a device carry
+    expert -1 and are not computed: the CPU grouped matmul loops over the used blocks
+    only). Gradients flow through
     ``shard_map``'s transposes (all-to-all back, the group sum to a slice, the
     expert weights' gradient summed over the data axes)."""
     S = mesh.shape[axis]
@@ -269,7 +272,7 @@ def grouped_matmul(rows, w, groups: Groups):
     """rows (M, a), w (E, a, b) -> (M, b): every row times its own expert's matrix."""
     if groups.impl == "ragged":
         return _ragged(rows, w, groups.group_sizes)
-    return _blocks(rows, w, groups.block_expert, groups.used_blocks)
+    return _blocks(rows, w, groups.group_sizes, groups.block)
 
 
 def expert_bias(bias, groups: Groups):
@@ -300,36 +303,75 @@ def _sum_to(ct, primal):
     return jax.lax.psum(ct, tuple(sorted(extra))) if extra else ct
 
 
-def _block_loop(rows, w, block_expert, used):
-    """Block i of rows times w[block_expert[i]] for the first ``used`` blocks (a loop of
-    that many iterations); the other blocks' rows are padding: zero."""
-    nb = block_expert.shape[0]
-    blocks = rows.reshape(nb, -1, rows.shape[-1])
-    out = jax.lax.fori_loop(
-        0, used, lambda i, out: out.at[i].set(blocks[i] @ w[block_expert[i]]),
-        _zeros_varying_like((nb, blocks.shape[1], w.shape[-1]), jnp.result_type(rows, w),
-                            rows, w, block_expert))
+CHUNK = 4   # blocks of one expert multiplied together where it has that many
+
+
+def _block_ranges(group_sizes, block: int):
+    """(first block, block count) of every expert's rows."""
+    counts = group_sizes // block
+    return jnp.cumsum(counts) - counts, counts
+
+
+def _over_blocks(first, count, step, carry):
+    """``step(i, n, carry)`` over blocks ``first .. first + count`` of one expert: chunks of
+    :data:`CHUNK` blocks (``n = CHUNK``: one larger matmul, fewer iterations), then the
+    remaining blocks one by one (``n = 1``)."""
+    whole = count // CHUNK
+    carry = jax.lax.fori_loop(0, whole, lambda j, c: step(first + j * CHUNK, CHUNK, c), carry)
+    return jax.lax.fori_loop(whole * CHUNK, count, lambda j, c: step(first + j, 1, c), carry)
+
+
+def _block_loop(rows, w, group_sizes, block: int):
+    """Every block of rows times its expert's matrix: a loop over the experts, each taking
+    its matrix once (one copy of it; a slice per block would copy it once per block) and
+    looping over its own blocks, so unused blocks are neither computed nor read."""
+    nb = rows.shape[0] // block
+    blocks = rows.reshape(nb, block, rows.shape[-1])
+    firsts, counts = _block_ranges(group_sizes, block)
+
+    def per_expert(e, out):
+        we = w[e]
+
+        def step(i, n, out):
+            x = jax.lax.dynamic_slice_in_dim(blocks, i, n).reshape(n * block, -1)
+            return jax.lax.dynamic_update_slice_in_dim(out, (x @ we).reshape(n, block, -1),
+                                                       i, 0)
+        return _over_blocks(firsts[e], counts[e], step, out)
+
+    out = jax.lax.fori_loop(0, counts.shape[0], per_expert, _zeros_varying_like(
+        (nb, block, w.shape[-1]), jnp.result_type(rows, w), rows, w, group_sizes))
     return out.reshape(rows.shape[0], w.shape[-1])
 
 
-@jax.custom_vjp
-def _blocks(rows, w, block_expert, used):
-    return _block_loop(rows, w, block_expert, used)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _blocks(rows, w, group_sizes, block):
+    return _block_loop(rows, w, group_sizes, block)
 
 
-def _blocks_fwd(rows, w, block_expert, used):
-    return _block_loop(rows, w, block_expert, used), (rows, w, block_expert, used)
+def _blocks_fwd(rows, w, group_sizes, block):
+    return _block_loop(rows, w, group_sizes, block), (rows, w, group_sizes)
 
 
-def _blocks_bwd(res, g):
-    rows, w, block_expert, used = res
-    nb = block_expert.shape[0]
-    d_rows = _block_loop(g, jnp.swapaxes(w, 1, 2), block_expert, used)
-    xb, gb = rows.reshape(nb, -1, rows.shape[-1]), g.reshape(nb, -1, g.shape[-1])
-    d_w = jax.lax.fori_loop(
-        0, used, lambda i, acc: acc.at[block_expert[i]].add(xb[i].T @ gb[i]),
-        _zeros_varying_like(w.shape, jnp.result_type(rows, g), rows, g, w, block_expert))
-    return _sum_to(d_rows, rows), _sum_to(d_w.astype(w.dtype), w), None, None
+def _blocks_bwd(block, res, g):
+    rows, w, group_sizes = res
+    nb = rows.shape[0] // block
+    d_rows = _block_loop(g, jnp.swapaxes(w, 1, 2), group_sizes, block)
+    xb, gb = rows.reshape(nb, block, rows.shape[-1]), g.reshape(nb, block, g.shape[-1])
+    firsts, counts = _block_ranges(group_sizes, block)
+    dt = jnp.result_type(rows, g)
+
+    def step(i, n, acc):
+        take = lambda a: jax.lax.dynamic_slice_in_dim(a, i, n).reshape(n * block, -1)
+        return acc + take(xb).T @ take(gb)
+
+    def per_expert(e, d_w):   # one expert's gradient summed over its blocks, written once
+        acc = _over_blocks(firsts[e], counts[e], step,
+                           _zeros_varying_like(w.shape[1:], dt, rows, g, group_sizes))
+        return d_w.at[e].set(acc)
+
+    d_w = jax.lax.fori_loop(0, counts.shape[0], per_expert,
+                            _zeros_varying_like(w.shape, dt, rows, g, w, group_sizes))
+    return _sum_to(d_rows, rows), _sum_to(d_w.astype(w.dtype), w), None
 
 
 _blocks.defvjp(_blocks_fwd, _blocks_bwd)
