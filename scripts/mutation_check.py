@@ -295,6 +295,10 @@ MUTANTS = (
            "fori_loop(whole * CHUNK, count,", "fori_loop(whole * CHUNK, count - 1,",
            ("tests/test_dispatch.py::test_dropless_equals_every_expert_on_every_token",),
            "the CPU grouped matmul computes every block of every expert (the remainder too)"),
+    Mutant("ep_experts_assigned_round_robin", "dynjax/models/dispatch.py",
+           "owner = jnp.where(live, flat // El, S)", "owner = jnp.where(live, flat % S, S)",
+           ("tests/test_multidevice.py::test_data_parallel_step_matches_single_device",),
+           "expert parallelism sends each pair to the device that holds its expert's weights"),
     # Checkpoint targets and routing conditions (dynjax/runs, the routing audit of HF MoEs)
     Mutant("token_identity_keeps_own_scores", "dynjax/audit/interventions.py",
            "return jnp.zeros(n, order.dtype).at[order].set(order[succ])",
