@@ -289,8 +289,10 @@ def experts_ffn(cfg: Config, p, x, experts, weights):
     SwiGLU on its own rows (``dispatch.dropless``), weighted and summed back; when the
     sorted rows (N k plus a block of padding per expert) would outnumber the N E rows of
     the dense form (a few tokens: decoding one token per sequence), the dense form, which
-    is then the cheaper exact one. "dense": every expert on every token, combined with zero
-    weight where not chosen (E/k times the FLOPs)."""
+    is then the cheaper exact one. Traced under the ``ep`` sharding rules on a mesh with
+    more than one device on the expert axis, dropless splits the experts over it and sends
+    the tokens by all-to-all (``dispatch.dropless_expert_parallel``). "dense": every expert
+    on every token, combined with zero weight where not chosen (E/k times the FLOPs)."""
     dt = cfg.compute_dtype
     w = {n: p[n].astype(dt) for n in ("gate", "up", "down")}
     N, k = experts.shape
