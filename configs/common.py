@@ -47,7 +47,8 @@ def base(variant: str) -> ml_collections.ConfigDict:
     c.eval = ml_collections.ConfigDict(dict(windows=512, batch_size=64, route="",
                                             decode_check_windows=32))
     # mesh ("data", "fsdp", "tensor"), one axis -1 = the devices left; preset: dp, fsdp, tp,
-    # fsdp_tp, ep (dynjax.parallel.sharding.PRESETS); rules, if non-empty, replace the preset's
+    # fsdp_tp, ep (dynjax.parallel.sharding.PRESETS; under ep a dropless MoE exchanges tokens
+    # by all-to-all over the "expert" rule's axis); rules, if non-empty, replace the preset's
     # table; dcn_data > 1: a hybrid mesh whose data axis spans that many slices / hosts.
     c.sharding = ml_collections.ConfigDict(dict(
         preset="dp", mesh=dict(data=-1, fsdp=1, tensor=1), dcn_data=1, rules=()))

@@ -1,5 +1,7 @@
 """A data-parallel step on 8 simulated CPU devices equals the single-device step, an
-MoE model sharded over experts and MLP columns computes the replicated model's loss, and
+MoE model sharded over experts and MLP columns computes the replicated model's loss, the
+dropless MoE under expert parallelism (all-to-all in shard_map, on 4 and 8 devices) has the
+one-device loss, gradients and HF-port logits, and
 every family (gates, mod, moe, mudd, gated_mlp, muddpythia) under FSDP, TP and FSDP+TP on a
 (data 2, fsdp 2, tensor 2) mesh has the unsharded model's loss and gradients, with its
 parameters split as their logical axes say (activations constrained as in training), and
@@ -94,6 +96,66 @@ SCRIPT = textwrap.dedent("""
         return out
 
 
+    def expert_parallel():
+        # dropless MoE with its experts split over "tensor" (ep rules: shard_map, tokens by
+        # all-to-all) on 4 devices (tensor 4) and 8 (data 2 x tensor 4), against one device:
+        # loss and every gradient of integrated MoDE (no-op routes go nowhere), and the
+        # logits of the OLMoE port
+        import ml_collections
+        from dynjax.loaders import hf
+        from dynjax.models.activation_sharding import traced_under
+        from dynjax.models.transformer import ModelConfig
+        cfg = ModelConfig(family="moe", variant="mode_integrated", d_model=32, n_heads=2,
+                          n_layers=2, d_ff=64, scan_layers=True).replace(
+            moe_num_experts=8, moe_num_experts_per_tok=2, moe_dispatch="dropless")
+        model = build(cfg)
+        tokens = np.random.default_rng(3).integers(0, 256, (8, 32)).astype(np.int32)
+        params = jax.jit(model.init)(jax.random.key(0), tokens)
+        def loss(p, t):
+            logits, _, aux = model.apply(p, t, with_aux=True)
+            return next_token_nll(logits, t).mean() + sum(aux.values(), 0.0)
+        want_l, want_g = jax.jit(jax.value_and_grad(loss))(params, tokens)
+        port, port_params = hf.load(os.path.join({root!r}, "tests", "data", "hf", "olmoe"))
+        ids = np.load(os.path.join({root!r}, "tests", "data", "hf", "olmoe",
+                                   "reference.npz"))["input_ids"]
+        want_logits = jax.jit(port.apply)(port_params, ids)[0]
+        rules = sharding.PRESETS["ep"]
+        out = {{}}
+        for name, sizes, n_dev in (("tensor4", dict(tensor=4), 4),
+                                   ("data2_tensor4", dict(data=2, tensor=4), 8)):
+            mesh = sharding.make_mesh(ml_collections.ConfigDict(dict(mesh=sizes)),
+                                      jax.devices()[:n_dev])
+            shard = sharding.param_shardings(model.logical_axes(tokens), mesh, rules)
+            p = jax.device_put(params, shard)
+            t = jax.device_put(tokens, sharding.batch_sharding(mesh))
+            step = jax.jit(traced_under(jax.value_and_grad(loss), mesh, rules),
+                           out_shardings=(sharding.replicated(mesh), shard)).lower(p, t)
+            l, g = step.compile()(p, t)
+            jax.block_until_ready(g)
+            wi = [a for path, a in jax.tree_util.tree_flatten_with_path(p)[0]
+                  if "wi" in jax.tree_util.keystr(path)][0]
+            pshard = sharding.param_shardings(port.logical_axes(ids), mesh, rules)
+            fwd = jax.jit(traced_under(lambda pp, tt: port.apply(pp, tt)[0], mesh, rules))
+            pp = jax.device_put(port_params, pshard)
+            pt = jax.device_put(ids, sharding.batch_sharding(mesh))
+            port_text = fwd.lower(pp, pt).as_text()
+            logits = fwd(pp, pt)
+            jax.block_until_ready(logits)
+            out[name] = {{
+                "loss": float(l), "loss_ref": float(want_l),
+                "grad_max_diff": max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                                     for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(want_g))),
+                "grad_scale": max(float(np.max(np.abs(np.asarray(b))))
+                                  for b in jax.tree.leaves(want_g)),
+                "all_to_all": step.as_text().count("all_to_all"),
+                "wi_shard_shape": list(wi.addressable_shards[0].data.shape),
+                "wi_shape": list(wi.shape),
+                "port_all_to_all": port_text.count("all_to_all"),
+                "port_logit_diff": float(np.max(np.abs(np.asarray(logits) - np.asarray(
+                    want_logits))))}}
+        return out
+
+
     n = jax.device_count()
     c = tiny_config("feature_gate")
     model = build(c.model.to_dict()); tx = lm_task.make_optimizer(c.train)
@@ -139,6 +201,8 @@ SCRIPT = textwrap.dedent("""
         info["wi_spec"] = str(wi.sharding.spec)
         info["wi_shard_shape"] = list(wi.addressable_shards[0].data.shape)
         info["wi_shape"] = list(wi.shape)
+    if n == 8 and not os.environ.get("DYNJAX_TEST_FAMILIES"):
+        info["expert_parallel"] = expert_parallel()
     if n == 8 and os.environ.get("DYNJAX_TEST_FAMILIES"):
         info["families"] = sharded_families()
     print(json.dumps(info))
@@ -211,7 +275,7 @@ def _run(tmp_path, n_devices, families=False, timeout=240, script_text=SCRIPT):
 
 def test_data_parallel_step_matches_single_device(tmp_path):
     info1, p1 = _run(tmp_path, 1)
-    info8, p8 = _run(tmp_path, 8)
+    info8, p8 = _run(tmp_path, 8, timeout=480)
     assert info1["devices"] == 1 and info8["devices"] == 8
     assert info8["batch_shards"] == 8                     # the batch really is split
     np.testing.assert_allclose(info8["loss"], info1["loss"], rtol=1e-5)
@@ -232,6 +296,17 @@ def test_data_parallel_step_matches_single_device(tmp_path):
     assert info8["wi_shard_shape"] == [layers, experts // 2, d, f]
     np.testing.assert_allclose(info8["moe_loss_sharded"], info8["moe_loss_replicated"],
                                rtol=1e-5)
+    # dropless MoE with expert parallelism (shard_map, all-to-all) equals one device
+    ep = info8["expert_parallel"]
+    assert set(ep) == {"tensor4", "data2_tensor4"}
+    for name, r in ep.items():
+        assert r["all_to_all"] >= 2, name            # the pairs go out and come back
+        layers, experts, d, f = r["wi_shape"]
+        assert r["wi_shard_shape"] == [layers, experts // 4, d, f], name
+        np.testing.assert_allclose(r["loss"], r["loss_ref"], rtol=1e-5, err_msg=name)
+        assert r["grad_max_diff"] <= 1e-5 * max(r["grad_scale"], 1.0), (name, r)
+        assert r["port_all_to_all"] >= 2 * 2, name   # both MoE layers of the port
+        assert r["port_logit_diff"] <= 1e-5, (name, r)
 
 
 @pytest.mark.skipif(not os.environ.get("DYNJAX_SLOW_TESTS"), reason="about 4 minutes on 2 "

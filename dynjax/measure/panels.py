@@ -17,7 +17,7 @@ import numpy as np
 
 from dynjax import decoding
 from dynjax.measure import execution, latency, mlp_execution
-from dynjax.models import build, llm, muddpythia
+from dynjax.models import build, dispatch, llm, muddpythia
 from dynjax.models.transformer import ModelConfig
 
 
@@ -147,15 +147,21 @@ def llm_estimate(cfg, n_windows: int, seq_len: int, batch: int) -> dict:
     """Sizes of an audit of an ``llm`` model from its config alone (no weights): the
     parameters (all, and those one token reads), the coefficient cache of ``n_windows``,
     a rough upper bound of one forward's live activations at ``batch`` rows (the residual
-    stream, one layer's expert hidden states as the dense-over-experts path computes them,
+    stream, one layer's expert hidden states: k sorted rows per token under the default
+    dropless dispatch, with a block of padding per expert, or all E under "dense",
     the float32 scores of one attention block, the float32 logits) and the FLOPs per window
     of record and replay (one program: equal)."""
     count = llm.param_count(cfg)
     item = jnp.dtype(cfg.dtype).itemsize
     n_moe = len(cfg.moe_layers)
     per_window = seq_len * n_moe * (cfg.num_experts + (1 if cfg.shared_expert_size else 0)) * 4
-    width = max(cfg.intermediate_size, cfg.num_experts * cfg.moe_intermediate_size
+    routed = cfg.num_experts if cfg.moe_dispatch == "dense" else cfg.top_k
+    width = max(cfg.intermediate_size, routed * cfg.moe_intermediate_size
                 + cfg.shared_expert_size)
+    if cfg.moe_layers and cfg.moe_dispatch != "dense":   # the padding blocks (per batch)
+        pad = dispatch.sorted_rows(batch * seq_len * cfg.top_k, cfg.num_experts) - \
+            batch * seq_len * cfg.top_k
+        width += -(-pad * cfg.moe_intermediate_size // (batch * seq_len))
     act = batch * seq_len * (4 * cfg.hidden_size * item + 2 * width * item
                              + cfg.vocab_size * 4)
     act += 2 * batch * cfg.n_heads * min(seq_len, cfg.attn_block or seq_len) * seq_len * 4

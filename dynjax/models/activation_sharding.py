@@ -44,6 +44,11 @@ def constrain(x, axes):
     return nn.with_logical_constraint(x, axes, rules=rules, mesh=mesh)
 
 
+def active():
+    """``(mesh, rules)`` while tracing inside :func:`activation_sharding`, else None."""
+    return _ACTIVE.get()
+
+
 @contextlib.contextmanager
 def activation_sharding(mesh, rules):
     """Within this context :func:`constrain` applies ``rules`` over ``mesh``."""

@@ -20,12 +20,15 @@ This module computes exactly that, with memory and FLOPs linear in tokens x k:
 A pair whose expert lies outside ``[0, num_experts)`` (integrated MoDE's no-op expert, a
 token that did not enter a staged MoDE block) takes no row and adds nothing.
 
-Grouped matmul. On CPU a loop over blocks multiplies each block by its own expert's
-matrix, read in place (a batched matmul over a gather of the weights would copy
-blocks x a x b floats, which cost more than the matmul at E = 64); its backward pass is
-written out (``custom_vjp``) so no per-block weight copy is saved either: the input's
-gradient is the same loop against the transposed weights, the weights' gradient one
-accumulation per block into an (E, a, b) carry. On GPU/TPU it is ``jax.lax.ragged_dot`` over the same
+Grouped matmul. On CPU a loop over the experts takes each expert's matrix once and loops
+over that expert's blocks, multiplying them by it, :data:`CHUNK` blocks at a time where
+the expert has that many (a batched matmul over a gather of the
+weights would copy blocks x a x b floats, more than the matmul costs at E = 64; a slice per
+block, as XLA makes for ``w[block_expert[i]]``, copies the matrix once per block); blocks
+past the used ones are neither computed nor read. Its backward pass is written out
+(``custom_vjp``) so no per-block weight copy is saved either: the input's gradient is the
+same loop against the transposed weights, the weights' gradient each expert's sum over its
+blocks, written once. On GPU/TPU it is ``jax.lax.ragged_dot`` over the same
 layout: in jax 0.10 ``ragged_dot`` lowers on CPU to a dense masked matmul (E x the FLOPs)
 and its batching rule rejects unbatched expert weights, so that path carries its own
 differentiation (``custom_vjp``) and batching rule (``custom_vmap``: a loop over the
@@ -35,11 +38,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
+
+from dynjax.models import activation_sharding
 
 IMPLS = ("blocks", "ragged")
 
@@ -51,8 +57,9 @@ IMPLS = ("blocks", "ragged")
 class Groups:
     """The sorted layout: ``row_expert`` (M,) the expert of every row (padding rows: a valid
     id, their output is discarded), ``block_expert`` (M // block,), ``group_sizes`` (E,)
-    rows per expert including its padding (they sum to at most M), and the static block
-    size, expert count and grouped-matmul implementation."""
+    rows per expert including its padding (they sum to at most M; the blocks after them
+    are neither computed nor read), and the static block size, expert count and
+    grouped-matmul implementation."""
 
     row_expert: jax.Array
     block_expert: jax.Array
@@ -116,28 +123,147 @@ def layout(experts, num_experts: int, block: Optional[int] = None,
     return dest, row_pair, groups
 
 
-def dropless(x, experts, weights, num_experts: int,
-             expert_fn: Callable[[jax.Array, Groups], jax.Array],
-             block: Optional[int] = None, impl: Optional[str] = None):
+def sorted_rows(n_pairs: int, num_experts: int, block: Optional[int] = None) -> int:
+    """Rows :func:`dropless` allocates for ``n_pairs`` pairs (``block`` None: the default)."""
+    block = default_block(n_pairs, num_experts) if block is None else int(block)
+    return n_rows(n_pairs, num_experts, block)
+
+
+def dropless(x, experts, weights, num_experts: int, expert_fn: Callable,
+             block: Optional[int] = None, impl: Optional[str] = None, expert_params=None):
     """``y[n] = sum_j weights[n, j] * expert_fn(x[n])`` of expert ``experts[n, j]``.
 
     x (N, d); experts (N, k) int (outside ``[0, num_experts)``: routed nowhere); weights
-    (N, k). ``expert_fn(rows, groups) -> (M, d_out)`` on rows sorted by expert. ``block``:
+    (N, k). ``expert_fn(rows, groups) -> (M, d_out)`` on rows sorted by expert, or, when
+    ``expert_params`` (a pytree of per-expert arrays, experts leading) is given,
+    ``expert_fn(expert_params, rows, groups)``: the form expert parallelism needs, since
+    each device then holds only its own experts' slice of ``expert_params``. ``block``:
     rows per padding block (default :func:`default_block`); ``impl``: the grouped matmul,
     "blocks" or "ragged" (default by platform).
+
+    Under a mesh whose rules map the logical axis "expert" to a mesh axis of more than one
+    device (``activation_sharding.traced_under``, e.g. the ``ep`` sharding preset), and with
+    ``expert_params``, the experts are split over that axis and the pairs travel to them by
+    all-to-all (:func:`dropless_expert_parallel`); the result is the same function.
     """
+    if expert_params is not None:
+        ep = expert_mesh()
+        if ep is not None:
+            return dropless_expert_parallel(x, experts, weights, num_experts, expert_fn,
+                                            expert_params, *ep, block=block, impl=impl)
+        expert_fn = functools.partial(expert_fn, expert_params)
     N, k = experts.shape
-    flat = experts.reshape(N * k)
+    picked, live = _per_pair(x, experts.reshape(N * k), k, num_experts, expert_fn, block, impl)
+    w = jnp.where(live.reshape(N, k), weights, 0).astype(picked.dtype)
+    return jnp.einsum("nk,nkd->nd", w, picked.reshape(N, k, -1))
+
+
+def _per_pair(x, flat, k: int, num_experts: int, expert_fn, block, impl):
+    """(out (P, d_out), live (P,)): every pair's expert output (token ``p // k`` of x) and
+    whether its expert is real; a pair routed nowhere gets some row's output (mask it)."""
     dest, row_pair, groups = layout(flat, num_experts, block, impl)
-    rows = x[row_pair // k]
-    out = expert_fn(rows, groups)
+    out = expert_fn(x[row_pair // k], groups)
     if out.shape[0] != groups.rows:
         raise ValueError(f"expert_fn returned {out.shape[0]} rows for {groups.rows}: it must "
                          "return one row per input row")
     live = (flat >= 0) & (flat < num_experts)
-    picked = out[jnp.minimum(dest, groups.rows - 1)].reshape(N, k, -1)
-    w = jnp.where(live.reshape(N, k), weights, 0).astype(out.dtype)
-    return jnp.einsum("nk,nkd->nd", w, picked)
+    return out[jnp.minimum(dest, groups.rows - 1)], live
+
+
+# ------------------------------------------------------------------- expert parallelism
+
+def _axes(spec) -> tuple:
+    if spec is None:
+        return ()
+    return tuple(spec) if isinstance(spec, (tuple, list)) else (spec,)
+
+
+def expert_mesh():
+    """``(mesh, expert_axis, batch_axes)`` while tracing under ``activation_sharding`` with
+    rules that map "expert" to one mesh axis of more than one device; None otherwise (one
+    device, no rules, experts replicated)."""
+    active = activation_sharding.active()
+    if active is None:
+        return None
+    mesh, rules = active
+    first = lambda name: next((a for n, a in rules if n == name), None)
+    axis = _axes(first("expert"))
+    if not axis or all(mesh.shape[a] == 1 for a in axis):
+        return None
+    if len(axis) > 1:
+        raise ValueError(f"sharding rules map 'expert' to {axis}: expert parallelism takes "
+                         "one mesh axis")
+    return mesh, axis[0], tuple(a for a in _axes(first("batch")) if mesh.shape[a] > 1)
+
+
+def dropless_expert_parallel(x, experts, weights, num_experts: int, expert_fn, expert_params,
+                             mesh, axis: str, batch_axes: tuple = (),
+                             block: Optional[int] = None, impl: Optional[str] = None):
+    """:func:`dropless` with the experts split over mesh axis ``axis`` (S devices, E / S
+    experts each, ``expert_params`` split on their leading axis) inside ``shard_map``.
+
+    Tokens arrive split over ``batch_axes`` (the data-parallel axes). When ``axis`` is not
+    one of them every device of an ``axis`` group holds the same tokens, so each takes 1/S
+    of them. Each device then sends every one of its (token, expert) pairs to the device
+    that holds the expert, by one all-to-all, runs the dropless grouped matmul on the pairs
+    it received for its own experts, and sends the outputs back by a second all-to-all;
+    the weights combine them at home, and (when ``axis`` is not a batch axis) a sum over
+    ``axis`` of each device's share (an all-gather) returns every token's output to the
+    group. Shapes are static: with no capacity every pair may go to one device, so the
+    exchange buffers hold S x the device's pairs (rows not addressed to a device carry
+    expert -1 and are not computed: the CPU grouped matmul loops over the used blocks
+    only). Gradients flow through
+    ``shard_map``'s transposes (all-to-all back, the group sum to a slice, the
+    expert weights' gradient summed over the data axes)."""
+    S = mesh.shape[axis]
+    E = num_experts
+    if E % S:
+        raise ValueError(f"{E} experts do not split evenly over the {S} devices of mesh axis "
+                         f"{axis!r}; choose a mesh axis size that divides the expert count")
+    El, N, k = E // S, experts.shape[0], experts.shape[1]
+    split = axis in batch_axes
+    groups = math.prod(mesh.shape[a] for a in batch_axes) * (1 if split else S)
+    pad = -N % groups
+    if pad:   # padding tokens route nowhere
+        x = jnp.pad(x, ((0, pad), (0, 0)))
+        experts = jnp.pad(experts, ((0, pad), (0, 0)), constant_values=-1)
+        weights = jnp.pad(weights, ((0, pad), (0, 0)))
+    tokens = jax.sharding.PartitionSpec(batch_axes or None)
+    params_spec = jax.tree.map(lambda _: jax.sharding.PartitionSpec(axis), expert_params)
+
+    def local(x, experts, weights, params):
+        if not split:   # the group's devices share these tokens: each takes its 1/S
+            n = x.shape[0] // S
+            r = jax.lax.axis_index(axis)
+            x, experts, weights = (jax.lax.dynamic_slice_in_dim(a, r * n, n)
+                                   for a in (x, experts, weights))
+        n = x.shape[0]
+        flat = experts.reshape(n * k)
+        live = (flat >= 0) & (flat < E)
+        owner = jnp.where(live, flat // El, S)
+        # to device s: every pair, with its local expert id where s holds it, else -1
+        ids = jnp.where(owner[None] == jnp.arange(S)[:, None], (flat % El)[None], -1)
+        rows = jnp.broadcast_to(x[jnp.arange(n * k) // k], (S, n * k, x.shape[-1]))
+        ids = jax.lax.all_to_all(ids, axis, 0, 0, tiled=True)
+        rows = jax.lax.all_to_all(rows, axis, 0, 0, tiled=True)
+        b = default_block(n * k, El) if block is None else block   # ~ n k real rows arrive
+        out, got = _per_pair(rows.reshape(S * n * k, -1), ids.reshape(S * n * k), 1, El,
+                             functools.partial(expert_fn, params), b, impl)
+        out = jnp.where(got[:, None], out, 0).reshape(S, n * k, -1)
+        back = jax.lax.all_to_all(out, axis, 0, 0, tiled=True).sum(0)   # one s holds each
+        w = jnp.where(live.reshape(n, k), weights, 0).astype(back.dtype)
+        y = jnp.einsum("nk,nkd->nd", w, back.reshape(n, k, -1))
+        if split:
+            return y
+        # every device of the group gets all its tokens back: each writes its share into
+        # zeros and the group sums (an all-gather whose result is one value over ``axis``)
+        r = jax.lax.axis_index(axis)
+        full = jnp.zeros((S * n,) + y.shape[1:], y.dtype)
+        return jax.lax.psum(jax.lax.dynamic_update_slice_in_dim(full, y, r * n, 0), axis)
+
+    y = jax.shard_map(local, mesh=mesh, in_specs=(tokens, tokens, tokens, params_spec),
+                      out_specs=tokens)(x, experts, weights, expert_params)
+    return y[:N] if pad else y
 
 
 # ----------------------------------------------------------------------- grouped matmul
@@ -146,7 +272,7 @@ def grouped_matmul(rows, w, groups: Groups):
     """rows (M, a), w (E, a, b) -> (M, b): every row times its own expert's matrix."""
     if groups.impl == "ragged":
         return _ragged(rows, w, groups.group_sizes)
-    return _blocks(rows, w, groups.block_expert)
+    return _blocks(rows, w, groups.group_sizes, groups.block)
 
 
 def expert_bias(bias, groups: Groups):
@@ -154,32 +280,98 @@ def expert_bias(bias, groups: Groups):
     return bias[groups.row_expert]
 
 
-def _block_loop(rows, w, block_expert):
-    """Block i of rows times w[block_expert[i]], one block per iteration."""
-    nb = block_expert.shape[0]
-    blocks = rows.reshape(nb, -1, rows.shape[-1])
-    out = jax.lax.map(lambda i: blocks[i] @ w[block_expert[i]], jnp.arange(nb))
+def _zeros_varying_like(shape, dtype, *refs):
+    """Zeros to start a loop's carry, varying over the same ``shard_map`` axes as ``refs``
+    (inside ``shard_map`` a carry must keep its type; outside, plain zeros)."""
+    out = jnp.zeros(shape, dtype)
+    vma = frozenset().union(*(_varying(r) for r in refs))
+    return jax.lax.pcast(out, tuple(sorted(vma)), to="varying") if vma else out
+
+
+def _varying(x) -> frozenset:
+    """The ``shard_map`` axes ``x`` varies over (empty outside ``shard_map``)."""
+    t = jax.typeof(x)
+    manual = getattr(t, "manual_axis_type", None)
+    return frozenset(manual.varying) if manual is not None else frozenset(getattr(t, "vma", ()))
+
+
+def _sum_to(ct, primal):
+    """A cotangent summed over the ``shard_map`` axes it varies over and its primal does not
+    (a custom_vjp's gradient must have its argument's type: the expert weights, shared by
+    the data-parallel devices, take the sum of their gradients)."""
+    extra = _varying(ct) - _varying(primal)
+    return jax.lax.psum(ct, tuple(sorted(extra))) if extra else ct
+
+
+CHUNK = 4   # blocks of one expert multiplied together where it has that many
+
+
+def _block_ranges(group_sizes, block: int):
+    """(first block, block count) of every expert's rows."""
+    counts = group_sizes // block
+    return jnp.cumsum(counts) - counts, counts
+
+
+def _over_blocks(first, count, step, carry):
+    """``step(i, n, carry)`` over blocks ``first .. first + count`` of one expert: chunks of
+    :data:`CHUNK` blocks (``n = CHUNK``: one larger matmul, fewer iterations), then the
+    remaining blocks one by one (``n = 1``)."""
+    whole = count // CHUNK
+    carry = jax.lax.fori_loop(0, whole, lambda j, c: step(first + j * CHUNK, CHUNK, c), carry)
+    return jax.lax.fori_loop(whole * CHUNK, count, lambda j, c: step(first + j, 1, c), carry)
+
+
+def _block_loop(rows, w, group_sizes, block: int):
+    """Every block of rows times its expert's matrix: a loop over the experts, each taking
+    its matrix once (one copy of it; a slice per block would copy it once per block) and
+    looping over its own blocks, so unused blocks are neither computed nor read."""
+    nb = rows.shape[0] // block
+    blocks = rows.reshape(nb, block, rows.shape[-1])
+    firsts, counts = _block_ranges(group_sizes, block)
+
+    def per_expert(e, out):
+        we = w[e]
+
+        def step(i, n, out):
+            x = jax.lax.dynamic_slice_in_dim(blocks, i, n).reshape(n * block, -1)
+            return jax.lax.dynamic_update_slice_in_dim(out, (x @ we).reshape(n, block, -1),
+                                                       i, 0)
+        return _over_blocks(firsts[e], counts[e], step, out)
+
+    out = jax.lax.fori_loop(0, counts.shape[0], per_expert, _zeros_varying_like(
+        (nb, block, w.shape[-1]), jnp.result_type(rows, w), rows, w, group_sizes))
     return out.reshape(rows.shape[0], w.shape[-1])
 
 
-@jax.custom_vjp
-def _blocks(rows, w, block_expert):
-    return _block_loop(rows, w, block_expert)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _blocks(rows, w, group_sizes, block):
+    return _block_loop(rows, w, group_sizes, block)
 
 
-def _blocks_fwd(rows, w, block_expert):
-    return _block_loop(rows, w, block_expert), (rows, w, block_expert)
+def _blocks_fwd(rows, w, group_sizes, block):
+    return _block_loop(rows, w, group_sizes, block), (rows, w, group_sizes)
 
 
-def _blocks_bwd(res, g):
-    rows, w, block_expert = res
-    nb = block_expert.shape[0]
-    d_rows = _block_loop(g, jnp.swapaxes(w, 1, 2), block_expert)
-    xb, gb = rows.reshape(nb, -1, rows.shape[-1]), g.reshape(nb, -1, g.shape[-1])
-    d_w = jax.lax.fori_loop(
-        0, nb, lambda i, acc: acc.at[block_expert[i]].add(xb[i].T @ gb[i]),
-        jnp.zeros(w.shape, jnp.result_type(rows, g)))
-    return d_rows, d_w.astype(w.dtype), None
+def _blocks_bwd(block, res, g):
+    rows, w, group_sizes = res
+    nb = rows.shape[0] // block
+    d_rows = _block_loop(g, jnp.swapaxes(w, 1, 2), group_sizes, block)
+    xb, gb = rows.reshape(nb, block, rows.shape[-1]), g.reshape(nb, block, g.shape[-1])
+    firsts, counts = _block_ranges(group_sizes, block)
+    dt = jnp.result_type(rows, g)
+
+    def step(i, n, acc):
+        take = lambda a: jax.lax.dynamic_slice_in_dim(a, i, n).reshape(n * block, -1)
+        return acc + take(xb).T @ take(gb)
+
+    def per_expert(e, d_w):   # one expert's gradient summed over its blocks, written once
+        acc = _over_blocks(firsts[e], counts[e], step,
+                           _zeros_varying_like(w.shape[1:], dt, rows, g, group_sizes))
+        return d_w.at[e].set(acc)
+
+    d_w = jax.lax.fori_loop(0, counts.shape[0], per_expert,
+                            _zeros_varying_like(w.shape, dt, rows, g, w, group_sizes))
+    return _sum_to(d_rows, rows), _sum_to(d_w.astype(w.dtype), w), None
 
 
 _blocks.defvjp(_blocks_fwd, _blocks_bwd)
@@ -235,7 +427,7 @@ def _ragged_fwd(rows, w, sizes):
 def _ragged_bwd(res, g):
     rows, w, sizes = res
     d_rows, d_w = _ragged_bwd_kernel(rows, w, sizes, g)
-    return d_rows, d_w, None
+    return _sum_to(d_rows, rows), _sum_to(d_w, w), None
 
 
 _ragged.defvjp(_ragged_fwd, _ragged_bwd)

@@ -37,6 +37,7 @@ import numpy as np
 
 from dynjax import coeffs as coeffs_lib
 from dynjax.coeffs import Axes
+from dynjax.models import dispatch
 from dynjax.models.transformer import Positions, causal_attention, rotary
 
 F32 = jnp.float32
@@ -45,6 +46,7 @@ ROUTER_AXES = Axes(("layer", "example", "token", "expert"))
 SHARED_GATE_AXES = Axes(("layer", "example", "token"))
 QK_NORMS = ("none", "head", "full")      # none; per head (Qwen3); over all heads (OLMoE)
 ROPE_TYPES = ("default", "linear", "llama3")
+MOE_DISPATCHES = ("dropless", "dense")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +81,8 @@ class Config:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False     # renormalise the k selected probabilities to sum 1
     shared_expert_size: int = 0      # Qwen2-MoE: an always-on expert behind a sigmoid gate
+    moe_dispatch: str = "dropless"   # "dropless": sort by expert (dispatch.dropless);
+    #                                  "dense": every expert on every token (E/k x the FLOPs)
     attn_block: int = 128            # causal_attention's query blocks (0: the full square)
     remat: bool = False              # rematerialise each layer in a backward pass (plan, tuning)
     dtype: str = "float32"           # parameter and compute dtype
@@ -98,6 +102,8 @@ class Config:
              f"moe_layers={self.moe_layers} must lie in 0..{self.n_layers - 1}"),
             (not self.moe_layers or 1 <= self.top_k <= self.num_experts,
              f"top_k={self.top_k} must be in 1..num_experts={self.num_experts}"),
+            (self.moe_dispatch in MOE_DISPATCHES,
+             f"moe_dispatch={self.moe_dispatch!r}; use one of {MOE_DISPATCHES}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -279,14 +285,33 @@ def route(cfg: Config, probs):
 def experts_ffn(cfg: Config, p, x, experts, weights):
     """sum_j weights_j SwiGLU_{experts_j}(x) for tokens x (N, D), every route kept.
 
-    Interim exact form until ``dynjax.models.dispatch`` lands: every expert on every
-    token, combined with zero weight where not chosen (E/k times the FLOPs)."""
+    "dropless" (the default): the N k (token, expert) pairs sorted by expert, each expert's
+    SwiGLU on its own rows (``dispatch.dropless``), weighted and summed back; when the
+    sorted rows (N k plus a block of padding per expert) would outnumber the N E rows of
+    the dense form (a few tokens: decoding one token per sequence), the dense form, which
+    is then the cheaper exact one. Traced under the ``ep`` sharding rules on a mesh with
+    more than one device on the expert axis, dropless splits the experts over it and sends
+    the tokens by all-to-all (``dispatch.dropless_expert_parallel``). "dense": every expert
+    on every token, combined with zero weight where not chosen (E/k times the FLOPs)."""
     dt = cfg.compute_dtype
-    gate, up, down = (p[n].astype(dt) for n in ("gate", "up", "down"))
-    combine = jnp.sum(jax.nn.one_hot(experts, cfg.num_experts, dtype=dt)
+    w = {n: p[n].astype(dt) for n in ("gate", "up", "down")}
+    N, k = experts.shape
+    E = cfg.num_experts
+    if cfg.moe_dispatch == "dropless" and dispatch.sorted_rows(N * k, E) < N * E:
+        def expert_fn(w, rows, groups):
+            mm = lambda a, name: dispatch.grouped_matmul(a, w[name], groups)
+            return mm(jax.nn.silu(mm(rows, "gate")) * mm(rows, "up"), "down")
+        # each token's routes in expert order, so its k outputs are summed in the order
+        # transformers adds them (its loop over experts; the dense form's too)
+        order = jnp.argsort(experts, axis=-1)
+        experts, weights = (jnp.take_along_axis(a, order, -1) for a in (experts, weights))
+        return dispatch.dropless(x, experts, weights.astype(dt), E, expert_fn,
+                                 expert_params=w)
+    combine = jnp.sum(jax.nn.one_hot(experts, E, dtype=dt)
                       * weights.astype(dt)[..., None], axis=-2)             # (N, E)
-    h = jax.nn.silu(jnp.einsum("nd,edf->nef", x, gate)) * jnp.einsum("nd,edf->nef", x, up)
-    return jnp.einsum("ne,ned->nd", combine, jnp.einsum("nef,efd->ned", h, down))
+    h = jax.nn.silu(jnp.einsum("nd,edf->nef", x, w["gate"])) * \
+        jnp.einsum("nd,edf->nef", x, w["up"])
+    return jnp.einsum("ne,ned->nd", combine, jnp.einsum("nef,efd->ned", h, w["down"]))
 
 
 def moe_ffn(cfg: Config, p, x, given):

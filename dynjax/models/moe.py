@@ -209,12 +209,14 @@ def dropless_ffn(cfg: ModelConfig, x, probs, wi, wo, valid=None):
     routes = experts if valid is None else jnp.where(valid[..., None], experts, -1)
     dt = cfg.compute_dtype
 
-    def expert_fn(rows, groups):
-        h = nn.gelu(dispatch_lib.grouped_matmul(rows, wi.astype(dt), groups))
-        return dispatch_lib.grouped_matmul(h, wo.astype(dt), groups)
+    def expert_fn(w, rows, groups):
+        h = nn.gelu(dispatch_lib.grouped_matmul(rows, w["wi"], groups))
+        return dispatch_lib.grouped_matmul(h, w["wo"], groups)
 
     y = dispatch_lib.dropless(x.reshape(B * T, d), routes.reshape(B * T, k),
-                              gates.reshape(B * T, k), E, expert_fn).reshape(B, T, -1)
+                              gates.reshape(B * T, k), E, expert_fn,
+                              expert_params={"wi": wi.astype(dt), "wo": wo.astype(dt)}
+                              ).reshape(B, T, -1)
     # routes per (example, route), the no-op route included; invalid tokens count nowhere
     per_example = jnp.zeros((B, R + 1), jnp.float32).at[
         jnp.arange(B)[:, None, None], jnp.where(routes < 0, R, routes)].add(1.0)[:, :R]

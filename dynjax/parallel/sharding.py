@@ -45,7 +45,9 @@ PRESETS = {
     # tensor parallelism (Megatron): heads, MLP columns and the vocabulary split over "tensor"
     "tp": _preset(heads="tensor", mlp="tensor", vocab="tensor"),
     "fsdp_tp": _preset(embed="fsdp", heads="tensor", mlp="tensor", vocab="tensor"),
-    # expert parallelism: MoE experts over "tensor" (each device holds whole experts)
+    # expert parallelism: MoE experts over "tensor" (each device holds whole experts); a
+    # dropless MoE traced under these rules sends its tokens to the experts by all-to-all
+    # (dynjax.models.dispatch.dropless_expert_parallel)
     "ep": _preset(expert="tensor"),
 }
 DEFAULT_RULES = PRESETS["dp"]
