@@ -1,7 +1,7 @@
 """Real production LLM configs (architecture fields of their published config.json, copied
 in scripts/hf_memory_table.py; nothing is downloaded) as training configs for the memory plan.
 
-    python -m dynjax.plan --config=configs/hf_llm.py:olmoe_1b_7b --mesh=data=1,fsdp=8,tensor=8 \
+    python plan.py --config=configs/hf_llm.py:olmoe_1b_7b --mesh=data=1,fsdp=8,tensor=8 \
         --preset=ep --out=results/plan_hf/olmoe_1b_7b.json    # also qwen3_30b_a3b, mixtral_8x7b
 
 The model is the ``llm`` family (dynjax.loaders.hf's ports) in bfloat16; ``ep`` puts the

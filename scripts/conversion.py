@@ -46,7 +46,7 @@ def step_flops(kind: str) -> float:
 
     import importlib
 
-    from dynjax.measure import execution
+    from dynjax.measure import lm_execution
     from dynjax.models import build
     from dynjax.train.lm import init_state, make_optimizer, make_train_step
 
@@ -56,7 +56,7 @@ def step_flops(kind: str) -> float:
     model = build(config.model.to_dict())
     tokens = jax.numpy.zeros((config.train.batch_size, config.data.seq_len), jax.numpy.int32)
     state = init_state(config, model, jax.random.key(0))
-    return execution.compiled_flops(make_train_step(model, make_optimizer(config.train)),
+    return lm_execution.compiled_flops(make_train_step(model, make_optimizer(config.train)),
                                     state, tokens)
 
 

@@ -6,7 +6,7 @@
 For each gate checkpoint (feature_gate, layer_static, uniform): zero every update whose gate
 is below tau over a sweep of tau (quantiles of the recorded gates), and, on the same
 checkpoint, keep only the first K blocks (K = L .. 0); test bits/byte against the fraction
-of (layer, token) updates removed (``dynjax.measure.skipping``). Writes
+of (layer, token) updates removed (``dynjax.measure.update_removal``). Writes
 OUT/skipping.json (with the command) and OUT/skipping.png, atomically.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from dynjax.audit.report import _save_fig  # noqa: E402
 from dynjax.data import text  # noqa: E402
-from dynjax.measure import skipping  # noqa: E402
+from dynjax.measure import update_removal  # noqa: E402
 from dynjax import rundir  # noqa: E402
 from dynjax.jsonio import command_line, write_json_atomic  # noqa: E402
 
@@ -28,8 +28,8 @@ def curves_of(run_dir: str, n_windows: int) -> dict:
     dc = config.data
     splits = text.load_splits(dc.source, dc.get("path"), dc.get("tfds_name"), dc.get("data_dir"))
     windows = text.eval_windows(splits["test"], dc.seq_len, n_windows)
-    taus = skipping.gate_quantile_taus(model, params, windows)
-    out = skipping.skipping_curves(model, params, windows, taus)
+    taus = update_removal.gate_quantile_taus(model, params, windows)
+    out = update_removal.skipping_curves(model, params, windows, taus)
     return {"run": run_dir, "model": f"{model.cfg.family}/{model.cfg.variant}", **out}
 
 

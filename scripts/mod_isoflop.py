@@ -35,7 +35,7 @@ import jax
 
 from configs import mod_tiny  # noqa: E402
 from dynjax.data import text  # noqa: E402
-from dynjax.measure import execution, routing  # noqa: E402
+from dynjax.measure import lm_execution, routing  # noqa: E402
 from dynjax.models import build  # noqa: E402
 from dynjax import rundir  # noqa: E402
 from dynjax.train.lm import init_state, make_optimizer, make_train_step  # noqa: E402
@@ -60,7 +60,7 @@ def train_step_flops(arm: str) -> float:
     model = build(config.model.to_dict())
     tokens = jax.numpy.zeros((config.train.batch_size, config.data.seq_len), jax.numpy.int32)
     state = init_state(config, model, jax.random.key(0))
-    return execution.compiled_flops(make_train_step(model, make_optimizer(config.train)),
+    return lm_execution.compiled_flops(make_train_step(model, make_optimizer(config.train)),
                                     state, tokens)
 
 

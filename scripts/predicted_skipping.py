@@ -5,8 +5,8 @@
 
 On a frozen FeatureGate checkpoint, for each tau (quantiles of the gates recorded on
 training windows): fit one pre-block predictor per block to "gate >= tau"
-(``dynjax.measure.predicted_skipping``), give each block a fixed capacity, and run
-``dynjax.skip``: test bits/byte, the fraction of (block, token) executions, analytic FLOPs,
+(``dynjax.measure.skip_predictors``), give each block a fixed capacity, and run
+``dynjax.models.predicted_skip``: test bits/byte, the fraction of (block, token) executions, analytic FLOPs,
 prefill latency (batch 8) and per-token decode latency (batch 1, teacher forcing), all
 timers interleaved in one run. Against: the plain forward, the same checkpoint truncated to
 its first K blocks (FixedDepthK on it), and a MoD model of the same size under causal
@@ -26,11 +26,12 @@ import numpy as np
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from dynjax import decoding, rundir, skip  # noqa: E402
+from dynjax import decoding, rundir  # noqa: E402
+from dynjax.models import predicted_skip  # noqa: E402
 from dynjax.data import text  # noqa: E402
-from dynjax.measure import latency, skipping  # noqa: E402
-from dynjax.measure import predicted_skipping as ps  # noqa: E402
-from dynjax.measure.execution import analytic_forward_flops  # noqa: E402
+from dynjax.measure import latency, update_removal  # noqa: E402
+from dynjax.measure import skip_predictors as ps  # noqa: E402
+from dynjax.measure.lm_execution import analytic_forward_flops  # noqa: E402
 from dynjax.models import build, mod  # noqa: E402
 from dynjax.models.transformer import next_token_nll  # noqa: E402
 from dynjax.jsonio import command_line, write_json_atomic  # noqa: E402
@@ -112,7 +113,7 @@ def main():
               f"overflow {r['overflow']:.3f} slots {slots} flops {r['flops_ratio']:.3f}",
               flush=True)
 
-    curves = skipping.skipping_curves(model, params, test, [0.0])
+    curves = update_removal.skipping_curves(model, params, test, [0.0])
     trunc = [{"depth": p["depth"], "bpb": p["bpb"],
               "flops": analytic_forward_flops(cfg.replace(n_layers=p["depth"]),
                                               1, T)["total"]} for p in curves["truncate"]]
@@ -122,9 +123,9 @@ def main():
     tokens = jnp.asarray(test[:8])
     timers = {"plain": latency.forward_timer(model, params, tokens),
               "skip_all": (lambda f: lambda: f(params, tokens))(
-                  jax.jit(lambda p, t: skip.forward(cfg, p, None, t)[0]))}
+                  jax.jit(lambda p, t: predicted_skip.forward(cfg, p, None, t)[0]))}
     for name, (pred, slots) in predictors.items():
-        f = jax.jit(lambda p, pr, t, s=tuple(slots): skip.forward(cfg, p, pr, t, s)[0])
+        f = jax.jit(lambda p, pr, t, s=tuple(slots): predicted_skip.forward(cfg, p, pr, t, s)[0])
         timers[name] = (lambda f, pr: lambda: f(params, pr, tokens))(f, pred)
     for k in range(1, cfg.n_layers):
         timers[f"first{k}"] = latency.forward_timer(*truncated(model, params, k), tokens)
@@ -139,7 +140,7 @@ def main():
     dtimers = {"plain": lambda: dec["plain"](params, one),
                "mod": lambda: dec["mod"](mod_params, one)}
     for name, (pred, slots) in predictors.items():
-        f = jax.jit(lambda p, pr, t: skip.cached_forward(cfg, p, pr, t)[0])
+        f = jax.jit(lambda p, pr, t: predicted_skip.cached_forward(cfg, p, pr, t)[0])
         dtimers[name] = (lambda f, pr: lambda: f(params, pr, one))(f, pred)
     decode = {k: {kk: v / T for kk, v in t.items() if kk != "repeats"}
               for k, t in latency.paired_times(dtimers, max(3, args.repeats // 3)).items()}
@@ -168,7 +169,7 @@ def main():
         "prefill_s_batch8": prefill, "decode_s_per_token_batch1": decode,
         "load_average": {"prefill": load_prefill, "end": latency.load_average()},
         "wall_s": round(time.time() - t0, 1),
-        "note": "FLOPs: analytic matmuls per window (dynjax.measure.execution's conventions); "
+        "note": "FLOPs: analytic matmuls per window (dynjax.measure.lm_execution's conventions); "
                 "latency ratios are medians of interleaved calls on a shared CPU"}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     path = f"{args.out}/predicted_skipping.json"

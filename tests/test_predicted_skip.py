@@ -1,4 +1,4 @@
-"""Predicted skipping (dynjax.skip): a block runs on exactly the tokens its predictor
+"""Predicted skipping (dynjax.models.predicted_skip): a block runs on exactly the tokens its predictor
 selects; all selected is the model's forward, none selected removes every update; decoding
 token by token equals the window's pass; the post-hoc fit learns its target."""
 import chex
@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dynjax import skip
-from dynjax.measure import predicted_skipping as ps
+from dynjax.models import predicted_skip
+from dynjax.measure import skip_predictors as ps
 from dynjax.models import build, mod
 from dynjax.models.transformer import ModelConfig
 
@@ -45,7 +45,7 @@ def fg():
 def test_everything_predicted_is_the_plain_forward_and_nothing_removes_every_update(fg):
     model, params = fg
     plain, coeffs = model.apply(params, TOKENS)
-    run = jax.jit(lambda pr: skip.forward(CFG, params, pr, TOKENS))
+    run = jax.jit(lambda pr: predicted_skip.forward(CFG, params, pr, TOKENS))
     every, info = run(None)
     chex.assert_trees_all_close(every, plain, atol=2e-5, rtol=1e-5)
     chex.assert_trees_all_close(info["gate"], coeffs["gate"], atol=2e-6)
@@ -68,12 +68,12 @@ def test_a_block_runs_on_exactly_the_predicted_tokens_up_to_its_slots():
     assert 0 < want.sum() < want.size
     removed = jax.jit(model.apply)(params, TOKENS, {"gate": jnp.zeros((1, B, T))})[0]
     changed_rows = lambda lg: np.abs(np.asarray(lg - removed)).max(-1) > 1e-4  # not rounding
-    logits, info = jax.jit(lambda: skip.forward(cfg, params, pred, TOKENS))()
+    logits, info = jax.jit(lambda: predicted_skip.forward(cfg, params, pred, TOKENS))()
     np.testing.assert_array_equal(info["entered"][0], want)
     np.testing.assert_array_equal(changed_rows(logits), want)  # only the predicted tokens' updates
     assert np.all(np.asarray(info["gate"][0])[~want] == 0)
     # A capacity of 3 slots: the first 3 askers of each sequence run, later ones skip.
-    logits3, info3 = jax.jit(lambda: skip.forward(cfg, params, pred, TOKENS, slots=[3]))()
+    logits3, info3 = jax.jit(lambda: predicted_skip.forward(cfg, params, pred, TOKENS, slots=[3]))()
     first3 = want & (np.cumsum(want, axis=1) <= 3)
     np.testing.assert_array_equal(info3["entered"][0], first3)
     np.testing.assert_array_equal(changed_rows(logits3), first3)
@@ -84,8 +84,8 @@ def test_decoding_token_by_token_equals_the_window_pass(fg):
     _, params = fg
     pred = predictors(CFG.n_layers)
     for slots in ([5, 7],):  # block 0 binds: later askers overflow
-        full, info = jax.jit(lambda: skip.forward(CFG, params, pred, TOKENS, slots))()
-        step, sinfo = jax.jit(lambda: skip.cached_forward(CFG, params, pred, TOKENS, slots))()
+        full, info = jax.jit(lambda: predicted_skip.forward(CFG, params, pred, TOKENS, slots))()
+        step, sinfo = jax.jit(lambda: predicted_skip.cached_forward(CFG, params, pred, TOKENS, slots))()
         entered = np.asarray(info["entered"])
         assert 0 < entered.sum() < entered.size
         np.testing.assert_array_equal(sinfo["entered"], entered)

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dynjax.measure import skipping
+from dynjax.measure import update_removal
 from dynjax.models import build
 from dynjax.models.transformer import ModelConfig
 
@@ -32,14 +32,14 @@ def test_tau_zero_is_bitwise_the_plain_forward_and_tau_above_all_removes_every_u
 
     logits, coeffs = jax.jit(lambda t: model.apply(params, t))(tokens)
     g = coeffs["gate"]
-    chex.assert_trees_all_equal(replay(skipping.threshold(g, 0.0)), logits)
+    chex.assert_trees_all_equal(replay(update_removal.threshold(g, 0.0)), logits)
     # Above every gate: no update survives, the same as keeping zero blocks.
-    none = replay(skipping.threshold(g, float(g.max()) + 1))
-    chex.assert_trees_all_equal(none, replay(skipping.truncate(g, 0)))
+    none = replay(update_removal.threshold(g, float(g.max()) + 1))
+    chex.assert_trees_all_equal(none, replay(update_removal.truncate(g, 0)))
     chex.assert_trees_all_equal(none, replay(jnp.zeros_like(g)))
     assert np.abs(np.asarray(none - logits)).max() > 1e-3
     # Truncation keeps exactly the first K layers' gates.
-    kept = np.asarray(skipping.truncate(g, 2))
+    kept = np.asarray(update_removal.truncate(g, 2))
     np.testing.assert_array_equal(kept[:2], np.asarray(g)[:2])
     assert not kept[2:].any()
     assert len(traces) == 1  # every intervention reuses one compiled replay
@@ -50,8 +50,8 @@ def test_curves_span_nothing_removed_to_everything_removed(fg):
     model = build(CFG.replace(variant="layer_static"))
     params = model.init(jax.random.key(1), jnp.asarray(windows[:1]))
     params["layer_gate"] = jnp.asarray([0.5, 1.5, 1.0])
-    taus = skipping.gate_quantile_taus(model, params, windows, n=3, batch_size=3)
-    out = skipping.skipping_curves(model, params, windows, taus, batch_size=3)
+    taus = update_removal.gate_quantile_taus(model, params, windows, n=3, batch_size=3)
+    out = update_removal.skipping_curves(model, params, windows, taus, batch_size=3)
     th, tr = out["threshold"], out["truncate"]
     assert th[0]["removed"] == 0.0 and th[0]["bpb"] == pytest.approx(out["plain_bpb"], abs=1e-9)
     assert th[-1]["removed"] == 1.0 and th[-1]["bpb"] == pytest.approx(tr[0]["bpb"], abs=1e-9)
@@ -65,4 +65,4 @@ def test_a_model_without_gates_is_a_clear_error():
     dense = build(ModelConfig(family="gates", variant="dense", d_model=32, n_heads=2,
                               n_layers=2, d_ff=64))
     with pytest.raises(ValueError, match="no gate coefficients"):
-        skipping.skipping_curves(dense, None, np.zeros((1, 8), np.int32), [0.0])
+        update_removal.skipping_curves(dense, None, np.zeros((1, 8), np.int32), [0.0])

@@ -1,4 +1,4 @@
-"""Fitting and scoring ``dynjax.skip``'s predictors on a frozen FeatureGate checkpoint.
+"""Fitting and scoring ``dynjax.models.predicted_skip``'s predictors on a frozen FeatureGate checkpoint.
 
 The predictor of block l learns "gate[l, t] >= tau" from h[l, t], both recorded by the
 plain forward (every token in every block) on training windows: binary cross-entropy, Adam,
@@ -6,7 +6,7 @@ a few hundred steps, all blocks at once (one MLP per block, vmapped). Only the p
 learn; the model is frozen. A block's fixed capacity (its slots) is a quantile of the
 per-window number of askers on those windows, so most windows fit and the rest overflow.
 
-Costs are the analytic matmul FLOPs of the program that runs (``dynjax.measure.execution``'s
+Costs are the analytic matmul FLOPs of the program that runs (``dynjax.measure.lm_execution``'s
 conventions: 2 x MACs, attention over the full score square of the slots, elementwise
 feature work not counted): each predictor on all T tokens, each block, its controller and
 its slot-square attention on its slots only, and the head.
@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dynjax import skip
-from dynjax.measure.execution import _attention_flops, _mlp_flops
+from dynjax.models import predicted_skip
+from dynjax.measure.lm_execution import _attention_flops, _mlp_flops
 from dynjax.measure.routing import classification
 from dynjax.models import mod
 from dynjax.models.transformer import next_token_nll
@@ -37,8 +37,8 @@ def _batches(windows, batch_size):
 
 def record(cfg, params, windows, batch_size: int = 32):
     """Every block's input h (layers, N, T, d) and gate (layers, N, T) under the plain
-    forward (``skip.forward`` with every token asking), as numpy."""
-    fwd = jax.jit(lambda p, t: skip.forward(cfg, p, None, t, keep_inputs=True)[1])
+    forward (``predicted_skip.forward`` with every token asking), as numpy."""
+    fwd = jax.jit(lambda p, t: predicted_skip.forward(cfg, p, None, t, keep_inputs=True)[1])
     hs, gs = [], []
     for tokens in _batches(windows, batch_size):
         info = fwd(params, tokens)
@@ -81,7 +81,7 @@ def fit_predictor(h, gates, tau: float, hidden: int = 32, steps: int = 300,
 
 def asked_counts(cfg, predictor, h):
     """(layers, N): askers per window of each block on recorded inputs h (layers, N, T, d)."""
-    ask = jax.jit(jax.vmap(lambda p, x: skip.asks(cfg, p, x)))(predictor, jnp.asarray(h))
+    ask = jax.jit(jax.vmap(lambda p, x: predicted_skip.asks(cfg, p, x)))(predictor, jnp.asarray(h))
     return np.asarray(ask).sum(-1)
 
 
@@ -92,7 +92,7 @@ def capacity_slots(counts, seq_len: int, quantile: float = 0.9) -> list:
 
 
 def skip_flops(cfg, seq_len: int, slots, hidden: int) -> dict:
-    """Analytic matmul FLOPs of one window of ``dynjax.skip.forward`` with ``slots``."""
+    """Analytic matmul FLOPs of one window of ``dynjax.models.predicted_skip.forward`` with ``slots``."""
     d, c = cfg.d_model, cfg.gates.controller_hidden
     parts = {"predictors": cfg.n_layers * 2 * seq_len * (d * hidden + hidden),
              "blocks": sum(_attention_flops(cfg, n) + _mlp_flops(cfg, n) for n in slots),
@@ -107,7 +107,7 @@ def evaluate(cfg, params, predictor, slots, windows, tau: float, batch_size: int
     """Test bits/byte of the skipping forward, the fraction of (block, token) executions
     run, asked and overflowed, and the predictor against ``gate >= tau`` on the plain
     forward's inputs (``recorded`` = record(...) of the same windows)."""
-    fwd = jax.jit(lambda p, pr, t: skip.forward(cfg, p, pr, t, slots))
+    fwd = jax.jit(lambda p, pr, t: predicted_skip.forward(cfg, p, pr, t, slots))
     nll = 0.0
     asked = entered = 0
     for tokens in _batches(windows, batch_size):
@@ -122,6 +122,6 @@ def evaluate(cfg, params, predictor, slots, windows, tau: float, batch_size: int
            "overflow": float(np.sum(asked) - np.sum(entered)) / (cfg.n_layers * n * T)}
     if recorded is not None:
         h, g = recorded
-        ask = jax.jit(jax.vmap(lambda p, x: skip.asks(cfg, p, x)))(predictor, jnp.asarray(h))
+        ask = jax.jit(jax.vmap(lambda p, x: predicted_skip.asks(cfg, p, x)))(predictor, jnp.asarray(h))
         out["predictor_vs_gate"] = classification(np.asarray(ask), g >= tau)
     return out

@@ -2,9 +2,9 @@
 pre-block predictor expects to get a large gate, so removed updates are never computed.
 
 Why a predictor: a FeatureGate's gate reads its own block's attention, so thresholding it
-(``dynjax.measure.skipping``) removes updates only after they were computed. Here a small
+(``dynjax.measure.update_removal``) removes updates only after they were computed. Here a small
 stop-gradient MLP on h[l] (Mixture-of-Depths' ``mod.Predictor``, one per block, fitted
-post hoc: ``dynjax.measure.predicted_skipping``) decides before block l. Its logit > 0 means
+post hoc: ``dynjax.measure.skip_predictors``) decides before block l. Its logit > 0 means
 "this token's gate would be >= tau": the token asks. Execution reuses MoD's machinery:
 ``mod.first_k_slots`` takes the first askers up to the block's fixed number of slots (later
 askers skip it, counted as overflow), ``mod.routed_update`` gathers them, runs the block on

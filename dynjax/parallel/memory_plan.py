@@ -1,7 +1,9 @@
 """Memory plan: what one device holds to train a config on a mesh, before anything runs.
 
-    python -m dynjax.plan --config=configs/featuregate_76m.py:feature_gate \
+    python plan.py --config=configs/featuregate_76m.py:feature_gate \
         --mesh=data=8,fsdp=4 --preset=fsdp [--device-memory=16GiB] [--out=FILE.json]
+
+(installed: ``dynjax-plan``; ``python -m dynjax.parallel.memory_plan`` is the same program)
 
 Per device: the parameters, the optimizer state and the gradients (their shapes from
 ``jax.eval_shape``, split as the rules preset's logical axes say; nothing is allocated),
@@ -203,11 +205,16 @@ def _define_flags():
     flags.mark_flags_as_required(["config"])
 
 
-if __name__ == "__main__":
+def run(prog: str = "dynjax.parallel.memory_plan"):
+    """The program (``python plan.py``, ``dynjax-plan``): flags, then one line per error."""
     from absl import app
 
     from dynjax import errors
 
     _define_flags()
-    app.run(lambda argv: errors.run_program("dynjax.plan", lambda: main(argv)),
-            flags_parser=errors.flags_parser("dynjax.plan"))
+    app.run(lambda argv: errors.run_program(prog, lambda: main(argv)),
+            flags_parser=errors.flags_parser(prog))
+
+
+if __name__ == "__main__":
+    run()
