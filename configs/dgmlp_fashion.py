@@ -2,7 +2,7 @@
 Debian's ``dataset-fashion-mnist`` package (fetched by the set-up where apt exists).
 
     python train.py --config=configs/dgmlp_fashion.py:dgate --workdir=runs/fashion_dgate
-    python scripts/dgmlp_curve.py --dataset=fashion_mnist      # the lambda_g curve + baselines
+    python experiments/dgmlp_curve.py --dataset=fashion_mnist      # the lambda_g curve + baselines
 
 Same model and schedule as configs/dgmlp_mnist.py (784-512-512-10, 6000 steps at batch 128).
 """

@@ -1,5 +1,5 @@
 """Real production LLM configs (architecture fields of their published config.json, copied
-in scripts/hf_memory_table.py; nothing is downloaded) as training configs for the memory plan.
+in dynjax/loaders/hf_architectures.py; nothing is downloaded) as training configs for the memory plan.
 
     python plan.py --config=configs/hf_llm.py:olmoe_1b_7b --mesh=data=1,fsdp=8,tensor=8 \
         --preset=ep --out=results/plan_hf/olmoe_1b_7b.json    # also qwen3_30b_a3b, mixtral_8x7b
@@ -11,8 +11,6 @@ experts on the mesh's tensor axis (expert parallelism). Training batch (64) and 
 has no entry here.
 """
 import dataclasses
-import pathlib
-import sys
 
 import ml_collections
 
@@ -23,10 +21,8 @@ MODELS = {"olmoe_1b_7b": "allenai/OLMoE-1B-7B-0924", "qwen3_30b_a3b": "Qwen/Qwen
 
 
 def get_config(arg: str = "olmoe_1b_7b"):
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
-    from hf_memory_table import CONFIGS
-
     from dynjax.loaders import hf
+    from dynjax.loaders.hf_architectures import CONFIGS
 
     if arg not in MODELS:
         raise ValueError(f"unknown model {arg!r}; choose one of {sorted(MODELS)}")

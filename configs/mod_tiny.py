@@ -8,9 +8,9 @@ processes 16 of 128 tokens), router weight sigmoid(r), and both causal-decoding 
 (router BCE, predictor BCE) logged as aux/router_bce and aux/predictor_bce. ``dense`` has
 the same blocks and parameters minus the routers. Both variants: 600 steps. Evaluation
 reports top-k (non-causal), router and predictor bits/byte; the headline is the predictor.
-MoD against dense at equal training FLOPs: ``python scripts/mod_isoflop.py`` (3 seeds:
+MoD against dense at equal training FLOPs: ``python experiments/mod_isoflop.py`` (3 seeds:
 MoD predictor 2.3733 vs dense 2.3931 test bits/byte). Routing report of a finished run
-(precision / recall / F1 of the decode rules): ``python scripts/mod_routing_report.py RUN_DIR``.
+(precision / recall / F1 of the decode rules): ``python experiments/mod_routing_report.py RUN_DIR``.
 """
 from configs import common
 from dynjax.models.mod import VARIANTS

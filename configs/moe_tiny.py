@@ -7,7 +7,7 @@
 Same sizes and training as configs/mod_tiny.py (4 blocks, d=128, seq 128, 600 steps) and the
 MoE fields of configs/mode_tiny.py (d_ff=512 per expert, capacity factor 1.25). With
 ``train.init_from`` a dense run of that size (configs/mod_tiny.py:dense) is upcycled: every
-expert starts as its block's MLP (dynjax/train/convert.py; scripts/conversion.py compares it
+expert starts as its block's MLP (dynjax/train/convert.py; experiments/conversion.py compares it
 with this model trained from scratch).
 """
 from configs import mode_tiny

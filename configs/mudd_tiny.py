@@ -9,7 +9,7 @@ seq 128, batch 32, 600 steps); the DA MLPs (hidden 64) add 4% parameters
 DA coefficients plus a static bias; ``mudd_static``: the static bias only.
 Expected (measured, seed 0, ``--config.train.steps=400`` as compare_fca.sh trains it): test
 2.52 bits/byte (tiny feature_gate, same seed and steps: 2.54); ~6 CPU-minutes.
-Audit beside FeatureGate: ``bash scripts/compare_fca.sh``.
+Audit beside FeatureGate: ``bash experiments/compare_fca.sh``.
 """
 from configs import common
 from dynjax.models.mudd import VARIANTS

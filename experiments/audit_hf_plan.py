@@ -1,8 +1,8 @@
 """What a routing audit of a real MoE checkpoint needs: memory and FLOPs, from config alone.
 
-    python scripts/audit_hf_plan.py [--out=results/audit_hf_plan.json]
+    python experiments/audit_hf_plan.py [--out=results/audit_hf_plan.json]
 
-For each MoE of scripts/hf_memory_table.py (the published config.json fields; nothing is
+For each MoE of dynjax/loaders/hf_architectures.py (the published config.json fields; nothing is
 downloaded), the plan ``audit.py --config=configs/audit_hf.py --hf=DIR`` prints before it
 runs, in bfloat16: 64 calibration + 64 evaluation windows of 256 tokens, 8 rows per forward,
 20 reassignments of each randomized condition, every condition. ``flops`` counts what each
@@ -18,7 +18,6 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
 from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program
 reexec(__name__)
 import argparse  # noqa: E402
@@ -34,10 +33,10 @@ def main():
     from dynjax import jsonio
     from dynjax.audit.settings import Settings
     from dynjax.loaders import hf
+    from dynjax.loaders.hf_architectures import CONFIGS
     from dynjax.measure import panels
     from dynjax.models import llm
     from dynjax.runs import audit_plan
-    from hf_memory_table import CONFIGS
 
     config = audit_hf.get_config()
     settings = Settings.from_config(config)

@@ -1,6 +1,6 @@
 """Test bits-per-byte per variant across seeds (the paper's Table 1 analogue), as markdown.
 
-    python scripts/bpb_table.py runs/fca      # reads runs/fca/VARIANT_sSEED/eval.json
+    python experiments/bpb_table.py runs/fca      # reads runs/fca/VARIANT_sSEED/eval.json
 """
 from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
 reexec(__name__)

@@ -1,6 +1,6 @@
 """Side-by-side Frozen-Controller Audit table of two audit.py runs (FeatureGate vs MUDD).
 
-    python scripts/compare_fca.py runs/fca/compare/audit_feature_gate/results.json \
+    python experiments/compare_fca.py runs/fca/compare/audit_feature_gate/results.json \
         runs/fca/compare/audit_mudd/results.json
 
 One row per condition (the static and structure-removed references carry each family's own

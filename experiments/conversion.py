@@ -1,7 +1,7 @@
 """Converting a trained dense model: to Mixture-of-Depths by continual pre-training, to MoE by
 sparse upcycling, each against training from scratch and dense trained on, at equal FLOPs.
 
-    nice -n 5 .venv/bin/python scripts/conversion.py [--dense-steps 600] [--seeds 0]
+    nice -n 5 .venv/bin/python experiments/conversion.py [--dense-steps 600] [--seeds 0]
 
 Sizes are configs/mod_tiny.py's (4 blocks, d=128, T=128, batch 32). Per seed:
 

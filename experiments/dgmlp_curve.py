@@ -1,7 +1,7 @@
 """Accuracy versus RelMAC for DynamicGate-MLP over lambda_g, beside its baselines: one command.
 
-    .venv/bin/python scripts/dgmlp_curve.py                       # MNIST (~30 min on 2 CPU cores)
-    .venv/bin/python scripts/dgmlp_curve.py --dataset=fashion_mnist
+    .venv/bin/python experiments/dgmlp_curve.py                       # MNIST (~30 min on 2 CPU cores)
+    .venv/bin/python experiments/dgmlp_curve.py --dataset=fashion_mnist
 
 Trains (with ``train.py``, one run directory each under ``--runs``) DynamicGate at every
 ``--lambdas`` value, magnitude pruning at every ``--densities`` value, and dense, dropout,

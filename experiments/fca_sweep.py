@@ -1,12 +1,12 @@
 """Do the audit paper's conclusions emerge with training and size? The FCA trend sweep.
 
-    python scripts/fca_sweep.py --runs=/work/runs/sweep                 # train + audit, resumable
-    python scripts/fca_sweep.py --runs=runs/sweep_gpu --rows=large --budget-minutes=9  # a device
-    python scripts/fca_sweep.py --runs=runs/sweep_gpu --export=$OUT/sweep.tgz  # ...sends it back
-    python scripts/fca_sweep.py --runs=/work/runs/sweep --import=sweep.tgz   # ...added here
-    python scripts/fca_sweep.py --runs=/work/runs/sweep --plan          # what is done / left
-    python scripts/fca_sweep.py --runs=/work/runs/sweep --rows=large_mudd --seeds=1  # one seed
-    python scripts/fca_sweep.py --runs=/work/runs/sweep --report        # results/fca_sweep/
+    python experiments/fca_sweep.py --runs=/work/runs/sweep                 # train + audit, resumable
+    python experiments/fca_sweep.py --runs=runs/sweep_gpu --rows=large --budget-minutes=9  # a device
+    python experiments/fca_sweep.py --runs=runs/sweep_gpu --export=$OUT/sweep.tgz  # ...sends it back
+    python experiments/fca_sweep.py --runs=/work/runs/sweep --import=sweep.tgz   # ...added here
+    python experiments/fca_sweep.py --runs=/work/runs/sweep --plan          # what is done / left
+    python experiments/fca_sweep.py --runs=/work/runs/sweep --rows=large_mudd --seeds=1  # one seed
+    python experiments/fca_sweep.py --runs=/work/runs/sweep --report        # results/fca_sweep/
 
 The grid (issue 16), every run on ``data.source=embedded_large`` (21.6 MB), batch 32 x 128:
 
@@ -634,7 +634,7 @@ def write_report(runs: pathlib.Path, out: pathlib.Path, argv, carry: bool = True
     if not any(r["test_bpb"] for r in data["rows"]):
         raise SystemExit(f"fca_sweep.py: error: no finished run under {runs} yet; run the "
                          "sweep first (`--plan` lists what is left)")
-    command = "python scripts/fca_sweep.py " + shlex.join(argv)
+    command = "python experiments/fca_sweep.py " + shlex.join(argv)
     data = dict(data, command=command, generated=time.strftime("%Y-%m-%d %H:%M:%S"),
                 ratios=ratios(data["rows"]))
     out.parent.mkdir(parents=True, exist_ok=True)

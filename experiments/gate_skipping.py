@@ -1,6 +1,6 @@
 """Post-training skipping of residual-gate updates: the audit paper's thresholding study.
 
-    .venv/bin/python scripts/gate_skipping.py RUN_DIR [RUN_DIR ...] [--windows 128]
+    .venv/bin/python experiments/gate_skipping.py RUN_DIR [RUN_DIR ...] [--windows 128]
         [--out results/skipping]
 
 For each gate checkpoint (feature_gate, layer_static, uniform): zero every update whose gate

@@ -1,6 +1,6 @@
 """Mixture-of-Depths against its dense twin at equal training FLOPs, scored causally.
 
-    .venv/bin/python scripts/mod_isoflop.py [--dense-steps 600] [--seeds 0,1,2]
+    .venv/bin/python experiments/mod_isoflop.py [--dense-steps 600] [--seeds 0,1,2]
 
 The MoD paper's claim is about quality per FLOP, so a MoD model trained for the same number
 of steps as dense answers the wrong question. This script measures the compiled FLOPs of one

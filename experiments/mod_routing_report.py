@@ -1,6 +1,6 @@
 """Routing report of a trained MoD run: how well the causal decode rules match top-k.
 
-    python scripts/mod_routing_report.py RUN_DIR [--windows 64] [--out FILE]
+    python experiments/mod_routing_report.py RUN_DIR [--windows 64] [--out FILE]
 
 Precision, recall and F1 of the router and predictor rules against top-k membership on test
 windows (base rate beside them), on the top-k forward and the causal forward. JSON out.

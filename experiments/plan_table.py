@@ -1,7 +1,7 @@
 """Regenerate results/plan/: the memory plan of the 76M and 504M presets on a few meshes,
 one JSON per row (naming its command), and print the README's table.
 
-    .venv/bin/python scripts/plan_table.py
+    .venv/bin/python experiments/plan_table.py
 """
 from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
 reexec(__name__)

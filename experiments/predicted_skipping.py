@@ -1,6 +1,6 @@
 """Skipping that shows on the clock: FeatureGate blocks run only for predicted tokens.
 
-    .venv/bin/python scripts/predicted_skipping.py /work/runs/tiny_feature_gate \
+    .venv/bin/python experiments/predicted_skipping.py /work/runs/tiny_feature_gate \
         --mod /work/runs/mod_isoflop_causal/mod_s0 [--windows 128] [--out results/skipping]
 
 On a frozen FeatureGate checkpoint, for each tau (quantiles of the gates recorded on

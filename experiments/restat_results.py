@@ -1,6 +1,6 @@
 """Recompute an audit's statistics from the values its results.json stores, and rewrite it.
 
-    .venv/bin/python scripts/restat_results.py results/main [results/fca_tiny/... ...]
+    .venv/bin/python experiments/restat_results.py results/main [results/fca_tiny/... ...]
 
 For an audit whose checkpoints are gone but whose statistics code changed: the per-window
 (or, with several checkpoints, per-checkpoint) ΔNLL that results.json keeps are the
@@ -40,7 +40,7 @@ def restat(results: dict) -> dict:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=pathlib.Path(__file__).parent).stdout.strip()
     results["meta"]["restat"] = (
-        f"statistics recomputed from the stored values by scripts/restat_results.py on "
+        f"statistics recomputed from the stored values by experiments/restat_results.py on "
         f"{datetime.date.today()} (code at {commit}); the measurements are unchanged")
     return results
 
