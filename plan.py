@@ -11,4 +11,4 @@ reexec(__name__)
 from dynjax.parallel import memory_plan  # noqa: E402
 
 if __name__ == "__main__":
-    memory_plan.run("plan.py")
+    memory_plan.start("plan.py")

@@ -12,8 +12,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "dynjax"
 # a FeatureGate model on the decoder's KV caches, parallel.memory_plan sizes a training run.
 LAYERS = (("coeffs", "jsonio", "_alloc"), ("data",), ("errors",), ("parallel",),
           ("models",), ("loaders", "decoding", "models.predicted_skip"), ("measure",),
-          ("rundir", "integrity"), ("train",), ("audit", "parallel.memory_plan", "runs"),
-          ("scorecard",))
+          ("rundir", "integrity"), ("train",),
+          ("audit", "parallel.memory_plan", "runs", "configs"), ("scorecard",), ("programs",))
 RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}
 KNOWN_CYCLES = []
 

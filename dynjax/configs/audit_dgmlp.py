@@ -9,7 +9,7 @@ Cross-input, LayerMean (each unit's mean gate probability over 2,000 validation 
 and GlobalMean are measured on 2,000 test examples, one forward of all of them at a time.
 Everything else as configs/audit_tiny.py.
 """
-from configs import audit_tiny
+from dynjax.configs import audit_tiny
 
 
 def get_config():

@@ -13,7 +13,7 @@ token id?), expert_relabel (a per-layer derangement of the experts: must hurt), 
 (each token's top-k experts with equal weights). One checkpoint: intervals are over windows
 and reassignments. docs/audit_hf.md shows an audit of a tiny random checkpoint.
 """
-from configs import audit_tiny
+from dynjax.configs import audit_tiny
 from dynjax.audit.interventions import REGISTRY
 
 

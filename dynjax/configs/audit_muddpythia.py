@@ -15,7 +15,7 @@ Paper: cross_input 1.9067, token_shuffle 2.9637, StaticMixMean 1.9798, Layer×Po
 1.0190, SourceUniformMean 7.4237 (its window length is not stated; 512 tokens here).
 Not run in this repository (no checkpoint, no GPU); its path is tested on a tiny MUDDPythia.
 """
-from configs import audit_tiny
+from dynjax.configs import audit_tiny
 
 
 def get_config():

@@ -6,7 +6,7 @@ Debian's ``dataset-fashion-mnist`` package (fetched by the set-up where apt exis
 
 Same model and schedule as configs/dgmlp_mnist.py (784-512-512-10, 6000 steps at batch 128).
 """
-from configs import mlp_common
+from dynjax.configs import mlp_common
 
 
 def get_config(method: str = "dgate"):

@@ -8,7 +8,7 @@ dgate_rigl. Override fields, e.g. ``--config.gate.lambda_g=1.0`` for the lambda_
 ``--config.sparse.density=0.6`` to prune to a measured DynamicGate RelMAC.
 MLP 784-512-512-10, AdamW, batch 128, 6000 steps (~14 epochs).
 """
-from configs import mlp_common
+from dynjax.configs import mlp_common
 
 
 def get_config(method: str = "dgate"):

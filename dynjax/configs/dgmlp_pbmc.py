@@ -7,7 +7,7 @@
 Methods: dense, dropout, dgate, structured, moe, prune, rigl, dgate_rigl.
 MLP 765-256-256-10, 1500 steps at batch 64 (~200 epochs: the training set is tiny).
 """
-from configs import mlp_common
+from dynjax.configs import mlp_common
 
 
 def get_config(method: str = "dgate"):

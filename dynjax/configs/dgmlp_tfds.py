@@ -13,7 +13,7 @@ Input and label keys: --config.data.tfds_input_key / --config.data.tfds_label_ke
 """
 import ml_collections
 
-from configs import mlp_common
+from dynjax.configs import mlp_common
 
 HIDDEN = {"cifar10": (1024, 1024), "tiny_imagenet": (1024, 1024), "speech_commands": (512, 512)}
 

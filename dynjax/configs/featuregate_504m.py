@@ -7,7 +7,7 @@ Variants as in featuregate_76m (fixed_depth15 included). On a pod, shard the wei
 FSDP over a host and tensor parallelism inside it, e.g. ``--config.sharding.preset=fsdp_tp
 --config.sharding.mesh.data=-1 --config.sharding.mesh.fsdp=8 --config.sharding.mesh.tensor=4``.
 """
-from configs import common
+from dynjax.configs import common
 
 
 def get_config(variant: str = "feature_gate"):

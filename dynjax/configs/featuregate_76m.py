@@ -9,7 +9,7 @@ rematerialised layers, data parallel over every device (shard the weights with
 ``--config.sharding.preset=fsdp --config.sharding.mesh.fsdp=-1 --config.sharding.mesh.data=1``).
 Mass-matched uniform: ``:uniform --config.mass_match_run=runs/fg76m_s0``.
 """
-from configs import common
+from dynjax.configs import common
 
 
 def get_config(variant: str = "feature_gate"):

@@ -14,7 +14,7 @@ import dataclasses
 
 import ml_collections
 
-from configs import tiny
+from dynjax.configs import tiny
 
 MODELS = {"olmoe_1b_7b": "allenai/OLMoE-1B-7B-0924", "qwen3_30b_a3b": "Qwen/Qwen3-30B-A3B",
           "mixtral_8x7b": "mistralai/Mixtral-8x7B-v0.1", "qwen1_5_moe_a2_7b": "Qwen/Qwen1.5-MoE-A2.7B"}

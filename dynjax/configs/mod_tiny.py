@@ -12,7 +12,7 @@ MoD against dense at equal training FLOPs: ``python experiments/mod_isoflop.py``
 MoD predictor 2.3733 vs dense 2.3931 test bits/byte). Routing report of a finished run
 (precision / recall / F1 of the decode rules): ``python experiments/mod_routing_report.py RUN_DIR``.
 """
-from configs import common
+from dynjax.configs import common
 from dynjax.models.mod import VARIANTS
 
 

@@ -14,7 +14,7 @@ Same size and training as configs/mod_tiny.py (4 blocks, d=128, seq 128, 600 ste
 - ``mode_integrated`` (family moe): every block's MoE router has a fifth, no-op expert; a
   token routed there skips the FFN. Coefficients: the 5-way routing probabilities.
 """
-from configs import mod_tiny
+from dynjax.configs import mod_tiny
 
 VARIANTS = ("mode_staged", "mode_integrated")
 MOE = dict(moe_num_experts=4, moe_num_experts_per_tok=1, moe_routing="token_choice",

@@ -10,7 +10,7 @@ MoE fields of configs/mode_tiny.py (d_ff=512 per expert, capacity factor 1.25). 
 expert starts as its block's MLP (dynjax/train/convert.py; experiments/conversion.py compares it
 with this model trained from scratch).
 """
-from configs import mode_tiny
+from dynjax.configs import mode_tiny
 
 VARIANTS = ("moe", "mode_integrated")
 

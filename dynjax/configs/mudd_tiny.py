@@ -11,7 +11,7 @@ Expected (measured, seed 0, ``--config.train.steps=400`` as compare_fca.sh train
 2.52 bits/byte (tiny feature_gate, same seed and steps: 2.54); ~6 CPU-minutes.
 Audit beside FeatureGate: ``bash experiments/compare_fca.sh``.
 """
-from configs import common
+from dynjax.configs import common
 from dynjax.models.mudd import VARIANTS
 
 

@@ -22,7 +22,7 @@ Thresholds (fixed before looking at results):
 """
 import ml_collections
 
-from configs import audit_tiny
+from dynjax.configs import audit_tiny
 
 
 def quick(audit):

@@ -7,7 +7,7 @@ against the FLOP prediction).
 
 Everything else as configs/scorecard.py; the audit is configs/audit_hf.py's, quick.
 """
-from configs import audit_hf, scorecard
+from dynjax.configs import audit_hf, scorecard
 
 
 def get_config():

@@ -6,7 +6,7 @@ Variants: dense, uniform, layer_static, feature_gate, fixed_depth2 (any fixed_de
 Expected: test bits-per-byte of about 2.2-2.4 after 600 steps, a few minutes on 2 cores.
 Mass-matched uniform: --config=configs/tiny.py:uniform --config.mass_match_run=RUN_DIR.
 """
-from configs import common
+from dynjax.configs import common
 
 
 def get_config(variant: str = "feature_gate"):

@@ -205,16 +205,18 @@ def _define_flags():
     flags.mark_flags_as_required(["config"])
 
 
-def run(prog: str = "dynjax.parallel.memory_plan"):
+def start(prog: str = "dynjax.parallel.memory_plan"):
     """The program (``python plan.py``, ``dynjax-plan``): flags, then one line per error."""
+    import sys
+
     from absl import app
 
-    from dynjax import errors
+    from dynjax import configs, errors
 
     _define_flags()
     app.run(lambda argv: errors.run_program(prog, lambda: main(argv)),
-            flags_parser=errors.flags_parser(prog))
+            argv=configs.expand(prog, sys.argv), flags_parser=errors.flags_parser(prog))
 
 
 if __name__ == "__main__":
-    run()
+    start()
