@@ -15,7 +15,7 @@ times any params).
 Per variant, measured in ONE run (every timed call of every variant interleaved, round by
 round, medians after a warm-up, ``dynjax.measure.latency``):
 
-- executed blocks per token (``dynjax.measure.execution.executed_blocks``);
+- executed blocks per token (``dynjax.measure.lm_execution.executed_blocks``);
 - forward FLOPs at batch 8: compiled (XLA cost analysis of the unrolled program) and
   analytic (matmuls), ``execution.flop_report``; compiled FLOPs of one decode step;
 - latency per batch at batch 8 (the paper's setting) and 1: ``forward`` (the model's apply
@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from dynjax import decoding  # noqa: E402
-from dynjax.measure import execution as ex  # noqa: E402
+from dynjax.measure import lm_execution as ex  # noqa: E402
 from dynjax.measure import latency  # noqa: E402
 from dynjax.models import build  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402

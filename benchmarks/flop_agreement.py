@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/flop_agreement.py [--out results/flop_agreement.json]
 
 XLA's cost analysis of the unrolled forward (every op) beside dynjax's analytic count
-(matmuls and controllers, ``dynjax.measure.execution``), at d_model=256, 2 layers, T=64.
+(matmuls and controllers, ``dynjax.measure.lm_execution``), at d_model=256, 2 layers, T=64.
 The ratio is what a FLOP claim can trust: tests hold every case to within 5%.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ reexec(__name__)
 import argparse
 import json
 
-from dynjax.measure import execution  # noqa: E402
+from dynjax.measure import lm_execution  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402
 from dynjax.jsonio import command_line, write_json_atomic  # noqa: E402
 
@@ -43,7 +43,7 @@ CASES = {
 
 def agreement(name: str) -> dict:
     cfg = ModelConfig.from_dict({**SIZE, **CASES[name]})
-    r = execution.flop_report(cfg, BATCH, SEQ)
+    r = lm_execution.flop_report(cfg, BATCH, SEQ)
     return {"compiled_flops": r["compiled_flops"], "analytic_flops": r["analytic_flops"],
             "ratio": r["compiled_flops"] / r["analytic_flops"],
             "analytic_parts": r["analytic_parts"]}

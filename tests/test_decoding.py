@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dynjax import decoding
-from dynjax.measure import execution, routing
+from dynjax.measure import lm_execution, routing
 from dynjax.models import build
 from dynjax.models.transformer import ModelConfig
 
@@ -56,7 +56,7 @@ def run_everything(cfg, fwd, params):
     step, _, _ = decoding.decode_step(cfg, params, cache, TOKENS[:, P], jnp.full((B,), P))
     out = decoding.generate(cfg, params, TOKENS[:, :P], T - P)
     stats = (routing.routing_stats(fwd, params, TOKENS) if cfg.family == "mod" else
-             execution.moe_stats(fwd, params, TOKENS) if cfg.family == "moe" else {})
+             lm_execution.moe_stats(fwd, params, TOKENS) if cfg.family == "moe" else {})
     return dict(full=full, coeffs=coeffs, cached=cached, info=info, prefill=pre, step=step,
                 generated=out, again=fwd.apply(params, out)[0], stats=stats)
 

@@ -1,20 +1,14 @@
-"""scripts/dgmlp_curve.py's report from real (tiny) runs: every planned point read back,
+"""experiments/dgmlp_curve.py's report from real (tiny) runs: every planned point read back,
 the table with intervals, the figure, and a clear error when a run is missing."""
-import importlib.util
 import json
-import os
 
 import pytest
 
 from configs import mlp_common
 from dynjax.data import tabular
 from dynjax.train import loop
-from tests.conftest import ROOT
+from experiments import dgmlp_curve as curve
 
-_spec = importlib.util.spec_from_file_location(
-    "dgmlp_curve", os.path.join(ROOT, "scripts", "dgmlp_curve.py"))
-curve = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(curve)
 
 
 def _set(config, override: str):

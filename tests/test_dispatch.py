@@ -259,7 +259,7 @@ def test_config_errors():
 
 
 def test_analytic_flops_count_the_sorted_rows_not_buffers():
-    from dynjax.measure import execution
+    from dynjax.measure import lm_execution as execution
     cfg = CFG.replace(moe_num_experts=8, moe_num_experts_per_tok=2)
     onehot = execution.analytic_forward_flops(cfg, 1, 64)
     drop = execution.analytic_forward_flops(cfg.replace(moe_dispatch="dropless"), 1, 64)

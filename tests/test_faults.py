@@ -341,10 +341,10 @@ def test_audit_and_plan_check_their_output_before_any_compute(base, tmp_path):
     assert "data.eval_windows=0 and data.calib_windows=64: the audit needs at least 2 " \
         "evaluation windows" in _one_line(out.stderr, "audit.py: error: ")
     assert not (tmp_path / "audit").exists()
-    plan = ["-m", "dynjax.plan", "--config=configs/tiny.py:feature_gate"]
+    plan = ["-m", "dynjax.parallel.memory_plan", "--config=configs/tiny.py:feature_gate"]
     out = _cli([*plan, f"--out={tmp_path}/file/plan.json"])
     assert out.returncode == 2 and "(errno 20, ENOTDIR)" in _one_line(
-        out.stderr, "dynjax.plan: error: cannot write ")
+        out.stderr, "dynjax.parallel.memory_plan: error: cannot write ")
     out = _cli([*plan, f"--out={tmp_path}/new/folder/plan.json"])   # a missing folder
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads((tmp_path / "new/folder/plan.json").read_text())["preset"] == "dp"

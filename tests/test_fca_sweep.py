@@ -1,19 +1,13 @@
-"""scripts/fca_sweep.py: the grid's order (cheapest first, whole rows), resumption (finished
+"""experiments/fca_sweep.py: the grid's order (cheapest first, whole rows), resumption (finished
 runs and audits skipped), and the report from run and audit files of the shape train.py and
 audit.py write."""
-import importlib.util
 import json
-import os
 import shutil
 
 import pytest
 
-from tests.conftest import ROOT
+from experiments import fca_sweep as sweep
 
-_spec = importlib.util.spec_from_file_location(
-    "fca_sweep", os.path.join(ROOT, "scripts", "fca_sweep.py"))
-sweep = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sweep)
 
 
 def _finish_run(runs, row, seed, bpb, checkpoint=True):
@@ -89,7 +83,7 @@ def test_order_resume_and_report(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == [
         "featuregate.png", "mudd.png", "results.json", "table.md"]
     data = json.loads((out / "results.json").read_text())
-    assert data["command"].startswith("python scripts/fca_sweep.py --runs=")
+    assert data["command"].startswith("python experiments/fca_sweep.py --runs=")
     assert data["ratios"] == [{"size": "tiny", "steps": 400, "ratio": pytest.approx(
         {c: 10.0 for c in sweep.CONDITIONS})}]
     md = (out / "table.md").read_text()
@@ -176,7 +170,7 @@ def test_report_carries_forward_rows_whose_runs_are_gone(tmp_path):
     assert by_name["tiny_feature_gate_400"]["audit"]["conditions"]["cross_input"][
         "estimate"] == 0.01
     assert by_name["tiny_feature_gate_400"]["carried"]["command"] == \
-        f"python scripts/fca_sweep.py --runs={old} --report --out={out}"
+        f"python experiments/fca_sweep.py --runs={old} --report --out={out}"
     assert by_name["tiny_mudd_400"]["test_bpb"] == {"0": 2.4}
     assert "carried" not in by_name["tiny_mudd_400"]
     assert by_name["tiny_mudd_400"]["seed_audits"]["0"]["conditions"]["cross_input"][
@@ -185,7 +179,7 @@ def test_report_carries_forward_rows_whose_runs_are_gone(tmp_path):
     assert "| tiny | feature_gate | 400 | 1,638,400 | 2.6000 | 2.6000 | 2.6000 | 2.6000 | " \
            "cpu (cpu) † |" in md
     assert "| tiny | mudd | 400 | 1,638,400 | 2.4000 | — | — | 2.4000 | cpu (cpu) |" in md
-    assert f"(`python scripts/fca_sweep.py --runs={old} --report --out={out}`)" in md
+    assert f"(`python experiments/fca_sweep.py --runs={old} --report --out={out}`)" in md
     assert md.count("†") == 3                 # two rows of the FeatureGate run, one footnote
     assert "## Seeds audited, their row not yet complete" in md
     assert "| MUDD | tiny | 400 | 0 | 2.4000 | +0.3 [+0, +0.6] |" in md

@@ -18,7 +18,7 @@ from dynjax.errors import CheckpointError, ConfigError, DataError
 from dynjax.loaders import hf
 from dynjax.models import build
 from dynjax.parallel import sharding
-from dynjax.plan import per_device_bytes, tree_bytes
+from dynjax.parallel.memory_plan import per_device_bytes, tree_bytes
 
 DATA = pathlib.Path(__file__).parent / "data" / "hf"
 ARCHS = ("llama", "qwen3", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
@@ -117,14 +117,14 @@ def test_logical_axes_shard_experts_with_the_ep_preset():
 
 
 def test_plan_takes_a_port_with_expert_parallelism():
-    """``dynjax.plan`` sizes a training run of a port (the ep preset splits the experts;
+    """``dynjax.parallel.memory_plan`` sizes a training run of a port (the ep preset splits the experts;
     remat keeps fewer activations)."""
     import dataclasses
 
     from ml_collections import ConfigDict
 
     from configs import tiny
-    from dynjax import plan
+    from dynjax.parallel import memory_plan as plan
 
     config = tiny.get_config()
     config.model = ConfigDict(dict(dataclasses.asdict(loaded("olmoe")[0].cfg), family="llm"))

@@ -7,11 +7,13 @@ import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "dynjax"
-# Lowest first; a module may import its own layer or any layer below it.
+# Lowest first; a module may import its own layer or any layer below it. A module named
+# here (package.module) sits in its own layer, not its package's: models.predicted_skip runs
+# a FeatureGate model on the decoder's KV caches, parallel.memory_plan sizes a training run.
 LAYERS = (("coeffs", "jsonio", "_alloc"), ("data",), ("errors",), ("parallel",),
-          ("models", "gate_schedule"),
-          ("loaders", "decoding", "skip"), ("measure",), ("rundir", "integrity"), ("train",),
-          ("audit", "plan", "runs"), ("scorecard",))
+          ("models",), ("loaders", "decoding", "models.predicted_skip"), ("measure",),
+          ("rundir", "integrity"), ("train",),
+          ("audit", "parallel.memory_plan", "runs", "configs"), ("scorecard",), ("programs",))
 RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}
 KNOWN_CYCLES = []
 
@@ -42,7 +44,10 @@ def graph() -> dict[str, set[str]]:
 
 
 def layer(module: str) -> int:
-    part = module.split(".")[1] if "." in module else module
+    parts = module.split(".")[1:] or [module]
+    if ".".join(parts[:2]) in RANK:
+        return RANK[".".join(parts[:2])]
+    part = parts[0]
     if part not in RANK:
         raise AssertionError(f"{module} is in no layer; add dynjax/{part} to LAYERS")
     return RANK[part]

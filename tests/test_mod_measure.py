@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from dynjax import coeffs as coeffs_lib
-from dynjax.measure import execution as ex
+from dynjax.measure import lm_execution as ex
 from dynjax.models import build
 from dynjax.models.transformer import ModelConfig
 

@@ -247,7 +247,7 @@ ACTIVATIONS = textwrap.dedent(r"""
     ref, m1 = jax.jit(step)(state, batch)
     diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
                for a, b in zip(jax.tree.leaves(new["params"]), jax.tree.leaves(ref["params"])))
-    from dynjax import plan  # its per-device state: the compiled step's arguments
+    from dynjax.parallel import memory_plan as plan  # its per-device state: the compiled step's arguments
     planned = plan.plan(c, dict(data=2, fsdp=2, tensor=2), rules)
     print(json.dumps({{"shapes": shapes, "loss": float(m["loss"]), "loss_ref": float(m1["loss"]),
                       "arguments": compiled.memory_analysis().argument_size_in_bytes,
@@ -330,7 +330,7 @@ def test_activations_are_sharded_under_fsdp_tp(tmp_path):
     MLP and query projections run on 1/4 of the tokens (batch over data x fsdp) and 1/2 of
     the columns (tensor); without the constraints XLA gathers the batch over fsdp instead
     (128 token rows). The step equals the one-device step within float tolerance, and
-    dynjax.plan predicts its per-device arguments."""
+    dynjax.parallel.memory_plan predicts its per-device arguments."""
     info, _ = _run(tmp_path, 8, script_text=ACTIVATIONS)
     assert info["constraints"] > 0
     tokens = 8 * 32 // 4

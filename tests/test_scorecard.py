@@ -9,7 +9,7 @@ import pytest
 from configs import scorecard as scorecard_config
 from dynjax import scorecard
 from dynjax.measure import macs, panels
-from dynjax.measure.execution import compiled_cost
+from dynjax.measure.lm_execution import compiled_cost
 from dynjax.models.gated_mlp import GatedMLP, MLPConfig, structured_forward
 
 SETTINGS = {"tau": 1.0, "theta": 0.5, "gates_open": False}

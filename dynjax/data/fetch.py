@@ -105,7 +105,8 @@ def main(argv=None) -> int:
         description="Fetch every data archive dynjax reads (idempotent: what is there and "
                     "readable is kept). Exit status 1 if required data could not be fetched.")
     parser.add_argument("data_dir", nargs="?", default=None,
-                        help="where to put the archives (default: $DYNJAX_DATA, else .data)")
+                        help="where to put the archives (default: $DYNJAX_DATA, else a "
+                        "checkout's .data, else ~/.cache/dynjax/data)")
     args = parser.parse_args(argv)
     if args.data_dir is not None:
         from dynjax.jsonio import check_writable

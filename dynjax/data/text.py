@@ -55,9 +55,17 @@ class DataError(RuntimeError):
 
 
 def data_dir(path: str | None = None) -> pathlib.Path:
-    """Where fetched packages and split caches live: config, $DYNJAX_DATA, or ./.data."""
-    return pathlib.Path(path or os.environ.get("DYNJAX_DATA") or
-                        pathlib.Path(__file__).resolve().parents[2] / ".data")
+    """Where fetched packages and split caches live: ``path`` (data.data_dir), else
+    $DYNJAX_DATA, else a checkout's own .data (beside its pyproject.toml: scripts/setup.sh
+    fetches there), else the user's cache ($XDG_CACHE_HOME or ~/.cache, then dynjax/data):
+    an installed package never writes into site-packages."""
+    if path or os.environ.get("DYNJAX_DATA"):
+        return pathlib.Path(path or os.environ["DYNJAX_DATA"])
+    checkout = pathlib.Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "dynjax" / "data").is_dir():
+        return checkout / ".data"
+    cache = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+    return pathlib.Path(cache) / "dynjax" / "data"
 
 
 # ---------------------------------------------------------------- documents per source

@@ -7,7 +7,7 @@
     windows = hf.token_windows(DIR, seq_len=512, n_calibration=32, n_evaluation=64)
 
 ``model`` is ``dynjax.models.build`` of the ``llm`` family (:mod:`dynjax.models.llm`), so
-the audit, the sharding presets and ``python -m dynjax.plan`` treat it like any family.
+the audit, the sharding presets and ``python plan.py`` treat it like any family.
 No torch is needed: tensors are read with safetensors' numpy API, one at a time.
 
 Each supported ``model_type`` is one function from config.json to ``llm.Config`` (the

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from dynjax.measure.execution import analytic_forward_flops
+from dynjax.measure.lm_execution import analytic_forward_flops
 from dynjax.models.transformer import ModelConfig
 
 # Dense (no sparsity) peak FLOP/s of one chip by ``jax.devices()[0].device_kind`` prefix

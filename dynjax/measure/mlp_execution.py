@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dynjax.measure import macs
-from dynjax.measure.execution import compiled_cost
+from dynjax.measure.lm_execution import compiled_cost
 from dynjax.models.gated_mlp import GatedMLP, MLPConfig, structured_forward
 
 

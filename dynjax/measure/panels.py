@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dynjax import decoding
-from dynjax.measure import execution, latency, mlp_execution
+from dynjax.measure import latency, lm_execution, mlp_execution
 from dynjax.models import build, dispatch, llm, muddpythia
 from dynjax.models.transformer import ModelConfig
 
@@ -38,9 +38,9 @@ def execution_panel(cfg: ModelConfig, params, windows, batches=(1, 8), repeats: 
     twin = build(twin_cfg)
     T = windows.shape[1]
     tokens = jnp.asarray(windows[:max(batches)])
-    counts = execution.executed_blocks(model, params, tokens)
-    flops = execution.flop_report(cfg, 1, T)
-    twin_flops = execution.flop_report(twin_cfg, 1, T)
+    counts = lm_execution.executed_blocks(model, params, tokens)
+    flops = lm_execution.flop_report(cfg, 1, T)
+    twin_flops = lm_execution.flop_report(twin_cfg, 1, T)
     twin_params = twin.init(jax.random.key(0), tokens[:1])
     kv = lambda c: decoding.cache_bytes(decoding.init_cache(c, 1, T))
     out = {"executed_blocks_per_token": float(np.mean(counts)), "n_layers": cfg.n_layers,
@@ -110,7 +110,7 @@ def muddpythia_execution_panel(cfg, params, windows, batches=(1, 8), repeats: in
     programs = {"model": lambda p, t: muddpythia.apply(cfg, p, t)[0],
                 "static": lambda p, t: muddpythia.apply_static_mixing(cfg, p, t)[0]}
     one = jnp.asarray(windows[:1])
-    compiled = {k: execution.compiled_cost(f, params, one)["flops"] for k, f in programs.items()}
+    compiled = {k: lm_execution.compiled_cost(f, params, one)["flops"] for k, f in programs.items()}
     est = muddpythia.memory_time_estimate(cfg, 1, T, 1)
     timers = {}
     for name, f in programs.items():
@@ -209,8 +209,8 @@ def moe_execution_panel(cfg, params, windows, batches=(1, 8), repeats: int = 5) 
                 "dense": llm_flops_per_window(twin_cfg, T, twin_count["active"])}
     one = jnp.asarray(windows[:1])
     forward = lambda m: (lambda p, t: m.apply(p, t)[0])
-    compiled = {"model": execution.compiled_cost(forward(model), params, one)["flops"],
-                "dense": execution.compiled_cost(forward(twin), twin_params, one)["flops"]}
+    compiled = {"model": lm_execution.compiled_cost(forward(model), params, one)["flops"],
+                "dense": lm_execution.compiled_cost(forward(twin), twin_params, one)["flops"]}
     timers = {}
     for who, (m, p) in {"model": (model, params), "dense": (twin, twin_params)}.items():
         f = jax.jit(forward(m))

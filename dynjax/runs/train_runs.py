@@ -7,7 +7,8 @@ import functools
 import json
 import pathlib
 
-from dynjax import gate_schedule, rundir
+from dynjax import rundir
+from dynjax.models import gate_schedule
 from dynjax.audit.settings import CLASSIFY, AuditError
 from dynjax.measure import panels
 from dynjax.runs import windows

@@ -26,7 +26,7 @@ import optax
 
 from dynjax import rundir
 from dynjax.data import tabular, tfds_classify
-from dynjax.gate_schedule import gate_schedule
+from dynjax.models.gate_schedule import gate_schedule
 from dynjax.measure import macs as macs_lib
 from dynjax.models.gated_mlp import MLPConfig, gate_penalty
 from dynjax.parallel import distributed, sharding

@@ -1,0 +1,42 @@
+"""The configs, one file per experiment (``get_config(arg)``).
+
+From a checkout they are ``--config=configs/NAME.py[:ARG]`` (``configs/`` at the root is a
+link to this folder, so ``from configs import tiny`` works there too); anywhere, and after
+``pip install``, they are ``--config=dynjax:NAME[:ARG]``, which every program expands to
+this folder's file.
+"""
+import pathlib
+
+DIR = pathlib.Path(__file__).resolve().parent
+PREFIX = "dynjax:"
+
+
+def names() -> list[str]:
+    return sorted(p.stem for p in DIR.glob("*.py") if not p.stem.startswith("_"))
+
+
+def path(name: str) -> str:
+    """The file of config ``name`` (``tiny``, ``audit_tiny``, ...)."""
+    return str(DIR / f"{name}.py")
+
+
+def expand(prog: str, argv: list[str]) -> list[str]:
+    """``argv`` with ``--config=dynjax:NAME[:ARG]`` (or ``--config dynjax:NAME[:ARG]``) made
+    ``--config=DIR/NAME.py[:ARG]``; an unknown NAME is one line and exit status 2."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        value = arg[len("--config="):] if arg.startswith("--config=") else \
+            out[i + 1] if arg == "--config" and i + 1 < len(out) else None
+        if value is None or not value.startswith(PREFIX):
+            continue
+        name, sep, rest = value[len(PREFIX):].partition(":")
+        if name not in names():
+            from dynjax.errors import exit_with_error
+            exit_with_error(prog, f"bad command line: --config={value}: no config {name!r} in "
+                            f"dynjax; choose one of {', '.join(names())}")
+        value = path(name) + sep + rest
+        if arg == "--config":
+            out[i + 1] = value
+        else:
+            out[i] = "--config=" + value
+    return out

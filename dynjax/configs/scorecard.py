@@ -1,0 +1,48 @@
+"""The execution scorecard's settings: a quick audit, the timing, and every verdict threshold.
+
+    python scorecard.py --config=configs/scorecard.py --out=DIR RUN_DIR [RUN_DIR ...]
+    python scorecard.py --out=DIR --muddpythia=HF_DIR --config.audit.data.seq_len=512 \
+        --config.audit.data.validation_path=VALID.txt --config.audit.data.test_path=TEST.txt
+
+A RUN_DIR may be a language-model or a classifier (DynamicGate-MLP) run of train.py, or a
+MUDDPythia HF directory (``*.safetensors``; its audit reads local text, as
+configs/audit_muddpythia.py). Classifier runs are audited on ``classifier_examples``
+validation and test examples (one forward each) and timed with ``classifier_latency_repeats``
+rounds: a forward of a few examples takes microseconds.
+
+Thresholds (fixed before looking at results):
+- variation: "varies" when more than ``varies_min_input_share`` of some coefficient's
+  variance is left after removing its static profile (the mean over examples and tokens of
+  each layer / stream / source / expert cell), i.e. varies with input and position;
+- dependence: "function depends on it" when the cross-input or static-profile ΔNLL has a
+  95% CI lower bound above ``depends_min_dnll`` nats per token;
+- execution: "executes less" when both the compiled-FLOP ratio and the forward latency
+  ratio at batch ``latency_batch`` against the same-size dense model are at most
+  ``executes_less_max_ratio``.
+"""
+import ml_collections
+
+from dynjax.configs import audit_tiny
+
+
+def quick(audit):
+    """An audit config at the scorecard's quick settings (5 reassignments, 32 + 32 windows)."""
+    audit.reassignments = 5
+    audit.data.calib_windows = 32
+    audit.data.eval_windows = 32
+    return audit
+
+
+def get_config(audit=None):
+    """``audit``: the audit config to run quick (default configs/audit_tiny.py's)."""
+    c = ml_collections.ConfigDict()
+    c.audit = quick(audit or audit_tiny.get_config())
+    c.execution_windows = 8        # test windows timed (the largest latency batch)
+    c.latency_batches = (1, 8)     # the paper measured batch 8
+    c.latency_repeats = 5
+    c.classifier_examples = 1000   # classifier runs: audit examples (calibration and test each)
+    c.classifier_latency_repeats = 50
+    c.thresholds = ml_collections.ConfigDict(dict(
+        varies_min_input_share=0.05, depends_min_dnll=0.01, executes_less_max_ratio=0.9,
+        latency_batch=8))
+    return c

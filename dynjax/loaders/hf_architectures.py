@@ -1,0 +1,35 @@
+"""Architecture fields of published Hugging Face config.json files, copied by hand (nothing
+is downloaded): the production models ``dynjax.loaders.hf`` ports, sized by the memory plan
+(``configs/hf_llm.py``), ``experiments/hf_memory_table.py`` and
+``experiments/audit_hf_plan.py``."""
+
+GQA = dict(hidden_act="silu", tie_word_embeddings=False)
+CONFIGS = {
+    "meta-llama/Llama-3.1-8B": dict(
+        GQA, model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
+        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                          high_freq_factor=4.0, original_max_position_embeddings=8192)),
+    "Qwen/Qwen3-8B": dict(
+        GQA, model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288,
+        num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+        rope_theta=1000000.0),
+    "mistralai/Mixtral-8x7B-v0.1": dict(
+        GQA, model_type="mixtral", vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        num_local_experts=8, num_experts_per_tok=2, rope_theta=1000000.0),
+    "allenai/OLMoE-1B-7B-0924": dict(
+        GQA, model_type="olmoe", vocab_size=50304, hidden_size=2048, intermediate_size=1024,
+        num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=16, num_experts=64,
+        num_experts_per_tok=8, norm_topk_prob=False),
+    "Qwen/Qwen1.5-MoE-A2.7B": dict(
+        GQA, model_type="qwen2_moe", vocab_size=151936, hidden_size=2048,
+        intermediate_size=5632, moe_intermediate_size=1408,
+        shared_expert_intermediate_size=5632, num_hidden_layers=24, num_attention_heads=16,
+        num_key_value_heads=16, num_experts=60, num_experts_per_tok=4, norm_topk_prob=False),
+    "Qwen/Qwen3-30B-A3B": dict(
+        GQA, model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,
+        intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48,
+        num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+        num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[]),
+}

@@ -1,0 +1,1 @@
+"""The command-line programs (``dynjax.programs.console``: their console commands)."""

@@ -1,0 +1,97 @@
+"""Frozen-Controller Audit: does a trained dynamic model depend on its coefficients?
+
+    python audit.py --config=configs/audit_tiny.py --out=DIR --checkpoints RUN_DIR [RUN_DIR ...]
+    python audit.py --config=configs/audit_muddpythia.py --muddpythia=HF_DIR --out=DIR \
+        --config.data.validation_path=wiki.valid.raw --config.data.test_path=wiki.test.raw
+    python audit.py --config=configs/audit_hf.py --hf=HF_DIR --out=DIR   # an MoE's routers
+    python audit.py --combine=AUDIT_DIR,AUDIT_DIR[,...] --out=DIR   # audits run apart, as one
+
+Records every evaluation window's coefficients under jit, replays them with the controller
+disabled and stops with an error unless the logits match bit for bit, then replays each
+condition (cross-input derangement, token shuffle, both, Layer×PositionMean, the static
+profile, the structure-removed reference) and reports ΔNLL against Correct: checkpoint-level
+bootstrap CIs, exact sign-flip p-values, Holm over the factorial effects, retention and the
+prespecified criteria. Each RUN_DIR (one seed) is one unit of inference. Seeds audited
+apart (each as it finishes training, or on different machines) combine into the same
+checkpoint-level statistics with ``--combine`` (same config and windows required).
+
+RUN_DIRs may be train.py runs (any family with coefficients: gates, MUDD, MoD, MoE, MoDE;
+windows are token windows, the loss their mean next-token NLL) or classifier runs
+(DynamicGate-MLP; a window is one labelled example, the loss its cross-entropy; validation
+examples calibrate, test examples evaluate). Conditions that need a token axis are reported
+as not applicable for coefficients without one, and so are the factorial effects.
+``--hf=DIR`` audits a Hugging Face MoE's router scores (configs/audit_hf.py adds the routing
+conditions token_identity, expert_relabel, weights_flat; docs/audit_hf.md). Checkpoints are
+opened through ``dynjax.runs.open_target`` (docs/targets.md).
+Writes DIR/results.json (every number, seeds, config, sha256 of each checkpoint's params),
+DIR/report.md and PNG plots, atomically; prints a verdict table. Override any config field
+with ``--config.reassignments=5``. Program: ``dynjax/audit/run.py``; engine:
+``dynjax/audit/engine.py``; settings: ``dynjax/audit/settings.py``.
+"""
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from dynjax import configs, errors
+from dynjax.audit import run
+from dynjax.jsonio import check_writable
+from dynjax.parallel import distributed
+
+PROG = "audit.py"   # the name errors are reported under (start() sets it)
+config_flags.DEFINE_config_file("config", configs.path("audit_tiny"),
+                                "configs/NAME.py or dynjax:NAME",
+                                lock_config=True)
+flags.DEFINE_list("checkpoints", [], "run directories written by train.py "
+                  "(further run directories may follow as positional arguments)")
+flags.DEFINE_string("muddpythia", None, "a local MUDDPythia HF directory to audit instead")
+flags.DEFINE_string("hf", None, "a local Hugging Face MoE checkpoint directory (mixtral, olmoe, "
+                    "qwen2_moe, qwen3_moe) to audit instead: its routers")
+flags.DEFINE_list("combine", [], "audit.py --out directories of the same config and windows "
+                  "(one per seed, audited apart) to combine into one audit")
+flags.DEFINE_string("out", None, "output directory: results.json, report.md, plots")
+flags.mark_flag_as_required("out")
+
+distributed.define_flags(flags)
+
+
+def check_inputs() -> None:
+    """What fails only after the whole audit ran, checked before it starts: the output
+    folder's writability and the window counts."""
+    F = flags.FLAGS
+    check_writable(F.out, "--out")
+    dc = F.config.data
+    if not F.combine and (int(dc.eval_windows) < 2 or int(dc.calib_windows) < 1):
+        raise run.AuditError(f"data.eval_windows={dc.eval_windows} and data.calib_windows="
+                             f"{dc.calib_windows}: the audit needs at least 2 evaluation "
+                             "windows (cross-input reassignment) and 1 calibration window")
+
+
+def audit_or_combine(run_dirs):
+    F = flags.FLAGS
+    check_inputs()
+    if not F.combine:
+        return run.audit_from_config(F.config, run_dirs, F.muddpythia, F.out, hf_dir=F.hf)
+    if run_dirs or F.muddpythia or F.hf:
+        raise run.AuditError("--combine joins finished audits; drop --checkpoints / "
+                             "--muddpythia / --hf (audit those apart first)")
+    return run.combine_dirs(F.combine, F.out)
+
+
+def main(argv):
+    logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
+    # many hosts: --coordinator_address/--num_processes/--process_id or --distributed
+    errors.run_program(PROG, lambda: distributed.initialize_from_flags(flags))
+    run_dirs = list(flags.FLAGS.checkpoints) + list(argv[1:])
+    results = errors.run_program(PROG, lambda: audit_or_combine(run_dirs),
+                                 errors=(run.AuditError, run.ReplayError))
+    print(run.verdict_table(results))
+    print(f"wrote {flags.FLAGS.out}/results.json, report.md and plots")
+
+
+def start(prog: str = "audit.py"):
+    """The program under the name it was started by (``audit.py``, ``dynjax-audit``)."""
+    global PROG
+    PROG = prog
+    sys.modules["__main__"].__doc__ = __doc__   # what --help prints
+    app.run(main, argv=configs.expand(prog, sys.argv), flags_parser=errors.flags_parser(prog))

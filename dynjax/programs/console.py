@@ -1,0 +1,32 @@
+"""The command-line programs, as console commands (``pip install`` puts them on PATH) and
+behind the checkout's thin shells (``train.py``, ``audit.py``, ``scorecard.py``,
+``sample.py``, ``plan.py``): each entry point applies the allocator setting
+(``dynjax._alloc``) before JAX is imported, then runs the program under its own name."""
+import importlib
+
+
+def _run(module: str, prog: str):
+    from dynjax._alloc import reexec
+
+    reexec("__main__")   # a console command is the main program: re-execute once
+    importlib.import_module(module).start(prog)
+
+
+def train():
+    _run("dynjax.programs.train", "dynjax-train")
+
+
+def audit():
+    _run("dynjax.programs.audit", "dynjax-audit")
+
+
+def scorecard():
+    _run("dynjax.programs.scorecard", "dynjax-scorecard")
+
+
+def sample():
+    _run("dynjax.programs.sample", "dynjax-sample")
+
+
+def plan():
+    _run("dynjax.parallel.memory_plan", "dynjax-plan")

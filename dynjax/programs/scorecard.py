@@ -1,0 +1,65 @@
+"""The execution scorecard: for each checkpoint, does it vary, does its function depend on
+it, and does it really execute less?
+
+    python scorecard.py --config=configs/scorecard.py --out=DIR RUN_DIR [RUN_DIR ...]
+    python scorecard.py --out=DIR --muddpythia=HF_DIR [RUN_DIR ...]
+    python scorecard.py --config=configs/scorecard_hf.py --out=DIR --hf=HF_DIR
+
+RUN_DIR: a train.py run (language model or DynamicGate-MLP classifier) or an HF directory
+(a ported MoE or dense LLM by its config.json's model_type, else MUDDPythia). Writes DIR/scorecard.json, DIR/scorecard.md
+and DIR/scorecard_<i>.png (three panels), and each audited run's audit under DIR/<i>/audit.
+Library: ``dynjax/scorecard.py``.
+"""
+
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from dynjax import configs, errors, scorecard
+from dynjax.audit import run as audit_run
+from dynjax.jsonio import command_line
+
+PROG = "scorecard.py"   # the name errors are reported under (start() sets it)
+config_flags.DEFINE_config_file("config", configs.path("scorecard"),
+                                "configs/NAME.py or dynjax:NAME",
+                                lock_config=True)
+flags.DEFINE_string("out", None, "output directory")
+flags.DEFINE_string("muddpythia", None, "a MUDDPythia HF directory to score (after any RUN_DIR)")
+flags.DEFINE_string("hf", None, "a Hugging Face LLM directory to score (after any RUN_DIR)")
+flags.mark_flag_as_required("out")
+
+
+def main(argv):
+    logging.set_verbosity(logging.WARNING)
+    runs = [(r, None) for r in argv[1:]]
+    if flags.FLAGS.muddpythia:
+        runs.append((flags.FLAGS.muddpythia, "muddpythia"))
+    if flags.FLAGS.hf:
+        runs.append((flags.FLAGS.hf, "hf"))
+    if not runs:
+        errors.exit_with_error(PROG, "no checkpoints given: pass RUN_DIR "
+                               "[RUN_DIR ...] written by train.py, or --muddpythia=HF_DIR / --hf=HF_DIR")
+    out = flags.FLAGS.out
+
+    def score():
+        cards = [scorecard.score(r, flags.FLAGS.config, f"{out}/{i}", kind=kind)
+                 for i, (r, kind) in enumerate(runs)]
+        scorecard.write(cards, out, command_line())
+        return cards
+    cards = errors.run_program(PROG, score,
+                               errors=(audit_run.AuditError, audit_run.ReplayError,
+                                       FileNotFoundError))
+    for c in cards:
+        print(f"{c['run']} ({c['model']})")
+        for axis, line in c["verdicts"].items():
+            print(f"  {axis:<11} {line}")
+    print(f"wrote {out}/scorecard.json, scorecard.md and figures")
+
+
+def start(prog: str = "scorecard.py"):
+    """The program under the name it was started by (``scorecard.py``, ``dynjax-scorecard``)."""
+    global PROG
+    PROG = prog
+    sys.modules["__main__"].__doc__ = __doc__   # what --help prints
+    app.run(main, argv=configs.expand(prog, sys.argv), flags_parser=errors.flags_parser(prog))

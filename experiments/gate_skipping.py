@@ -1,0 +1,80 @@
+"""Post-training skipping of residual-gate updates: the audit paper's thresholding study.
+
+    .venv/bin/python experiments/gate_skipping.py RUN_DIR [RUN_DIR ...] [--windows 128]
+        [--out results/skipping]
+
+For each gate checkpoint (feature_gate, layer_static, uniform): zero every update whose gate
+is below tau over a sweep of tau (quantiles of the recorded gates), and, on the same
+checkpoint, keep only the first K blocks (K = L .. 0); test bits/byte against the fraction
+of (layer, token) updates removed (``dynjax.measure.update_removal``). Writes
+OUT/skipping.json (with the command) and OUT/skipping.png, atomically.
+"""
+from __future__ import annotations
+
+from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
+reexec(__name__)
+import argparse
+from pathlib import Path
+
+from dynjax.audit.report import _save_fig  # noqa: E402
+from dynjax.data import text  # noqa: E402
+from dynjax.measure import update_removal  # noqa: E402
+from dynjax import rundir  # noqa: E402
+from dynjax.jsonio import command_line, write_json_atomic  # noqa: E402
+
+
+def curves_of(run_dir: str, n_windows: int) -> dict:
+    config, model, params = rundir.load_params(run_dir)
+    dc = config.data
+    splits = text.load_splits(dc.source, dc.get("path"), dc.get("tfds_name"), dc.get("data_dir"))
+    windows = text.eval_windows(splits["test"], dc.seq_len, n_windows)
+    taus = update_removal.gate_quantile_taus(model, params, windows)
+    out = update_removal.skipping_curves(model, params, windows, taus)
+    return {"run": run_dir, "model": f"{model.cfg.family}/{model.cfg.variant}", **out}
+
+
+def plot(results: list):
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(6.5, 4.2))
+    ax = fig.subplots()
+    for i, r in enumerate(results):
+        color = f"C{i}"
+        th = r["threshold"]
+        ax.plot([p["removed"] for p in th], [p["bpb"] for p in th], "o-", color=color,
+                label=f"{r['model']}: gate < tau removed")
+        tr = r["truncate"]
+        ax.plot([p["removed"] for p in tr], [p["bpb"] for p in tr], "s--", color=color,
+                alpha=0.6, label=f"{r['model']}: first K blocks kept")
+    ax.set_xlabel("fraction of (layer, token) updates removed")
+    ax.set_ylabel("test bits/byte")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("runs", nargs="+")
+    ap.add_argument("--windows", type=int, default=128)
+    ap.add_argument("--out", default="results/skipping")
+    args = ap.parse_args()
+    results = [curves_of(r, args.windows) for r in args.runs]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "skipping.json", {
+        "command": command_line(),
+        "windows": args.windows, "checkpoints": results,
+        "note": "removing an update saves nothing here: a FeatureGate's gate is known only "
+                "after its block ran (its features read the block's attention)"})
+    _save_fig(plot(results), out / "skipping.png")
+    for r in results:
+        print(f"{r['run']} ({r['model']}): plain {r['plain_bpb']:.4f} bits/byte")
+        print("  gate < tau removed: " + ", ".join(
+            f"{p['removed']:.3f} -> {p['bpb']:.4f}" for p in r["threshold"]))
+        print("  first K blocks kept: " + ", ".join(
+            f"{p['removed']:.3f} -> {p['bpb']:.4f}" for p in r["truncate"][::-1]))
+
+
+if __name__ == "__main__":
+    main()
