@@ -85,10 +85,13 @@ def write_json_atomic(path, obj, **dumps) -> None:
 def command_line() -> str:
     """How this program was started, as a user retypes it from the directory it ran in: the
     command a results file names. ``python -m PKG.MOD ARGS`` when started with ``-m`` (kept
-    across dynjax._alloc's re-execution), else ``python PATH ARGS``; shell-quoted. A main
-    run in-process under another program (a test sets ``sys.argv``) is named by that argv."""
+    across dynjax._alloc's re-execution), ``dynjax-NAME ARGS`` for an installed console
+    command, else ``python PATH ARGS``; shell-quoted. A main run in-process under another
+    program (a test sets ``sys.argv``) is named by that argv."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     started_with_m = spec is not None and sys.argv[0] == spec.origin
+    if not started_with_m and os.path.basename(sys.argv[0]).startswith("dynjax-"):
+        return shlex.join([os.path.basename(sys.argv[0])] + sys.argv[1:])
     program = ["-m", spec.name] if started_with_m else [os.path.relpath(sys.argv[0])]
     return "python " + shlex.join(program + sys.argv[1:])
 

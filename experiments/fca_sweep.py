@@ -700,12 +700,16 @@ def main(argv=None):
         return
     from dynjax.audit.run import AuditError, ReplayError
     from dynjax.data.text import DataError
+    from dynjax.train.preempt import Preempted, exit_status
 
     try:
         left = run_sweep(runs, None if args.budget_minutes is None else args.budget_minutes * 60,
                          rows=args.rows, seeds=seeds)
     except (DataError, AuditError, ReplayError, ValueError) as e:
         raise SystemExit(f"fca_sweep.py: error: {e}") from None
+    except Preempted as stopped:   # SIGTERM/SIGINT during a run: saved; rerun to continue
+        print(f"fca_sweep.py: {stopped}; rerun the sweep to continue", file=sys.stderr)
+        sys.exit(exit_status(stopped.signum))
     print("sweep complete" if not left else f"{len(left)} items left; rerun to continue")
 
 

@@ -93,7 +93,8 @@ def test_the_wheel_installs_and_its_commands_run_outside_the_checkout(tmp_path):
     assert "test" in out and (work / "run" / "eval.json").exists()
     run([bin_ / "dynjax-audit", "--config=dynjax:audit_tiny", "--out=audit", "--checkpoints",
          "run", *AUDIT], work)
-    assert (work / "audit" / "results.json").exists()
+    meta = json.loads((work / "audit" / "results.json").read_text())["meta"]
+    assert meta["command"].startswith("dynjax-audit --config=dynjax:audit_tiny ")  # retypable
     run([bin_ / "dynjax-scorecard", "--out=card", "run",
          *[a.replace("--config.", "--config.audit.") for a in AUDIT],
          "--config.execution_windows=2", "--config.latency_batches=1,",

@@ -389,7 +389,8 @@ class LLM:
 
     def apply(self, params, tokens, coeffs=None, *, with_aux=False):
         """``(logits, coeffs)``, as every family; ``with_aux`` adds the auxiliary training
-        losses, none here (a port of trained checkpoints): what ``dynjax.plan`` asks for."""
+        losses, none here (a port of trained checkpoints): what
+        ``dynjax.parallel.memory_plan`` asks for."""
         given = coeffs_lib.as_given(coeffs)
         if given.values is not None:
             coeffs_lib.check(given.values, self.schema)

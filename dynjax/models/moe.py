@@ -16,7 +16,7 @@ Routing (``moe_routing``), both with static shapes (one-hot dispatch / combine t
   whether a route is kept depends only on earlier tokens (causal).
   A (token, expert) pair that finds the buffer full is DROPPED: that expert contributes
   nothing for the token; if all its choices drop, the token's FFN update is exactly 0
-  (it keeps the residual). Reported as ``dropped`` in ``dynjax.measure.execution.moe_stats``.
+  (it keeps the residual). Reported as ``dropped`` in ``dynjax.measure.lm_execution.moe_stats``.
 - ``expert_choice`` (Zhou et al. 2022): each expert takes its top-C tokens by p_e, so
   load is balanced by construction; a token no expert chose is dropped.
 

@@ -3,7 +3,7 @@ or image data.
 
 Read top to bottom: ``resolve_config`` -> ``make_tx`` -> ``make_train_step`` ->
 ``evaluate`` -> :class:`Task` (what :func:`dynjax.train.loop.train` calls). It adds what
-classification needs: the gate training recipe (:mod:`dynjax.gate_schedule`, a function of
+classification needs: the gate training recipe (:mod:`dynjax.models.gate_schedule`, a function of
 the step so one compiled step serves the whole run), weight sparsity (RigL / magnitude
 pruning) and compute accounting (:mod:`dynjax.measure.macs`); ``model.min_keep`` is the
 anti-collapse guard (see :mod:`dynjax.models.gated_mlp`).
