@@ -424,7 +424,7 @@ MUTANTS = (
            (FAULTS + "test_a_finished_run_rerun_is_a_no_op_and_a_stale_lock_is_taken_over",),
            "a finished run started again is a no-op: no duplicated records"),
     Mutant("workdir_not_checked_before_compute", "dynjax/train/loop.py",
-           '        check_writable(run_dir, "--workdir")\n', "",
+           '        check_writable(run_dir, "--workdir")\n', "        pass\n",
            (FAULTS + "test_an_unwritable_workdir_is_refused_before_any_compute",),
            "an unwritable --workdir is refused before any compute"),
     Mutant("full_disk_not_mapped", "dynjax/train/checkpoint.py",
