@@ -3,6 +3,7 @@ from the per-checkpoint values stored in the same file (a stale figure fails her
 import json
 import math
 import pathlib
+import re
 
 import pytest
 
@@ -93,3 +94,15 @@ def test_commands_index_and_its_check_catch_an_unnamed_file():
     assert not names_its_command({"step_s": 1.0})
     assert not names_its_command({"a": {"command": "x"}, "b": {"step_s": 1.0}})
     assert names_its_command({"meta": {"command": "python audit.py"}})
+
+
+def test_readme_hf_parity_row_equals_its_file():
+    """The README's parity table is results/hf_parity.json, in its column order, to the three
+    significant digits it prints."""
+    arch = json.loads((ROOT / "results" / "hf_parity.json").read_text())["architectures"]
+    readme = (ROOT / "README.md").read_text()
+    header = re.search(r"^  \| (llama \|.*) \|$", readme, re.M).group(1).split(" | ")
+    row = readme[readme.index("|---|", readme.index("| llama |")):].splitlines()[1]
+    printed = [cell.strip() for cell in row.strip().strip("|").split("|")]
+    assert printed == [f"{arch[name]['max_abs_logit_diff']:.2e}".replace("e-0", "e-")
+                       for name in header]
