@@ -99,8 +99,8 @@ def test_commands_index_and_its_check_catch_an_unnamed_file():
 def test_readme_hf_parity_row_equals_its_file():
     """The README's parity table is results/hf_parity.json, in its column order, to the three
     significant digits it prints."""
-    arch = json.loads((ROOT / "results" / "hf_parity.json").read_text())["architectures"]
-    readme = (ROOT / "README.md").read_text()
+    arch = json.loads(pathlib.Path(ROOT, "results", "hf_parity.json").read_text())["architectures"]
+    readme = pathlib.Path(ROOT, "README.md").read_text()
     header = re.search(r"^  \| (llama \|.*) \|$", readme, re.M).group(1).split(" | ")
     row = readme[readme.index("|---|", readme.index("| llama |")):].splitlines()[1]
     printed = [cell.strip() for cell in row.strip().strip("|").split("|")]
