@@ -69,10 +69,11 @@ def fg_audit(fg_run, tmp_path_factory):
             f"--config.batch_size={W}", f"--config.data.calib_windows={W}",
             f"--config.data.eval_windows={W}", "--config.stats.n_resamples=999",
             f"--out={out}", "--checkpoints", fg_run]
-    assert "audit" not in sys.modules  # config_flags reads the overrides from sys.argv at import
+    # config_flags reads the overrides from sys.argv at import
+    assert "dynjax.programs.audit" not in sys.modules
     saved, sys.argv = sys.argv, argv
     try:
-        import audit
+        from dynjax.programs import audit
         audit.main(flags.FLAGS(argv))
     finally:
         sys.argv = saved

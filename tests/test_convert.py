@@ -164,7 +164,12 @@ def test_router_rule_ranks_tokens_by_their_update_not_by_ties(dense, windows):
     assert fit["topk_overlap"] > 0.35 and fit["router_r2"] > 0.1, fit   # chance: c = 0.25
     assert 0.1 < fit["router_asks"] < 0.5 and 0.1 < fit["predictor_asks"] < 0.5, fit
     scores = jax.jit(model.apply)(params, jnp.asarray(windows[:4]))[1]["router"]
-    assert all(len(np.unique(np.asarray(s))) == T for s in scores.reshape(-1, T))
+    # tokens of a window's leading run of one byte ("ll...") have equal causal contexts, so
+    # equal scores in exact arithmetic; every other token's score is its own
+    runs = [int(np.argmax(np.append(w != w[0], True))) for w in windows[:4]]
+    for layer in np.asarray(scores).reshape(-1, 4, T):
+        distinct = [len(np.unique(s)) for s in layer]
+        assert all(d >= T - run + 1 for d, run in zip(distinct, runs)), (distinct, runs)
 
 
 def test_router_target_puts_a_fraction_c_above_zero():

@@ -81,7 +81,8 @@ def test_order_resume_and_report(tmp_path):
     out = tmp_path / "out"
     sweep.main([f"--runs={runs}", "--report", f"--out={out}"])
     assert sorted(p.name for p in out.iterdir()) == [
-        "featuregate.png", "mudd.png", "results.json", "table.md"]
+        "featuregate.png", "featuregate.svg", "mudd.png", "mudd.svg", "results.json",
+        "table.md"]
     data = json.loads((out / "results.json").read_text())
     assert data["command"].startswith("python experiments/fca_sweep.py --runs=")
     assert data["ratios"] == [{"size": "tiny", "steps": 400, "ratio": pytest.approx(
