@@ -347,6 +347,11 @@ MUTANTS = (
            'if old.exists() and "family" not in json.loads(old.read_text()).get("model", {}):',
            "if False:", ("tests/test_audit_families.py::test_open_target_opens_every_kind",),
            "resuming an old classifier run keeps its config.json's form"),
+    # the loop compiles a family's XLA options in the guard's jit, not nested (session 35)
+    Mutant("family_options_nested_in_the_guard", "dynjax/train/loop.py",
+           "task.train_step(top_level=False)", "task.train_step()",
+           ("tests/test_train.py::test_a_family_with_its_own_xla_options_trains_through_the_loop",),
+           "a family with its own XLA options (MUDD) trains through train.py's loop"),
     # logging (issue 33)
     Mutant("tensorboard_drops_a_metric", "dynjax/train/tensorboard.py",
            "        for tag, value in scalars(record):\n            self._event(",
@@ -445,7 +450,10 @@ def copy_tree(dest: pathlib.Path) -> None:
                          cwd=ROOT, capture_output=True, check=True).stdout
     for rel in filter(None, out.decode().split("\0")):
         src = ROOT / rel
-        if src.is_file():
+        if src.is_symlink():   # e.g. configs -> dynjax/configs: a link stays a link
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).symlink_to(os.readlink(src))
+        elif src.is_file():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
 
