@@ -30,10 +30,10 @@ with ``--config.reassignments=5``. Program: ``dynjax/audit/run.py``; engine:
 """
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
-from dynjax import configs, errors
+from dynjax import configs, errors, programs
 from dynjax.audit import run
 from dynjax.jsonio import check_writable
 from dynjax.parallel import distributed
@@ -91,7 +91,4 @@ def main(argv):
 
 def start(prog: str = "audit.py"):
     """The program under the name it was started by (``audit.py``, ``dynjax-audit``)."""
-    global PROG
-    PROG = prog
-    sys.modules["__main__"].__doc__ = __doc__   # what --help prints
-    app.run(main, argv=configs.expand(prog, sys.argv), flags_parser=errors.flags_parser(prog))
+    programs.start(sys.modules[__name__], prog)

@@ -12,9 +12,9 @@ model computes without seeing the future.
 import codecs
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 
-from dynjax import configs, errors
+from dynjax import errors, programs
 
 PROG = "sample.py"   # the name errors are reported under (start() sets it)
 flags.DEFINE_string("prompt", None, "the prompt text")
@@ -84,7 +84,4 @@ def main(argv):
 
 def start(prog: str = "sample.py"):
     """The program under the name it was started by (``sample.py``, ``dynjax-sample``)."""
-    global PROG
-    PROG = prog
-    sys.modules["__main__"].__doc__ = __doc__   # what --help prints
-    app.run(main, argv=configs.expand(prog, sys.argv), flags_parser=errors.flags_parser(prog))
+    programs.start(sys.modules[__name__], prog)

@@ -13,10 +13,10 @@ Library: ``dynjax/scorecard.py``.
 
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
-from dynjax import configs, errors, scorecard
+from dynjax import configs, errors, programs, scorecard
 from dynjax.audit import run as audit_run
 from dynjax.jsonio import command_line
 
@@ -59,7 +59,4 @@ def main(argv):
 
 def start(prog: str = "scorecard.py"):
     """The program under the name it was started by (``scorecard.py``, ``dynjax-scorecard``)."""
-    global PROG
-    PROG = prog
-    sys.modules["__main__"].__doc__ = __doc__   # what --help prints
-    app.run(main, argv=configs.expand(prog, sys.argv), flags_parser=errors.flags_parser(prog))
+    programs.start(sys.modules[__name__], prog)

@@ -13,10 +13,10 @@ docs/reliability.md has the guarantees.
 """
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
-from dynjax import configs, errors
+from dynjax import errors, programs
 from dynjax.parallel import distributed
 from dynjax.train import loop, preempt
 
@@ -50,7 +50,4 @@ def main(argv):
 
 def start(prog: str = "train.py"):
     """The program under the name it was started by (``train.py``, ``dynjax-train``)."""
-    global PROG
-    PROG = prog
-    sys.modules["__main__"].__doc__ = __doc__   # what --help prints
-    app.run(main, argv=configs.expand(prog, sys.argv), flags_parser=errors.flags_parser(prog))
+    programs.start(sys.modules[__name__], prog)
