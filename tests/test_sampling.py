@@ -111,3 +111,45 @@ def test_sample_py_streams_text_from_a_run(tmp_path):
                          text=True, timeout=180)
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "top_p=2" in bad.stderr
+
+
+def _sample_py(path, *args):
+    cmd = [sys.executable, "sample.py", str(path), *args]
+    return subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
+                          capture_output=True, text=True, timeout=240)
+
+
+def test_sample_py_decodes_an_hf_checkpoint_through_its_tokenizer(tmp_path):
+    """Greedy text from an HF MoE directory is the tokenizer's decoding of the argmax
+    continuation of the full forward (no cache), and the checkpoint's eos_token_id stops it."""
+    import json
+    import shutil
+
+    from dynjax.loaders import hf
+
+    src = os.path.join(ROOT, "tests", "data", "hf", "qwen3_moe")
+    model, params = hf.load(src)
+    tok = hf.tokenizer(src)
+    ids = tok.encode("The cat").ids
+    seq = jnp.asarray(ids, jnp.int32)[None]
+    apply = jax.jit(model.apply)
+    for _ in range(6):
+        nxt = jnp.argmax(apply(params, seq)[0][:, -1], -1).astype(jnp.int32)
+        seq = jnp.concatenate([seq, nxt[:, None]], axis=1)
+    new = [int(t) for t in seq[0, len(ids):]]
+    expected = tok.decode(ids + new)[len(tok.decode(ids)):]
+    run = _sample_py(src, "--prompt=The cat", "--max_new_tokens=6")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "The cat" + expected + "\n\n"
+
+    stop_at = new[2]                       # the first occurrence of this token ends the text
+    shutil.copytree(src, tmp_path / "ckpt")
+    cfg = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps({**cfg, "eos_token_id": [stop_at]}))
+    cut = new[:new.index(stop_at)]
+    stopped = _sample_py(tmp_path / "ckpt", "--prompt=The cat", "--max_new_tokens=6")
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout == "The cat" + tok.decode(ids + cut)[len(tok.decode(ids)):] + "\n\n"
+    refused = _sample_py(src, "--prompt=The cat", "--step=3")
+    assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0
+    assert "--step" in refused.stderr

@@ -1,13 +1,18 @@
-"""Sample text from a trained language-model run, through the KV-cache decoder.
+"""Sample text from a trained language-model run or a Hugging Face checkpoint directory,
+through the KV-cache decoder.
 
     python sample.py RUN_DIR --prompt="It was a dark" [--max_new_tokens=200 --temperature=0.8
         --top_k=40 --top_p=0.95 --seed=0 --step=S]
     python sample.py RUN_DIR --prompt_file=prompts.txt     # one prompt per line
+    python sample.py HF_DIR --prompt="The capital of France is" [--dtype=bfloat16]
 
 Greedy by default (--temperature=0). Text streams to stdout as it is decoded; each prompt's
-continuation ends with a blank line. Routed families decode as ``dynjax.decoding`` does
-(MoD and staged MoDE route causally; stderr says which rule), so what is printed is what the
-model computes without seeing the future.
+continuation ends with a blank line. A train.py run reads and writes bytes; an HF directory
+(Llama, Qwen3, Mixtral, OLMoE, Qwen-MoE: ``dynjax.loaders.hf``) goes through its own
+tokenizer.json (special tokens added as the tokenizer defines) and stops at its
+``eos_token_id``. Routed families decode as ``dynjax.decoding`` does (MoD and staged MoDE
+route causally; stderr says which rule), so what is printed is what the model computes
+without seeing the future; HF MoE layers run dropless, as the checkpoints were trained.
 """
 import codecs
 import sys
@@ -24,7 +29,9 @@ flags.DEFINE_float("temperature", 0.0, "0 is greedy; > 0 samples")
 flags.DEFINE_integer("top_k", 0, "keep the k most likely tokens (0: all)")
 flags.DEFINE_float("top_p", 1.0, "keep the nucleus of probability p (1: all)")
 flags.DEFINE_integer("seed", 0, "PRNG seed of a sampled continuation")
-flags.DEFINE_integer("step", None, "checkpoint step (default: the latest)")
+flags.DEFINE_integer("step", None, "checkpoint step of a run (default: the latest)")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
+                  "the dtype an HF checkpoint's weights load in")
 
 
 def prompts() -> list[str]:
@@ -41,11 +48,69 @@ def prompts() -> list[str]:
     return texts
 
 
-def sample(run_dir: str):
+class ByteText:
+    """A train.py run's text: UTF-8 bytes in, bytes out (a split character waits)."""
+    stop = frozenset()
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def printer(self, prompt_ids):
+        out = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        return lambda tok: out.decode(bytes([tok])), lambda: out.decode(b"", final=True)
+
+
+class TokenizerText:
+    """An HF checkpoint's text through its tokenizer.json. A token's text depends on its
+    neighbours (merged pieces, a leading space), so each step prints what decoding the prompt
+    and every new token adds to what is already shown."""
+
+    def __init__(self, path: str, hf_config: dict):
+        from dynjax.loaders import hf
+        self.tok = hf.tokenizer(path)
+        eos = hf_config.get("eos_token_id")
+        self.stop = frozenset(eos if isinstance(eos, list) else [] if eos is None else [eos])
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text).ids
+
+    def printer(self, prompt_ids):
+        ids = list(prompt_ids)
+        shown = [self.tok.decode(ids)]
+
+        def add(tok):
+            ids.append(tok)
+            text = self.tok.decode(ids)
+            new, shown[0] = text[len(shown[0]):], text
+            return new
+        return add, lambda: ""
+
+
+def open_model(path: str):
+    """``(cfg, params, text)`` of a run directory or an HF checkpoint directory."""
+    from dynjax import decoding, rundir
+    from dynjax.loaders import hf
+
+    f = flags.FLAGS
+    if hf.is_hf_dir(path):
+        if f.step is not None:
+            raise ValueError("--step picks a checkpoint of a train.py run; an HF directory "
+                             "holds one set of weights")
+        model, params = hf.load(path, f.dtype)
+        return model.cfg, params, TokenizerText(path, hf.read_config(path))
+    run = rundir.load(path, step=f.step)
+    cfg = run.model.cfg
+    if not hasattr(cfg, "vocab_size") or cfg.family not in decoding.FAMILIES:
+        raise ValueError(f"{path} is not a language-model run this sampler decodes "
+                         f"(decodable families: {sorted(decoding.FAMILIES)})")
+    return cfg, run.params, ByteText()
+
+
+def sample(path: str):
     import jax
     import jax.numpy as jnp
 
-    from dynjax import decoding, rundir
+    from dynjax import decoding
     from dynjax.decoding.sampling import Sampling
 
     f = flags.FLAGS
@@ -53,32 +118,33 @@ def sample(run_dir: str):
     if f.max_new_tokens < 1:
         raise ValueError(f"--max_new_tokens={f.max_new_tokens} must be at least 1")
     texts = prompts()
-    run = rundir.load(run_dir, step=f.step)
-    cfg = run.model.cfg
-    if not hasattr(cfg, "vocab_size") or cfg.family not in decoding.FAMILIES:
-        raise ValueError(f"{run_dir} is not a language-model run this sampler decodes "
-                         f"(decodable families: {sorted(decoding.FAMILIES)})")
+    cfg, params, text = open_model(path)
     dcfg = decoding.forward_config(cfg)
     if dcfg != cfg:
         print(f"decoding routes causally: {dcfg.family}/{dcfg.variant} as "
               "dynjax.decoding.forward_config makes it", file=sys.stderr)
     key = jax.random.key(f.seed)
-    for i, text in enumerate(texts):
-        prompt = jnp.asarray(list(text.encode("utf-8")), jnp.int32)[None]
-        out = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        sys.stdout.write(text)
-        for tok in decoding.stream(cfg, run.params, prompt, f.max_new_tokens, sampling,
+    for i, prompt_text in enumerate(texts):
+        ids = text.encode(prompt_text)
+        if not ids:
+            raise ValueError(f"prompt {i + 1} encodes to no tokens; give a longer prompt")
+        prompt = jnp.asarray(ids, jnp.int32)[None]
+        add, flush = text.printer(ids)
+        sys.stdout.write(prompt_text)
+        for tok in decoding.stream(cfg, params, prompt, f.max_new_tokens, sampling,
                                    jax.random.fold_in(key, i)):
-            sys.stdout.write(out.decode(bytes([int(tok[0])])))
+            if int(tok[0]) in text.stop:
+                break
+            sys.stdout.write(add(int(tok[0])))
             sys.stdout.flush()
-        sys.stdout.write(out.decode(b"", final=True) + "\n\n")
+        sys.stdout.write(flush() + "\n\n")
 
 
 def main(argv):
     logging.set_verbosity(logging.WARNING)
     if len(argv) != 2:
-        errors.exit_with_error(PROG, "give one RUN_DIR written by train.py: "
-                               "python sample.py RUN_DIR --prompt=TEXT")
+        errors.exit_with_error(PROG, "give one RUN_DIR written by train.py or one HF "
+                               "checkpoint directory: python sample.py RUN_DIR --prompt=TEXT")
     errors.run_program(PROG, lambda: sample(argv[1]), (OSError, ValueError))
 
 
