@@ -1,8 +1,11 @@
 """Shared tiny configs. Everything is float32 on CPU unless a test is about bfloat16."""
+import importlib
 import os
 import sys
 
+import fsspec
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -28,3 +31,36 @@ def tiny_config(variant="feature_gate", **model_overrides):
 @pytest.fixture
 def make_config():
     return tiny_config
+
+
+class MemoryGCS(MemoryFileSystem):
+    """fsspec's in-memory filesystem under the gs:// protocol, naming paths as gcsfs does
+    (``bucket/key``, the protocol stripped)."""
+    protocol = ("gs", "gcs")
+    root_marker = ""
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        for p in ("gs://", "gcs://"):
+            path = path[len(p):] if path.startswith(p) else path
+        return path.rstrip("/")
+
+
+@pytest.fixture
+def memory_gcs():
+    """gs:// through epath's fsspec backend, an in-memory filesystem in place of Google
+    Cloud Storage (gcsfs and a bucket are not reachable offline)."""
+    from etils.epath import backend
+    registry = importlib.import_module("fsspec.registry")._registry
+    saved = {k: registry.get(k) for k in ("gs", "gcs")}
+    for k in saved:
+        fsspec.register_implementation(k, MemoryGCS, clobber=True)
+    backend.fsspec_backend._get_filesystem.cache_clear()
+    MemoryFileSystem.store.clear()
+    yield "gs://bucket/run"
+    MemoryFileSystem.store.clear()
+    for k, cls in saved.items():
+        registry.pop(k, None)
+        if cls is not None:
+            fsspec.register_implementation(k, cls, clobber=True)
+    backend.fsspec_backend._get_filesystem.cache_clear()

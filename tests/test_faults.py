@@ -14,6 +14,7 @@ import queue
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -234,6 +235,34 @@ def test_a_second_writer_is_refused_naming_the_holder(base, tmp_path):
                            rf"process \(pid {os.getpid()} on "):
             loop.train(tiny_config(), str(run), progress=False)
     assert not (run / "eval.json").exists() and _saved(run) == [3, 6]
+
+
+def test_a_gs_run_directory_is_locked_by_a_heartbeat_lease(memory_gcs):
+    """On an object store (no flock) the lock is a lease: a live holder refuses a second
+    writer in one line, its heartbeat keeps it live, a lapsed lease is taken over, and the
+    lock goes with the holder that leaves."""
+    from etils import epath
+
+    from dynjax.train import runlock
+    lock = epath.Path(memory_gcs) / ".lock"
+    with RunLock(memory_gcs, lease=0.8):
+        first = json.loads(lock.read_text())
+        assert first["holder"] == f"pid {os.getpid()} on {socket.gethostname()}"
+        with pytest.raises(errors.RunLocked, match=rf"{memory_gcs} is being trained by another "
+                           rf"process \(pid {os.getpid()} on .*its lease ends \d+ s from now"):
+            with RunLock(memory_gcs, lease=0.8):
+                pass
+        time.sleep(1.2)                                   # past one lease: the beat renewed it
+        assert json.loads(lock.read_text())["heartbeat"] > first["heartbeat"]
+        with pytest.raises(errors.RunLocked):
+            with RunLock(memory_gcs, lease=0.8):
+                pass
+    assert not lock.exists()                              # released with its holder
+    lock.write_text(json.dumps({"holder": "pid 1 on a host that died", "token": "dead",
+                                "heartbeat": time.time() - 10}))
+    with RunLock(memory_gcs, lease=0.8):                  # a lapsed lease is taken over
+        assert json.loads(lock.read_text())["token"] != "dead"
+    assert runlock.is_local("/tmp/run") and not runlock.is_local(memory_gcs)
 
 
 @pytest.mark.parametrize("name, fix", [

@@ -6,9 +6,6 @@ from __future__ import annotations
 import collections
 import shutil
 
-import importlib
-
-import fsspec
 import numpy as np
 import pytest
 from etils import epath
@@ -94,39 +91,6 @@ def test_moe_load_per_expert_is_logged_per_layer(tmp_path):
     for layer in range(3):
         total = sum(v for (t, s), v in load.items() if t.split("/")[2] == str(layer) and s == 1)
         assert total == pytest.approx(1.0, abs=1e-6)  # shares of each layer's routes
-
-
-class MemoryGCS(MemoryFileSystem):
-    """fsspec's in-memory filesystem under the gs:// protocol, naming paths as gcsfs does
-    (``bucket/key``, the protocol stripped)."""
-    protocol = ("gs", "gcs")
-    root_marker = ""
-
-    @classmethod
-    def _strip_protocol(cls, path):
-        for p in ("gs://", "gcs://"):
-            path = path[len(p):] if path.startswith(p) else path
-        return path.rstrip("/")
-
-
-@pytest.fixture
-def memory_gcs():
-    """gs:// through epath's fsspec backend, an in-memory filesystem in place of Google
-    Cloud Storage (gcsfs and a bucket are not reachable offline)."""
-    from etils.epath import backend
-    registry = importlib.import_module("fsspec.registry")._registry
-    saved = {k: registry.get(k) for k in ("gs", "gcs")}
-    for k in saved:
-        fsspec.register_implementation(k, MemoryGCS, clobber=True)
-    backend.fsspec_backend._get_filesystem.cache_clear()
-    MemoryFileSystem.store.clear()
-    yield "gs://bucket/run"
-    MemoryFileSystem.store.clear()
-    for k, cls in saved.items():
-        registry.pop(k, None)
-        if cls is not None:
-            fsspec.register_implementation(k, cls, clobber=True)
-    backend.fsspec_backend._get_filesystem.cache_clear()
 
 
 def test_run_directory_files_on_gs_through_epath(memory_gcs):
