@@ -51,7 +51,7 @@ def step_flops(kind: str) -> float:
     from dynjax.train.lm import init_state, make_optimizer, make_train_step
 
     module, variant = KINDS[kind].removeprefix("configs/").split(".py:")
-    config = importlib.import_module(f"configs.{module}").get_config(variant)
+    config = importlib.import_module(f"dynjax.configs.{module}").get_config(variant)
     config.model.scan_layers = False           # a scan body would be counted once
     model = build(config.model.to_dict())
     tokens = jax.numpy.zeros((config.train.batch_size, config.data.seq_len), jax.numpy.int32)
@@ -113,7 +113,7 @@ def router_ablation(runs: Path, seed: int, windows: int = 64) -> dict:
 
     src = rundir.load(runs / f"dense_s{seed}")
     module, variant = KINDS["mod"].removeprefix("configs/").split(".py:")
-    config = importlib.import_module(f"configs.{module}").get_config(variant)
+    config = importlib.import_module(f"dynjax.configs.{module}").get_config(variant)
     model = build(config.model.to_dict())
     init = model.init(jax.random.key(seed), np.zeros((1, config.data.seq_len), np.int32))
     splits = text_data.load_splits("embedded")

@@ -64,8 +64,8 @@ SIZES = {  # name -> model/train overrides on top of configs/tiny.py or configs/
                   train=dict(lr=1e-3)),
 }
 FAMILIES = {  # variant -> (config module, family label); audited variants only
-    "feature_gate": ("configs.tiny", "FeatureGate"),
-    "mudd": ("configs.mudd_tiny", "MUDD"),
+    "feature_gate": ("dynjax.configs.tiny", "FeatureGate"),
+    "mudd": ("dynjax.configs.mudd_tiny", "MUDD"),
 }
 BASELINES = ("dense", "layer_static")   # configs/tiny.py variants, bits/byte only
 AUDIT = dict(calib_windows=512, eval_windows=512, reassignments=20)
@@ -109,7 +109,7 @@ def train_config(row, seed: int):
     overrides, the sweep's data, steps and seed."""
     import importlib
 
-    module = FAMILIES.get(row["variant"], ("configs.tiny",))[0]
+    module = FAMILIES.get(row["variant"], ("dynjax.configs.tiny",))[0]
     c = importlib.import_module(module).get_config(row["variant"])
     size = SIZES[row["size"]]
     c.model.update(size["model"])
