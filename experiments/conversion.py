@@ -21,6 +21,14 @@ use ``--cont-lr`` with a warm-up of 10% of their steps. Test bits/byte are causa
 arms' headline is the predictor route, the router route beside it; top-k (non-causal) is
 listed, never the headline. A finished run is not trained again; an unfinished one resumes.
 Writes RESULTS/conversion.json (with the command), table.md and bpb_vs_flops.png/.svg.
+
+``--analyse`` then asks of the 10% conversions and their from-scratch twins what dynjax asks
+of any routed model (each skipped where its output exists): the Frozen-Controller Audit over
+the seeds (configs/audit_tiny.py: does the function depend on the routers' coefficients?),
+the MoD routing report per seed (precision / recall / F1 of the causal rules against top-k),
+and the scorecard of seed 0 (variation, dependence, executed FLOPs and forward latency against
+the dense twin). The audit and the scorecard replay the training (top-k) forward: non-causal,
+as results/scorecard/ says; the routing report is the causal side.
 """
 from __future__ import annotations
 
@@ -216,6 +224,49 @@ def table(result: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+ANALYSED = ("mod_conv_10", "mod_scratch", "moe_up_10", "moe_scratch")
+
+
+def analyse(runs: Path, out: Path, seeds: list) -> dict:
+    """Audit, routing report and scorecard of the ``ANALYSED`` arms; their summaries."""
+    found = {}
+    for name in ANALYSED:
+        dirs = [str(runs / f"{name}_s{s}") for s in seeds]
+        audit_dir, card_dir = out / f"audit_{name}", out / f"scorecard_{name}"
+        if not (audit_dir / "results.json").exists():
+            subprocess.run([sys.executable, "audit.py", "--config=configs/audit_tiny.py",
+                            f"--out={audit_dir}", f"--checkpoints={','.join(dirs)}"],
+                           check=True)
+        if not (card_dir / "scorecard.json").exists():
+            subprocess.run([sys.executable, "scorecard.py", "--config=configs/scorecard.py",
+                            f"--out={card_dir}", dirs[0]], check=True)
+        conditions = json.loads((audit_dir / "results.json").read_text())["conditions"]
+        card = json.loads((card_dir / "scorecard.json").read_text())["cards"][0]
+        found[name] = {
+            "audit": str(audit_dir), "scorecard": str(card_dir),
+            "forward_audited": "training forward (top-k routing: non-causal)",
+            "dnll": {c: [v["estimate"], v["ci_low"], v["ci_high"]] for c, v in conditions.items()
+                     if c != "correct"},
+            "verdicts": card["verdicts"],
+            "execution": {k: v for k, v in card["execution"].items()
+                          if isinstance(v, (int, float, str))}}
+        if name.startswith("mod"):
+            found[name]["routing"] = [routing_report(Path(d)) for d in dirs]
+    return found
+
+
+def routing_report(run: Path, windows: int = 64) -> dict:
+    """The MoD routing report of one run (experiments/mod_routing_report.py's numbers)."""
+    path = run / "routing_report.json"
+    if not path.exists():
+        subprocess.run([sys.executable, "experiments/mod_routing_report.py", str(run),
+                        f"--windows={windows}", f"--out={path}"], check=True,
+                       stdout=subprocess.DEVNULL)
+    rep = json.loads(path.read_text())
+    return {rule: {k: rep[rule]["causal_forward"][k] for k in ("precision", "recall", "f1")}
+            for rule in ("router", "predictor")} | {"base_rate": rep["base_rate"]}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dense-steps", type=int, default=600)
@@ -226,6 +277,9 @@ def main():
     ap.add_argument("--out", default="results/conversion")
     ap.add_argument("--report-only", action="store_true",
                     help="train nothing: tabulate the finished arms, list the unfinished")
+    ap.add_argument("--analyse", action="store_true",
+                    help="also audit, route-report and score the 10%% conversions and their "
+                         "from-scratch twins (written under --out)")
     args = ap.parse_args()
     runs, out = Path(args.runs), Path(args.out)
     runs.mkdir(parents=True, exist_ok=True)
@@ -277,6 +331,8 @@ def main():
             arm["dense_at_same_budget"] = budget_ref[name]
         result["arms"][name] = arm
     out.mkdir(parents=True, exist_ok=True)
+    if args.analyse:
+        result["analysis"] = analyse(runs, out, seeds)
     write_json_atomic(out / "conversion.json", result)
     text = table(result) + (f"\nNot finished when tabulated: {', '.join(unfinished)}.\n"
                             if unfinished else "")
