@@ -19,12 +19,32 @@ from dynjax.train import checkpoint, evaluation, lm, loop, optim
 from tests.conftest import ROOT, tiny_config
 
 
+COMPILED = []   # the programs straight_run's loop compiled, by name
+
+
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory):
     """One 6-step feature_gate run, shared by the tests below."""
     run = tmp_path_factory.mktemp("straight")
-    result = loop.train(tiny_config("feature_gate"), str(run), progress=False)
+
+    def compiled(event, seconds, **kw):
+        if event == "/jax/core/compile/backend_compile_duration":
+            COMPILED.append(kw.get("fun_name"))
+    jax.monitoring.register_event_duration_secs_listener(compiled)
+    try:
+        result = loop.train(tiny_config("feature_gate"), str(run), progress=False)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(compiled)
     return run, result
+
+
+def test_the_train_step_compiles_once(straight_run):
+    """Six steps, one compiled train step (the guard's ``step``, which holds the task's):
+    the guard's record starts where the step leaves it (replicated over the mesh). Before,
+    the second step's record had another sharding than the first's and every run compiled
+    its train step twice (explain_cache_misses: record['first_bad'] i32[]({Auto: mesh}) vs
+    i32[]({}))."""
+    assert COMPILED.count("jit(step)") == 1, COMPILED
 
 
 def _params(run):
