@@ -279,6 +279,22 @@ def test_train_config_errors_are_one_line(tmp_path, args, message):
     assert not workdir.exists()                     # refused before the run directory
 
 
+def test_a_run_made_before_its_config_gained_a_field_still_resumes(tmp_path):
+    """configs/mode_tiny.py and moe_tiny.py gained model.moe_dispatch="onehot" (so that
+    --config.model.moe_dispatch=dropless works): a run whose config.json predates the field
+    trained one-hot, and resumes; a dropless config on it is still a different run."""
+    from configs import moe_tiny
+    c = moe_tiny.get_config("moe")
+    old = c.to_dict()
+    del old["model"]["moe_dispatch"]
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    assert checkpoint.check_same_run(tmp_path, c) == []
+    c.model.moe_dispatch = "dropless"
+    with pytest.raises(ConfigError, match=r"model.moe_dispatch: run has None, config has "
+                       r"'dropless'"):
+        checkpoint.check_same_run(tmp_path, c)
+
+
 def test_train_refuses_another_configs_run_directory(straight_run):
     """scripts/main.sh re-run on a run directory trained with a different config."""
     run = straight_run[0]
