@@ -300,6 +300,12 @@ MUTANTS = (
            "owner = jnp.where(live, flat // El, S)", "owner = jnp.where(live, flat % S, S)",
            ("tests/test_multidevice.py::test_data_parallel_step_matches_single_device",),
            "expert parallelism sends each pair to the device that holds its expert's weights"),
+    Mutant("ep_pairs_sent_to_the_mirror_device", "dynjax/models/dispatch.py",
+           "ids = jnp.where(owner[None] == jnp.arange(S)[:, None],",
+           "ids = jnp.where(owner[None] == S - 1 - jnp.arange(S)[:, None],",
+           ("tests/test_multihost.py::test_expert_parallel_on_two_processes_equals_one_device",),
+           "on 2 processes, the all-to-all sends each pair to the process and device that hold "
+           "its expert (the mirror device 3 - s is on the other process)"),
     # Checkpoint targets and routing conditions (dynjax/runs, the routing audit of HF MoEs)
     Mutant("token_identity_keeps_own_scores", "dynjax/audit/interventions.py",
            "return jnp.zeros(n, order.dtype).at[order].set(order[succ])",

@@ -19,12 +19,32 @@ from dynjax.train import checkpoint, evaluation, lm, loop, optim
 from tests.conftest import ROOT, tiny_config
 
 
+COMPILED = []   # the programs straight_run's loop compiled, by name
+
+
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory):
     """One 6-step feature_gate run, shared by the tests below."""
     run = tmp_path_factory.mktemp("straight")
-    result = loop.train(tiny_config("feature_gate"), str(run), progress=False)
+
+    def compiled(event, seconds, **kw):
+        if event == "/jax/core/compile/backend_compile_duration":
+            COMPILED.append(kw.get("fun_name"))
+    jax.monitoring.register_event_duration_secs_listener(compiled)
+    try:
+        result = loop.train(tiny_config("feature_gate"), str(run), progress=False)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(compiled)
     return run, result
+
+
+def test_the_train_step_compiles_once(straight_run):
+    """Six steps, one compiled train step (the guard's ``step``, which holds the task's):
+    the guard's record starts where the step leaves it (replicated over the mesh). Before,
+    the second step's record had another sharding than the first's and every run compiled
+    its train step twice (explain_cache_misses: record['first_bad'] i32[]({Auto: mesh}) vs
+    i32[]({}))."""
+    assert COMPILED.count("jit(step)") == 1, COMPILED
 
 
 def _params(run):
@@ -257,6 +277,22 @@ def test_train_config_errors_are_one_line(tmp_path, args, message):
     out = _cli(["train.py", f"--workdir={workdir}", *args[:1], *TINY[:-2], *args[1:]])
     _assert_one_line_error(out, "train.py", message)
     assert not workdir.exists()                     # refused before the run directory
+
+
+def test_a_run_made_before_its_config_gained_a_field_still_resumes(tmp_path):
+    """configs/mode_tiny.py and moe_tiny.py gained model.moe_dispatch="onehot" (so that
+    --config.model.moe_dispatch=dropless works): a run whose config.json predates the field
+    trained one-hot, and resumes; a dropless config on it is still a different run."""
+    from configs import moe_tiny
+    c = moe_tiny.get_config("moe")
+    old = c.to_dict()
+    del old["model"]["moe_dispatch"]
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    assert checkpoint.check_same_run(tmp_path, c) == []
+    c.model.moe_dispatch = "dropless"
+    with pytest.raises(ConfigError, match=r"model.moe_dispatch: run has None, config has "
+                       r"'dropless'"):
+        checkpoint.check_same_run(tmp_path, c)
 
 
 def test_train_refuses_another_configs_run_directory(straight_run):

@@ -13,13 +13,16 @@ Same size and training as configs/mod_tiny.py (4 blocks, d=128, seq 128, 600 ste
   Coefficients: MoD router scores and the MoE routing of the routed tokens.
 - ``mode_integrated`` (family moe): every block's MoE router has a fifth, no-op expert; a
   token routed there skips the FFN. Coefficients: the 5-way routing probabilities.
+
+``--config.model.moe_dispatch=dropless``: sort by expert, nothing dropped (docs/moe.md); with
+``--config.sharding.preset=ep`` the experts split over the ``tensor`` mesh axis.
 """
 from dynjax.configs import mod_tiny
 
 VARIANTS = ("mode_staged", "mode_integrated")
 MOE = dict(moe_num_experts=4, moe_num_experts_per_tok=1, moe_routing="token_choice",
            moe_capacity_factor=1.25, moe_load_balance_loss_weight=0.01,
-           moe_router_z_loss_weight=0.001)
+           moe_router_z_loss_weight=0.001, moe_dispatch="onehot")
 
 
 def get_config(variant: str = "mode_staged"):

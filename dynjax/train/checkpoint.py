@@ -44,6 +44,9 @@ UNRESTORABLE = "unrestorable_checkpoints"
 HISTORY = "config_history.jsonl"
 # train.* fields that do not change what is trained: never a difference between runs
 NOT_COMPARED = ("allow_changes", "init_from")   # init_from: train/convert.py names a changed source
+# fields a config file gained after runs were made with it, and the value those runs had (the
+# model's default): absent from a run's config.json and equal to it here, not a difference
+ADDED_LATER = {"model.moe_dispatch": "onehot"}   # configs/mode_tiny.py, moe_tiny.py
 
 
 class NonFiniteState(ValueError):
@@ -209,8 +212,14 @@ def _shown(diffs: list[str]) -> str:
     return "; ".join(diffs[:3]) + (f"; {len(diffs) - 3} more" if len(diffs) > 3 else "")
 
 
+def _added_later(old: dict, new: dict, key: str, where: str) -> bool:
+    """``key`` is an :data:`ADDED_LATER` field the run predates, at the value it had."""
+    name = f"{where}.{key}"
+    return key not in old and name in ADDED_LATER and new.get(key) == ADDED_LATER[name]
+
+
 def _diff(old, new, where: str) -> list[str]:
     if isinstance(old, dict) and isinstance(new, dict):
-        return [d for k in sorted(set(old) | set(new))
+        return [d for k in sorted(set(old) | set(new)) if not _added_later(old, new, k, where)
                 for d in _diff(old.get(k), new.get(k), f"{where}.{k}")]
     return [] if old == new else [f"{where}: run has {old!r}, config has {new!r}"]

@@ -25,8 +25,12 @@ SPIKE_WINDOW = 20
 DEFAULT_SPIKE_FACTOR = 3.0
 
 
-def init_record():
-    return {"first_bad": jnp.int32(-1), "skipped": jnp.int32(0)}
+def init_record(sharding=None):
+    """The record before the first step. ``sharding``: where the step's output record lives
+    (replicated over the task's mesh); placed there from the start, the second step's
+    record has the first's type and the guarded step compiles once, not twice."""
+    record = {"first_bad": jnp.int32(-1), "skipped": jnp.int32(0)}
+    return record if sharding is None else jax.device_put(record, sharding)
 
 
 def loss_of(metrics):

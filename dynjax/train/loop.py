@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from dynjax import errors, rundir
 from dynjax.jsonio import check_writable, write_json_atomic
-from dynjax.parallel import distributed
+from dynjax.parallel import distributed, sharding
 from dynjax.train import checkpoint, classify, convert, guard, lm, preempt
 from dynjax.train.metrics import RunLog
 from dynjax.train.optim import learning_rate
@@ -115,7 +115,7 @@ def _train(task, config, source, run_dir, changes, stop, progress: bool, main: b
     n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(state["params"]))
     skip = bool(tc.get("skip_nonfinite", False))
     step_fn = guard.guarded_step(task.train_step(top_level=False), skip, _compiler_options(task))
-    record = guard.init_record()
+    record = guard.init_record(sharding.replicated(task.mesh))
     final = lambda r: start == tc.steps and r.get("split") in ("validation", "test")  # noqa: E731
     writer = RunLog(run_dir, resume_step=start, redo=final, name=rundir.METRICS)
     if source is not None and source.report is not None:
