@@ -19,7 +19,7 @@ from configs import audit_tiny, mlp_common
 from dynjax.audit import interventions, run, settings, summary
 from dynjax.coeffs import replaying
 from dynjax.data import text
-from dynjax import rundir
+from dynjax.runs import rundir
 from tests.conftest import tiny_config
 
 W, T, R = 8, 32, 2          # windows (calibration and evaluation each), tokens, reassignments

@@ -71,7 +71,7 @@ def _launch(cmd, devices=1, processes=1):
 
 
 def _params(run):
-    from dynjax import rundir
+    from dynjax.runs import rundir
     _, _, params = rundir.load_params(run)
     import jax
     return np.concatenate([np.ravel(x) for x in jax.tree.leaves(jax.device_get(params))])

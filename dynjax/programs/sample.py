@@ -88,7 +88,8 @@ class TokenizerText:
 
 def open_model(path: str):
     """``(cfg, params, text)`` of a run directory or an HF checkpoint directory."""
-    from dynjax import decoding, rundir
+    from dynjax import decoding
+    from dynjax.runs import rundir
     from dynjax.loaders import hf
 
     f = flags.FLAGS

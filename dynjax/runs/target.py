@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 
-from dynjax import rundir
+from dynjax.runs import rundir
 from dynjax.loaders import hf, muddpythia_hf
 from dynjax.audit.settings import AuditError
 from dynjax.runs.base import Target

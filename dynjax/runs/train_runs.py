@@ -1,13 +1,13 @@
 """Run directories written by train.py: a language-model run (:class:`LmRun`) and a
 classifier run (:class:`ClassifierRun`, DynamicGate-MLP and its baselines), opened through
-:mod:`dynjax.rundir` (never the trainer)."""
+:mod:`dynjax.runs.rundir` (never the trainer)."""
 from __future__ import annotations
 
 import functools
 import json
 import pathlib
 
-from dynjax import rundir
+from dynjax.runs import rundir
 from dynjax.models import gate_schedule
 from dynjax.audit.settings import CLASSIFY, AuditError
 from dynjax.measure import panels

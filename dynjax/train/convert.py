@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from dynjax import rundir
+from dynjax.runs import rundir
 from dynjax.data import text as text_data
 from dynjax.errors import ConfigError
 from dynjax.models import mod as mod_lib
@@ -372,4 +372,4 @@ def source_of(task, run_dir) -> Source | None:
                          "variant": run.config.model.variant}, run)
     config.train.init_source = source.record
     return source
-params_sha256 = rundir.params_sha256   # the digest config.json records (one definition, dynjax/rundir.py)
+params_sha256 = rundir.params_sha256   # the digest config.json records (defined in runs/rundir.py)
