@@ -3,8 +3,8 @@
 :mod:`~dynjax.runs.rundir` (the run directory's format, read without training code) and
 :mod:`~dynjax.runs.integrity` (per-array checksums) sit below ``dynjax.train``, which writes
 runs; ``open_target(path)`` gives every kind of checkpoint (train.py runs, HF directories)
-one interface (model, params, task, windows, execution panel) that the audit and the
-scorecard are written against (docs/targets.md). The targets import the audit's
+one interface (model, params, task, windows, execution panel, text) that the audit, the
+scorecard and the sampler are written against (docs/targets.md). The targets import the audit's
 settings, so they load on first use: the trainer imports ``dynjax.runs.rundir`` without them.
 """
 import importlib
