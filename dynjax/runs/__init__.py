@@ -4,8 +4,9 @@
 :mod:`~dynjax.runs.integrity` (per-array checksums) sit below ``dynjax.train``, which writes
 runs; ``open_target(path)`` gives every kind of checkpoint (train.py runs, HF directories)
 one interface (model, params, task, windows, execution panel, text) that the audit, the
-scorecard and the sampler are written against (docs/targets.md). The targets import the audit's
-settings, so they load on first use: the trainer imports ``dynjax.runs.rundir`` without them.
+scorecard and the sampler are written against (docs/targets.md). The targets import the
+audit's settings, so they load on first use: the trainer imports ``dynjax.runs.rundir``
+without them.
 """
 import importlib
 
