@@ -3,10 +3,12 @@
 Every model family returns ``logits, coeffs = apply(params, tokens)`` and accepts
 ``apply(params, tokens, coeffs=coeffs)`` to replay them verbatim. Inside, every coefficient
 passes one :func:`site`, which selects the given or the computed values by a flag that is
-data (:class:`Given`), so record and replay are one compiled program. ``coeffs`` is a plain
-pytree of arrays. Its *schema* is a pytree of the same structure whose leaves are
-:class:`Axes`, naming each array axis. Interventions (``dynjax.audit.interventions``) are
-written once against these names, never per model family.
+data (:class:`Given`), so record and replay are one compiled program, and under ``jax.jit``
+a replay of unmodified coefficients is bitwise the record (jit both: eager and jitted float
+results differ in the last bits). ``coeffs`` is a plain pytree of arrays. Its *schema* is a
+pytree of the same structure whose leaves are :class:`Axes`, naming each array axis.
+Interventions (``dynjax.audit.interventions``) are written once against these names, never
+per model family.
 
 Axis vocabulary (use these names, so generic interventions understand a new family):
 

@@ -113,7 +113,7 @@ def router_ablation(runs: Path, seed: int, windows: int = 64) -> dict:
     import jax
     import numpy as np
 
-    from dynjax import rundir
+    from dynjax.runs import rundir
     from dynjax.data import text as text_data
     from dynjax.models import build
     from dynjax.train import convert

@@ -19,7 +19,7 @@ from pathlib import Path
 from dynjax.audit.report import _save_fig  # noqa: E402
 from dynjax.data import text  # noqa: E402
 from dynjax.measure import update_removal  # noqa: E402
-from dynjax import rundir  # noqa: E402
+from dynjax.runs import rundir  # noqa: E402
 from dynjax.jsonio import command_line, write_json_atomic  # noqa: E402
 
 

@@ -37,7 +37,7 @@ from configs import mod_tiny  # noqa: E402
 from dynjax.data import text  # noqa: E402
 from dynjax.measure import lm_execution, routing  # noqa: E402
 from dynjax.models import build  # noqa: E402
-from dynjax import rundir  # noqa: E402
+from dynjax.runs import rundir  # noqa: E402
 from dynjax.train.lm import init_state, make_optimizer, make_train_step  # noqa: E402
 from dynjax.jsonio import command_line, write_json_atomic  # noqa: E402
 

@@ -12,7 +12,7 @@ import json
 
 from dynjax.data import text
 from dynjax.measure import routing
-from dynjax import rundir
+from dynjax.runs import rundir
 from dynjax.jsonio import write_json_atomic
 
 

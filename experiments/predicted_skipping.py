@@ -26,7 +26,8 @@ import numpy as np
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from dynjax import decoding, rundir  # noqa: E402
+from dynjax import decoding  # noqa: E402
+from dynjax.runs import rundir  # noqa: E402
 from dynjax.models import predicted_skip  # noqa: E402
 from dynjax.data import text  # noqa: E402
 from dynjax.measure import latency, update_removal  # noqa: E402

@@ -19,7 +19,7 @@ from configs import audit_tiny, mlp_common
 from dynjax.audit import interventions, run, settings, summary
 from dynjax.coeffs import replaying
 from dynjax.data import text
-from dynjax import rundir
+from dynjax.runs import rundir
 from tests.conftest import tiny_config
 
 W, T, R = 8, 32, 2          # windows (calibration and evaluation each), tokens, reassignments
@@ -256,6 +256,8 @@ def test_open_target_opens_every_kind(runs, tmp_path):
     calib, ev, info = lm.windows(audit_config().data, 3, 5)
     assert calib.shape == (3, T) and ev.shape == (5, T) and info["evaluation_split"] == "test"
     assert lm.info["step"] == 4 and lm.info["family"] == "moe"
+    assert open_target(runs["moe"], step=4).info["step"] == 4     # a saved step, by number
+    assert lm.text().encode("é") == [0xC3, 0xA9]                   # a run's text is bytes
 
     assert json.loads(open(os.path.join(runs["dgate"], "config.json")).read()
                       )["model"]["family"] == rundir.CLASSIFIER_FAMILY
@@ -288,5 +290,7 @@ def test_open_target_opens_every_kind(runs, tmp_path):
         open_target(tmp_path / "missing")
     with pytest.raises(settings.AuditError, match="unknown checkpoint kind"):
         open_target(hf, kind="nope")
+    with pytest.raises(settings.AuditError, match="holds one set of weights"):
+        open_target(hf, step=1)
     with pytest.raises(settings.AuditError, match="different kinds"):
         run.audit_from_config(audit_config(), [runs["moe"], runs["dgate"]], progress=False)

@@ -121,7 +121,7 @@ def test_results_and_report_files(fg_audit, fg_run):
     assert meta["config"]["criteria"] == {"small_nll_upper": 0.002, "high_retention_lower": 0.95}
     ck = meta["checkpoints"][0]
     from dynjax import coeffs as coeffs_lib
-    from dynjax import rundir
+    from dynjax.runs import rundir
     _, _, params = rundir.load_params(fg_run)
     assert ck["params_sha256"] == params_sha256(params)
     assert meta["windows"]["calibration"] == meta["windows"]["evaluation"] == W
@@ -185,7 +185,7 @@ def test_model_that_depends_on_its_coefficients(fg_run, windows):
     """Positive control: a model that reads its input bytes from a coefficient leaf. Giving it
     another window's coefficients must cost a lot; the trained gates alone cost little."""
     from dynjax import coeffs as coeffs_lib
-    from dynjax import rundir
+    from dynjax.runs import rundir
 
     _, model, params = rundir.load_params(fg_run)
 
@@ -422,7 +422,7 @@ def test_scorecard_reuses_the_audit_and_flop_report_numbers(fg_run, fg_audit, tm
     ratio is flop_report's, and its verdicts follow the configured thresholds."""
     from configs import scorecard as scorecard_config
     from dynjax import scorecard
-    from dynjax import rundir
+    from dynjax.runs import rundir
     from dynjax.measure import lm_execution, panels
 
     res, _ = fg_audit

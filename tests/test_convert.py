@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
-from dynjax import rundir
+from dynjax.runs import rundir
 from dynjax.data import text as text_data
 from dynjax.errors import ConfigError
 from dynjax.jsonio import read_jsonl

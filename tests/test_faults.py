@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dynjax import errors, integrity, rundir
+from dynjax import errors
+from dynjax.runs import integrity, rundir
 from dynjax.jsonio import CorruptFile, read_jsonl
 from dynjax.train import checkpoint, guard, lm, loop, preempt
 from dynjax.train.runlock import RunLock

@@ -11,7 +11,7 @@ import optax
 import pytest
 
 from configs import mlp_common
-from dynjax import rundir
+from dynjax.runs import rundir
 from dynjax.data import tabular
 from dynjax.data.text import DataError
 from dynjax.measure import macs

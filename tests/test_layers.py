@@ -9,10 +9,11 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "dynjax"
 # Lowest first; a module may import its own layer or any layer below it. A module named
 # here (package.module) sits in its own layer, not its package's: models.predicted_skip runs
-# a FeatureGate model on the decoder's KV caches, parallel.memory_plan sizes a training run.
+# a FeatureGate model on the decoder's KV caches, parallel.memory_plan sizes a training run,
+# runs.rundir and runs.integrity read and check the run directories that train writes.
 LAYERS = (("coeffs", "jsonio", "_alloc"), ("data",), ("errors",), ("parallel",),
           ("models",), ("loaders", "decoding", "models.predicted_skip"), ("measure",),
-          ("rundir", "integrity"), ("train",),
+          ("runs.rundir", "runs.integrity"), ("train",),
           ("audit", "parallel.memory_plan", "runs", "configs"), ("scorecard",), ("programs",))
 RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}
 KNOWN_CYCLES = []

@@ -129,7 +129,7 @@ EP_TRAIN = textwrap.dedent("""
 
 
 def _params(run):
-    from dynjax import rundir
+    from dynjax.runs import rundir
     _, _, params = rundir.load_params(run)
     import jax
     return np.concatenate([np.ravel(x) for x in jax.tree.leaves(jax.device_get(params))])

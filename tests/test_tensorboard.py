@@ -11,7 +11,7 @@ import pytest
 from etils import epath
 from fsspec.implementations.memory import MemoryFileSystem
 
-from dynjax import rundir
+from dynjax.runs import rundir
 from dynjax.jsonio import check_writable, read_json, read_jsonl, write_json_atomic
 from dynjax.train import loop
 from dynjax.train.metrics import RunLog

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from dynjax import rundir
+from dynjax.runs import rundir
 from dynjax.errors import CheckpointError, ConfigError
 from dynjax.jsonio import read_jsonl
 from dynjax.models import build
@@ -83,7 +83,7 @@ def test_resume_equals_uninterrupted(straight_run, tmp_path):
 
 
 def test_rundir_opens_the_params_alone_at_every_step(straight_run):
-    """dynjax.rundir restores the ``params`` subtree only (no optimizer built), bitwise the
+    """dynjax.runs.rundir restores the ``params`` subtree only (no optimizer built), bitwise the
     train state's params at each saved step."""
     run, _ = straight_run
     assert rundir.steps(run) == [3, 6]
@@ -100,13 +100,17 @@ def test_rundir_opens_the_params_alone_at_every_step(straight_run):
 
 
 def test_audit_and_rundir_import_no_training_code():
-    """Layers run one way: opening a run for the audit never imports the trainer."""
-    code = ("import sys, dynjax.rundir, dynjax.runs; "
-            "print(sorted(m for m in sys.modules if m.startswith('dynjax.train')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "[]"
+    """Layers run one way: opening a run for the audit never imports the trainer, and the
+    trainer, which reads runs through ``dynjax.runs.rundir``, never imports the audit (the
+    targets of ``dynjax.runs`` load on first use)."""
+    for imported, above in (("dynjax.runs.rundir, dynjax.runs", "dynjax.train"),
+                            ("dynjax.train.loop", "dynjax.audit")):
+        code = (f"import sys, {imported}; "
+                f"print(sorted(m for m in sys.modules if m.startswith('{above}')))")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.strip() == "[]", imported
 
 
 def test_run_directory_contents(straight_run):

@@ -1,15 +1,13 @@
 """The Frozen-Controller Audit engine: record, exact replay, the forwards of every condition.
 
 Family-agnostic: it needs only ``apply_fn(params, inputs, coeffs=None) -> (logits, coeffs)``
-(``coeffs``: None, a coefficient pytree or a :class:`~dynjax.coeffs.Given`, as every family's
-apply takes it),
-the coefficient schema and a :class:`~dynjax.audit.settings.Task`. Three compiled programs
-per model and shape do the work: the model's jitted apply (record and replay are one
-program: a :class:`~dynjax.coeffs.Given`'s flag, data, selects the computed or the given
-coefficients, so unmodified replay is bitwise the record by construction), ``reassign``
+(:mod:`dynjax.coeffs`), the coefficient schema and a :class:`~dynjax.audit.settings.Task`.
+Three compiled programs per model and shape do the work: the model's jitted apply (record
+and replay, one program that a :class:`~dynjax.coeffs.Given`'s flag switches), ``reassign``
 (the whole cached evaluation set -> R reassigned copies, so a derangement is global, never
-per batch) and ``take`` (one batch of (reassignment, window) rows). Every NLL, Correct included, comes from
-the replay program, so a condition that changes nothing gives ΔNLL = 0 bit for bit.
+per batch) and ``take`` (one batch of (reassignment, window) rows). Every NLL, Correct
+included, comes from the replay program, so a condition that changes nothing gives ΔNLL = 0
+bit for bit.
 """
 from __future__ import annotations
 

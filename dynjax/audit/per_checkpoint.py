@@ -16,7 +16,7 @@ import time
 import jax
 import numpy as np
 
-from dynjax import integrity
+from dynjax.runs import integrity
 from dynjax.audit import interventions, variance
 from dynjax.audit.engine import Engine, Recording
 from dynjax.audit.settings import (AuditError, ReplayError, Settings, n_windows,

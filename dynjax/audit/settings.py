@@ -13,7 +13,7 @@ import numpy as np
 
 from dynjax.audit import interventions, stats
 from dynjax.coeffs import is_axes
-from dynjax.rundir import params_sha256  # noqa: F401  the digest audits record
+from dynjax.runs.rundir import params_sha256  # noqa: F401  the digest audits record
 from dynjax.models.transformer import next_token_nll
 
 # Conditions that act on the ``token`` axis. Without one (a classifier's unit gates) they

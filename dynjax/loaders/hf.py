@@ -2,8 +2,7 @@
 
     from dynjax.loaders import hf
     model, params = hf.load(DIR, dtype=jnp.bfloat16)             # or float32 (the default)
-    logits, coeffs = model.apply(params, input_ids)               # record
-    logits2, _ = model.apply(params, input_ids, coeffs=coeffs)    # replay (bitwise under jit)
+    logits, coeffs = model.apply(params, input_ids)    # record; coeffs=coeffs replays
     windows = hf.token_windows(DIR, seq_len=512, n_calibration=32, n_evaluation=64)
 
 ``model`` is ``dynjax.models.build`` of the ``llm`` family (:mod:`dynjax.models.llm`), so

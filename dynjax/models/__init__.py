@@ -71,8 +71,7 @@ class Model:
         train step), e.g. a router's load-balancing loss.
 
         ``coeffs``: None records, a coefficient pytree replays, a
-        :class:`~dynjax.coeffs.Given` is either, as its flag says (one compiled program for
-        both modes: what the audit engine passes)."""
+        :class:`~dynjax.coeffs.Given` is either, as its flag says (:mod:`dynjax.coeffs`)."""
         given = coeffs_lib.as_given(coeffs)
         if given.values is not None:
             coeffs_lib.check(given.values, self.schema)

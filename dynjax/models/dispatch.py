@@ -1,38 +1,27 @@
 """Dropless MoE dispatch: sort (token, expert) pairs by expert, one grouped matmul, combine.
 
-Why. The GShard form (``dynjax.models.moe.token_choice``) builds one-hot dispatch and
-combine tensors of size tokens x experts x capacity: its memory and FLOPs grow with that
-product, and a full expert buffer drops tokens. Production MoE models (Mixtral, OLMoE,
-Qwen-MoE, DeepSeek, GPT-OSS) never drop: every token reaches each of its top-k experts.
-This module computes exactly that, with memory and FLOPs linear in tokens x k:
+Every token reaches each of its top-k experts, as production MoE models compute (why, and
+how it compares with the GShard one-hot form of ``dynjax.models.moe``: docs/moe.md), with
+memory and FLOPs linear in tokens x k:
 
-1. the N x k (token, expert) pairs are sorted by expert (a stable sort: within an expert,
-   rows keep token order);
-2. each expert's rows are contiguous, padded up to a multiple of ``block`` rows, so every
-   block of ``block`` rows belongs to one expert. The number of rows M is static:
-   ``(N * k + E * (block - 1)) // block`` blocks bound every possible routing, so one
-   compiled program serves every input of a shape (nothing depends on data but values);
-3. ``expert_fn(rows, groups)`` runs every expert on its own rows, usually through
-   :func:`grouped_matmul`;
-4. each pair's output row is gathered back and summed over k with the combine weights (the
-   transpose of that gather is the scatter-add of the gradient).
+1. the N x k pairs are sorted by expert (stable: token order within an expert); a pair
+   whose expert lies outside ``[0, num_experts)`` (integrated MoDE's no-op expert, a token
+   that did not enter a staged MoDE block) takes no row and adds nothing;
+2. each expert's rows are contiguous and padded to a multiple of ``block``; the
+   ``(N * k + E * (block - 1)) // block`` blocks bound every routing, so shapes are static
+   and one compiled program serves every input of a shape;
+3. ``expert_fn(rows, groups)`` runs the experts, usually through :func:`grouped_matmul`;
+4. each pair's output row is gathered back and summed over k with its combine weight.
 
-A pair whose expert lies outside ``[0, num_experts)`` (integrated MoDE's no-op expert, a
-token that did not enter a staged MoDE block) takes no row and adds nothing.
-
-Grouped matmul. On CPU a loop over the experts takes each expert's matrix once and loops
-over that expert's blocks, multiplying them by it, :data:`CHUNK` blocks at a time where
-the expert has that many (a batched matmul over a gather of the
+Grouped matmul. On CPU a loop over the experts takes each expert's matrix once and
+multiplies its blocks, :data:`CHUNK` at a time (a batched matmul over a gather of the
 weights would copy blocks x a x b floats, more than the matmul costs at E = 64; a slice per
 block, as XLA makes for ``w[block_expert[i]]``, copies the matrix once per block); blocks
-past the used ones are neither computed nor read. Its backward pass is written out
-(``custom_vjp``) so no per-block weight copy is saved either: the input's gradient is the
-same loop against the transposed weights, the weights' gradient each expert's sum over its
-blocks, written once. On GPU/TPU it is ``jax.lax.ragged_dot`` over the same
-layout: in jax 0.10 ``ragged_dot`` lowers on CPU to a dense masked matmul (E x the FLOPs)
-and its batching rule rejects unbatched expert weights, so that path carries its own
-differentiation (``custom_vjp``) and batching rule (``custom_vmap``: a loop over the
-batch), and the audit's R reassignments stay one vmapped program on every platform.
+past the used ones are neither computed nor read, and the written-out backward
+(``custom_vjp``) keeps no per-block weight copy either. On GPU/TPU it is
+``jax.lax.ragged_dot`` over the same layout, with its own ``custom_vjp`` and
+``custom_vmap`` (in jax 0.10 it lowers on CPU to a dense masked matmul and its batching rule
+rejects unbatched expert weights), so the audit's R reassignments stay one vmapped program.
 """
 from __future__ import annotations
 

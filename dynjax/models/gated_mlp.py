@@ -24,10 +24,7 @@ Coefficients (the record/replay contract of :mod:`dynjax.coeffs`): ``dgate`` and
 ``structured`` record ``{"p": [p_l (example, unit)]}`` (``unit`` = block in structured mode),
 ``moe`` records ``{"router": [probs_l (example, expert)]}``. In replay the controller does
 not decide: the hard masks are re-thresholded (or re-top-k'd) from the given values, so an
-intervention on p acts through the mask exactly as a changed GateNet would. The GateNet
-still runs and ``coeffs.site`` selects the given values by a flag that is data, so record
-and replay are one compiled program and a replay of unmodified coefficients is bitwise the
-record.
+intervention on p acts through the mask exactly as a changed GateNet would.
 """
 from __future__ import annotations
 

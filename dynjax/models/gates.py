@@ -133,10 +133,8 @@ class GateLayer(nn.Module):
     """One block plus its residual rule. Carry: (h, positions, the previous layer's attention
     as (q, k, lse); feature_gate only).
 
-    ``given``: this layer's :class:`~dynjax.coeffs.Given` (values (B, T) or None, and the
-    replay flag). The controller always runs and ``coeffs.site`` picks the gate, so record
-    and replay are one program (``static`` is the uniform / layer_static gate, which stands
-    in for the controller).
+    ``given``: this layer's :class:`~dynjax.coeffs.Given` (values (B, T) or None);
+    ``static`` is the uniform / layer_static gate, which stands in for the controller.
     """
 
     cfg: ModelConfig

@@ -14,9 +14,8 @@ Nothing is dropped: every token reaches its k experts (``dispatch.dropless``).
 
 Coefficients: ``{"router": (layer, example, token, expert)}`` holds p for each MoE layer
 (dense layers have none), and Qwen2-MoE's ``{"shared_gate": (layer, example, token)}`` the
-shared expert's sigmoid gate. Both pass ``coeffs.site``: the router always runs and replay
-recomputes the selection and weights from the given scores, so record and replay are one
-program. A dense model's coefficient pytree is empty.
+shared expert's sigmoid gate. Replay recomputes the selection and weights from the given
+scores. A dense model's coefficient pytree is empty.
 
 Parameters are plain dicts (a list of per-layer dicts: dense and MoE layers differ), linear
 weights stored (in, out) so ``x @ w`` reads like the math, attention weights split into
@@ -349,8 +348,8 @@ def layer(cfg: Config, p, h, positions: Positions, given):
 
 
 def forward(cfg: Config, params, tokens, coeffs=None):
-    """``(logits float32 (B, T, V), coeffs)``; ``coeffs``: None records, a pytree replays,
-    a :class:`~dynjax.coeffs.Given` is either."""
+    """``(logits float32 (B, T, V), coeffs)``; ``coeffs`` as :func:`dynjax.coeffs.as_given`
+    takes it."""
     given = coeffs_lib.as_given(coeffs)
     B, T = tokens.shape
     positions = positions_at(cfg, jnp.broadcast_to(jnp.arange(T), (B, T)))

@@ -15,31 +15,25 @@ Placement: every ``mod_every``-th block (blocks 1, 3, 5, ... by default) or the 
 list ``mod_layers``. Layers are grouped as [dense, ..., dense, MoD] so ``nn.scan`` runs one
 compiled group body; variant ``dense`` has the same groups and parameters minus routers.
 
-Causal decoding. Top-k looks at the whole sequence, so autoregressive decoding cannot use
-it. Both remedies of the paper are trained alongside (auxiliary losses, sown as
-``aux_loss``): the router logit itself learns top-k membership by binary cross-entropy
-(decode: enter when sigmoid(r) > 0.5), and a small MLP on stop-gradient inputs learns the
-same (decode: enter when its logit > 0). ``mod_route`` = "router" | "predictor" runs that
-causal rule over a full sequence: every token that asks enters, so whether token t enters
-depends on h[l, t] alone, never on later tokens or on the window's length. Optionally
-``mod_decode_slots`` = N bounds a block to the first N tokens that ask per sequence (later
-askers skip the block: a documented fallback, counted as ``overflow``); the bound is a
-number of tokens, not a fraction of the length, so a prefix's logits never depend on how
-long the window or the generation is. The sequence form runs the block on all T slots
-with the non-entering ones masked out (the same arithmetic as decoding, not its cost);
-``dynjax.decoding`` runs the rule one token at a time with a KV cache whose MoD-block
-buffers hold only the tokens that entered that block. Evaluation reports top-k bits/byte
-(non-causal: the training objective) beside both causal rules (``eval_routes``).
+Causal routing (why top-k is not causal, and what is tested: docs/models.md). Two causal
+rules are trained alongside as auxiliary losses (``aux_loss``): the router logit learns
+top-k membership by binary cross-entropy (enter when sigmoid(r) > 0.5), and a small MLP on
+stop-gradient inputs learns the same (enter when its logit > 0). ``mod_route`` = "router" |
+"predictor" runs one over a full sequence: every token that asks enters, or with
+``mod_decode_slots`` = N the first N askers per sequence (later ones skip, counted as
+``overflow``). The sequence form runs the block on all T slots with the non-entering ones
+masked out (decoding's arithmetic, not its cost; ``dynjax.decoding`` keeps only the entered
+tokens in a MoD block's KV cache).
 
 Staged MoDE (variant ``mode_staged``, Raposo et al. 2024): MoD routing around an MoE
 block. The router selects k tokens as above; only they enter a block whose FFN is the MoE
 layer of ``dynjax.models.moe`` (attention among the k, then expert routing of the k with
 expert capacity ceil(cf * top_k * k / E)). Non-MoD blocks stay dense. KV-cache decoding
 (``dynjax.decoding``; token-choice routing) runs each entering token through its top-k
-experts (``moe.MoeFfnPerToken``). Under causal routing the MoE inside the block is causal too:
-slots of tokens that did not enter take no expert buffer, buffers fill in token order
-(``moe_priority="position"``), and expert capacity is ceil(cf * top_k * N / E) for a slot
-budget N (unbounded without one), never a fraction of the window length.
+experts (``moe.MoeFfnPerToken``). Under causal routing the inner MoE is causal too: slots of
+tokens that did not enter take no expert buffer, buffers fill in token order
+(``moe_priority="position"``), and capacity is ceil(cf * top_k * N / E) for a slot budget N
+(unbounded without one).
 
 Coefficients: ``{"router": (layer, example, token)}``, the raw scores r of the MoD blocks
 (plus ``"predictor"`` logits when ``mod_route="predictor"``). Replay recomputes the

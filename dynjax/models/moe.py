@@ -29,16 +29,13 @@ outputs; the last is a no-op expert with no parameters and no buffer. A token ro
 skips the MLP (its update is just its attention output), so the layer computes only the
 E real experts' buffers, C = ceil(cf * k * T / (E + 1)) each.
 
-Dispatch (``moe_dispatch``): "onehot" is the GShard form above; "dropless" (token choice
-only) sends every token to each of its top-k experts through ``dynjax.models.dispatch``
-(sort by expert, grouped matmul, weighted combine): nothing is ever dropped, so capacity
-and priority play no part, and memory grows with tokens x k, not tokens x experts x
-capacity. It computes what the one-hot form computes with ``moe_capacity_factor <= 0``,
-within float rounding; the one-hot form stays the default for existing runs.
+Dispatch (``moe_dispatch``): "onehot" is the GShard form above (the default, as existing
+runs were trained); "dropless" (token choice only) sends every token to each of its top-k
+experts through ``dynjax.models.dispatch``, what the one-hot form computes with
+``moe_capacity_factor <= 0`` within float rounding (docs/moe.md).
 
 Coefficients: ``{"router": (layer, example, token, expert)}``, the router probabilities.
-Replay recomputes the selection, capacity and weights from them (the router still runs;
-``coeffs.site`` selects the given probabilities).
+Replay recomputes the selection, capacity and weights from them.
 """
 from __future__ import annotations
 

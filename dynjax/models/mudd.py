@@ -26,9 +26,8 @@ Variants (``ModelConfig.variant``):
 
 ``bias_i`` (C_i, S_i) starts with 1 on the newest source and 0 elsewhere, i.e. training
 starts from an ordinary residual network. Coefficients ``{"mix": [A_0 .. A_{L-1}]}`` are the
-totals in float32, with MUDDPythia's schema, so every MUDD intervention applies unchanged.
-Replay uses them verbatim: the DA MLP still runs, and ``coeffs.site`` selects the given
-coefficients by a flag that is data, so record and replay are one compiled program.
+totals in float32, with MUDDPythia's schema, so every MUDD intervention applies unchanged;
+replay mixes by them verbatim.
 
 Layers are always unrolled (``scan_layers`` is ignored): under ``nn.scan`` every layer must
 have the same shapes, but here layer ``i`` has its own source count ``i + 2`` (bias and DA
@@ -117,8 +116,7 @@ def _newest_source_init(key, shape, dtype=jnp.float32):
 class MuddLayer(nn.Module):
     """Block ``index`` plus the mix after it.
 
-    ``given``: this layer's :class:`~dynjax.coeffs.Given` ((C, B, T, S) values or None, and
-    the replay flag). The DA MLP always runs; ``coeffs.site`` picks the coefficients.
+    ``given``: this layer's :class:`~dynjax.coeffs.Given` ((C, B, T, S) values or None).
     Returns the next streams, the sources X_0 .. X_{i+1} and the coefficients used.
     """
 

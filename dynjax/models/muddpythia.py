@@ -320,15 +320,11 @@ def static_coefficients(cfg: Config, p, i: int, B: int, T: int):
 def forward(cfg: Config, params, input_ids, coeffs=None, *, static_mixing: bool = False):
     """The full forward pass; returns (logits, coeffs, intermediates).
 
-    ``coeffs``: None records, a coefficient pytree replays, a
-    :class:`~dynjax.coeffs.Given` is either (see ``dynjax.coeffs.as_given``).
-    ``intermediates``: ``hidden`` (X_0..X_L), ``streams`` (the mixed streams after each
-    layer) and ``dynamic`` (the DA output without ``dense_bs``; the DA runs in both modes).
+    ``coeffs`` as :func:`dynjax.coeffs.as_given` takes it. ``intermediates``: ``hidden``
+    (X_0..X_L), ``streams`` (the mixed streams after each layer) and ``dynamic`` (the DA
+    output without ``dense_bs``; the DA runs in both modes).
 
-    Every layer's coefficients pass ``coeffs.site``, which selects the given or the DA's
-    values by a flag that is data, so record and replay are one compiled program and replay
-    of unmodified coefficients is bitwise the record. That program therefore always runs the
-    DA MLPs; ``static_mixing=True`` is a different program, the model without them (each
+    ``static_mixing=True`` is a different program, the model without its DA MLPs (each
     layer mixes by its ``dense_bs`` bias, ``dynamic`` is empty): what fixed mixing executes.
     """
     dt = jnp.dtype(cfg.dtype)
@@ -416,8 +412,8 @@ def memory_time_estimate(cfg: Config, n_windows: int, seq_len: int, batch: int,
     FLOPs count 2 per multiply-add, attention over the full T x T square as this dense
     implementation computes it. ``activation_bytes_per_batch`` is a rough upper bound of what
     one forward keeps live (all L+1 sources, the float32 streams, scores, FFN hidden, logits).
-    A replay forward costs what a record does: record and replay are one program, whose DA
-    MLPs always run (``replay_flops_per_window`` = ``record_flops_per_window``);
+    A replay forward costs what a record does, the DA MLPs included
+    (``replay_flops_per_window`` = ``record_flops_per_window``);
     ``static_mixing_flops_per_window`` is the same model without its DA MLPs (fixed mixing).
     """
     item = jnp.dtype(cfg.dtype).itemsize

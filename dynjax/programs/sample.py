@@ -14,7 +14,6 @@ tokenizer.json (special tokens added as the tokenizer defines) and stops at its
 route causally; stderr says which rule), so what is printed is what the model computes
 without seeing the future; HF MoE layers run dropless, as the checkpoints were trained.
 """
-import codecs
 import sys
 
 from absl import flags, logging
@@ -48,62 +47,19 @@ def prompts() -> list[str]:
     return texts
 
 
-class ByteText:
-    """A train.py run's text: UTF-8 bytes in, bytes out (a split character waits)."""
-    stop = frozenset()
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def printer(self, prompt_ids):
-        out = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        return lambda tok: out.decode(bytes([tok])), lambda: out.decode(b"", final=True)
-
-
-class TokenizerText:
-    """An HF checkpoint's text through its tokenizer.json. A token's text depends on its
-    neighbours (merged pieces, a leading space), so each step prints what decoding the prompt
-    and every new token adds to what is already shown."""
-
-    def __init__(self, path: str, hf_config: dict):
-        from dynjax.loaders import hf
-        self.tok = hf.tokenizer(path)
-        eos = hf_config.get("eos_token_id")
-        self.stop = frozenset(eos if isinstance(eos, list) else [] if eos is None else [eos])
-
-    def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text).ids
-
-    def printer(self, prompt_ids):
-        ids = list(prompt_ids)
-        shown = [self.tok.decode(ids)]
-
-        def add(tok):
-            ids.append(tok)
-            text = self.tok.decode(ids)
-            new, shown[0] = text[len(shown[0]):], text
-            return new
-        return add, lambda: ""
-
-
 def open_model(path: str):
-    """``(cfg, params, text)`` of a run directory or an HF checkpoint directory."""
-    from dynjax import decoding, rundir
-    from dynjax.loaders import hf
+    """``(cfg, params, text)`` of any checkpoint :func:`dynjax.runs.open_target` opens whose
+    model decodes (``text``: :mod:`dynjax.decoding.text`, as the checkpoint reads text)."""
+    from dynjax import decoding
+    from dynjax.runs import open_target
 
     f = flags.FLAGS
-    if hf.is_hf_dir(path):
-        if f.step is not None:
-            raise ValueError("--step picks a checkpoint of a train.py run; an HF directory "
-                             "holds one set of weights")
-        model, params = hf.load(path, f.dtype)
-        return model.cfg, params, TokenizerText(path, hf.read_config(path))
-    run = rundir.load(path, step=f.step)
-    cfg = run.model.cfg
+    target = open_target(path, config={"hf": {"dtype": f.dtype}}, step=f.step)
+    cfg = target.model.cfg
     if not hasattr(cfg, "vocab_size") or cfg.family not in decoding.FAMILIES:
         raise ValueError(f"{path} is not a language-model run this sampler decodes "
                          f"(decodable families: {sorted(decoding.FAMILIES)})")
-    return cfg, run.params, ByteText()
+    return cfg, target.params, target.text()
 
 
 def sample(path: str):

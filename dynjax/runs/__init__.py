@@ -1,10 +1,22 @@
-"""Checkpoints as targets: ``open_target(path)`` gives every kind (train.py runs, HF
-directories) one interface (model, params, task, windows, execution panel) that the audit
-and the scorecard are written against. See docs/targets.md."""
-from dynjax.runs.hf import HfDir
-from dynjax.runs.muddpythia import MuddPythiaDir
-from dynjax.runs.target import KINDS, check_compatible, open_target
-from dynjax.runs.train_runs import ClassifierRun, LmRun
+"""Run directories and checkpoints as targets.
 
-__all__ = ["KINDS", "ClassifierRun", "HfDir", "LmRun", "MuddPythiaDir", "check_compatible",
-           "open_target"]
+:mod:`~dynjax.runs.rundir` (the run directory's format, read without training code) and
+:mod:`~dynjax.runs.integrity` (per-array checksums) sit below ``dynjax.train``, which writes
+runs; ``open_target(path)`` gives every kind of checkpoint (train.py runs, HF directories)
+one interface (model, params, task, windows, execution panel, text) that the audit, the
+scorecard and the sampler are written against (docs/targets.md). The targets import the
+audit's settings, so they load on first use: the trainer imports ``dynjax.runs.rundir``
+without them.
+"""
+import importlib
+
+_NAMES = {"HfDir": "hf", "MuddPythiaDir": "muddpythia", "KINDS": "target",
+          "check_compatible": "target", "open_target": "target", "ClassifierRun": "train_runs",
+          "LmRun": "train_runs"}
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name):
+    if name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_NAMES[name]}"), name)

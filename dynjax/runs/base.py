@@ -23,16 +23,23 @@ class Target:
     """One checkpoint: model, parameters, task, windows and execution panel.
 
     Subclasses set ``kind`` (the name ``open_target(kind=...)`` takes), ``task``,
-    ``baseline`` (what its execution is timed against), and implement ``_load`` (the
-    parameters and their facts), ``windows`` and ``execution``.
+    ``baseline`` (what its execution is timed against), ``saves_steps`` (a train.py run keeps
+    a checkpoint per saved step; a directory of weights holds one), and implement ``_load``
+    (the parameters and their facts), ``windows``, ``execution`` and, for language models the
+    sampler reads, ``text``.
     """
 
     kind = ""
     task: Task = LM
     baseline = "its dense twin"
+    saves_steps = False
 
-    def __init__(self, path):
+    def __init__(self, path, step: int | None = None):
         self.path = pathlib.Path(path)
+        if step is not None and not self.saves_steps:
+            raise AuditError(f"step={step} (--step) picks a saved checkpoint of a train.py run; "
+                             f"{path} ({self.kind}) holds one set of weights")
+        self.requested_step = step
 
     # -- the model
     @property
@@ -86,6 +93,11 @@ class Target:
                 "params_sha256": params_sha256(params),
                 "n_params": int(sum(np.size(x) for x in jax.tree.leaves(params))),
                 **self._loaded.get("extra", {})}
+
+    def text(self):
+        """How text becomes this checkpoint's tokens and tokens printed text
+        (:mod:`dynjax.decoding.text`)."""
+        raise AuditError(f"{self.path} ({self.kind}) has no text to decode")
 
     @property
     def notes(self) -> list[str]:

@@ -4,6 +4,7 @@ its own tokenizer, its execution timed against the dense model of the same total
 from __future__ import annotations
 
 from dynjax.audit.settings import AuditError
+from dynjax.decoding.text import TokenizerText
 from dynjax.errors import CheckpointError, ConfigError
 from dynjax.measure import panels
 from dynjax.runs import audit_plan, windows
@@ -17,11 +18,11 @@ class HfDir(Target):
     baseline = "the dense model of the same total parameters"
     family = "llm"
 
-    def __init__(self, path, config=None):
+    def __init__(self, path, config=None, step: int | None = None):
         from dynjax.loaders import hf
         from dynjax.models import build
 
-        super().__init__(path)
+        super().__init__(path, step)
         if not self.path.is_dir():
             raise AuditError(f"HF checkpoint directory {path} does not exist; copy the "
                              "checkpoint (config.json, *.safetensors, tokenizer.json) to a local "
@@ -47,6 +48,15 @@ class HfDir(Target):
             raise AuditError(str(e)) from None
         return {"params": params, "info": {"family": "llm", "variant": self.cfg.model_type,
                                            "dtype": self.cfg.dtype}}
+
+    def text(self):
+        """The checkpoint's tokenizer.json, stopping at config.json's ``eos_token_id``."""
+        from dynjax.loaders import hf
+        try:
+            return TokenizerText(hf.tokenizer(str(self.path)),
+                                 hf.read_config(str(self.path)).get("eos_token_id"))
+        except CheckpointError as e:
+            raise AuditError(str(e)) from None
 
     @property
     def engine_key(self):

@@ -19,8 +19,8 @@ class MuddPythiaDir(Target):
     kind = "muddpythia"
     baseline = "static mixing"
 
-    def __init__(self, path, config=None):
-        super().__init__(path)
+    def __init__(self, path, config=None, step: int | None = None):
+        super().__init__(path, step)
         if not self.path.is_dir():
             raise AuditError(f"MUDDPythia directory {path} does not exist; download the "
                              "checkpoint (config.json, *.safetensors, tokenizer.json) to a local "

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 
-from dynjax import rundir
+from dynjax.runs import rundir
 from dynjax.loaders import hf, muddpythia_hf
 from dynjax.audit.settings import AuditError
 from dynjax.runs.base import Target
@@ -27,10 +27,11 @@ from dynjax.runs.train_runs import ClassifierRun, LmRun, read_run_config
 KINDS = {k.kind: k for k in (LmRun, ClassifierRun, MuddPythiaDir, HfDir)}
 
 
-def open_target(path, kind: str | None = None, config=None) -> Target:
+def open_target(path, kind: str | None = None, config=None, step: int | None = None) -> Target:
     """The checkpoint at ``path`` (its kind recognised, or ``kind``). ``config``: the audit
     config, whose section of the kind (``muddpythia``, ``hf``: the dtype weights load in)
-    applies; None: the defaults."""
+    applies; None: the defaults. ``step``: a train.py run's saved step (None: the latest);
+    a kind with one set of weights refuses one."""
     if kind is not None:
         if kind not in KINDS:
             raise AuditError(f"unknown checkpoint kind {kind!r}; choose one of {sorted(KINDS)}")
@@ -40,12 +41,8 @@ def open_target(path, kind: str | None = None, config=None) -> Target:
     elif muddpythia_hf.is_hf_dir(path):
         cls = MuddPythiaDir
     else:
-        config = read_run_config(path)
-        cls = ClassifierRun if rundir.is_classifier(config) else LmRun
-        return cls(path, config)
-    if cls in (LmRun, ClassifierRun):
-        return cls(path)
-    return cls(path, config)
+        cls = ClassifierRun if rundir.is_classifier(read_run_config(path)) else LmRun
+    return cls(path, config, step)
 
 
 def check_compatible(targets) -> None:

@@ -1,13 +1,14 @@
 """Run directories written by train.py: a language-model run (:class:`LmRun`) and a
 classifier run (:class:`ClassifierRun`, DynamicGate-MLP and its baselines), opened through
-:mod:`dynjax.rundir` (never the trainer)."""
+:mod:`dynjax.runs.rundir` (never the trainer)."""
 from __future__ import annotations
 
 import functools
 import json
 import pathlib
 
-from dynjax import rundir
+from dynjax.decoding.text import ByteText
+from dynjax.runs import rundir
 from dynjax.models import gate_schedule
 from dynjax.audit.settings import CLASSIFY, AuditError
 from dynjax.measure import panels
@@ -28,11 +29,16 @@ def read_run_config(path):
 
 
 class _TrainRun(Target):
-    """What both kinds of train.py run share: config.json, orbax params, eval.json."""
+    """What both kinds of train.py run share: config.json, orbax params at the latest saved
+    step (or ``step``), eval.json."""
 
-    def __init__(self, path, config=None):
-        super().__init__(path)
-        self.config = read_run_config(path) if config is None else config
+    saves_steps = True
+
+    def __init__(self, path, config=None, step: int | None = None):
+        """``config``: the audit's (nothing in it applies to a run); the run's own is
+        ``self.config``."""
+        super().__init__(path, step)
+        self.config = read_run_config(path)
         self.model = self._model()
 
     def _model(self):
@@ -51,7 +57,7 @@ class _TrainRun(Target):
 
     def _load(self) -> dict:
         try:
-            run = rundir.load(self.path, splits=self._splits())
+            run = rundir.load(self.path, self.requested_step, splits=self._splits())
         except FileNotFoundError as e:
             raise AuditError(str(e)) from None
         family, variant = rundir.family_variant(self.config)
@@ -72,7 +78,7 @@ class _TrainRun(Target):
 
     @property
     def notes(self) -> list[str]:
-        if (self.path / rundir.EVAL).exists():
+        if (self.path / rundir.EVAL).exists() or self.requested_step is not None:
             return []
         return [f"{self.path} has no eval.json (training unfinished?): auditing its latest "
                 f"checkpoint, step {self.step}"]
@@ -97,6 +103,9 @@ class LmRun(_TrainRun):
     """A train.py language-model run: token windows of the text it trained on."""
 
     kind = "lm_run"
+
+    def text(self):
+        return ByteText()
 
     @property
     def condition_facts(self) -> dict:

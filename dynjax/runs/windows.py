@@ -12,7 +12,7 @@ import pathlib
 
 import numpy as np
 
-from dynjax import rundir
+from dynjax.runs import rundir
 from dynjax.audit.settings import AuditError
 
 

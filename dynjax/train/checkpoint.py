@@ -1,8 +1,8 @@
 """Saving and resuming the train state: the write side of a run directory
-(:mod:`dynjax.rundir` has the format and the read side: config, steps, parameters alone).
+(:mod:`dynjax.runs.rundir` has the format and the read side: config, steps, parameters alone).
 
 Checkpoints are orbax, periodic, keep-N, written atomically by orbax's temporary-directory
-rename. Each save records every array's digest (:mod:`dynjax.integrity`) and refuses a state
+rename. Each save records every array's digest (:mod:`dynjax.runs.integrity`) and refuses a state
 with a non-finite entry (:class:`NonFiniteState`): a non-finite checkpoint is never written,
 so keep-N never deletes the newest finite one to make room for it. A save that meets a full
 disk (orbax's ``RESOURCE_EXHAUSTED ... os_error_code='28'``) or any filesystem error is one
@@ -13,7 +13,7 @@ short, a file deleted by hand, a flipped bit: its digests no longer match; or it
 non-finite, written before this guard existed). Resuming (:func:`restore_newest`) then falls back to the
 newest checkpoint that restores and moves each newer one that does not into
 ``RUN/unrestorable_checkpoints/`` (kept, not deleted), saying which and why; opening a run
-for the audit (:func:`dynjax.rundir.load`) stops with a
+for the audit (:func:`dynjax.runs.rundir.load`) stops with a
 :class:`~dynjax.errors.CheckpointError` naming the run, the step and the fix.
 
 On many processes every process calls save and restore (orbax coordinates them; the run
@@ -36,7 +36,7 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from dynjax import integrity, rundir
+from dynjax.runs import integrity, rundir
 from dynjax.errors import CheckpointError, ConfigError
 from dynjax.jsonio import is_local, read_json
 

@@ -24,7 +24,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from dynjax import rundir
+from dynjax.runs import rundir
 from dynjax.data import tabular, tfds_classify
 from dynjax.models.gate_schedule import gate_schedule
 from dynjax.measure import macs as macs_lib

@@ -1,32 +1,17 @@
 """Start a run from another run's parameters (``train.init_from``): a dense model continued
-as Mixture-of-Depths, or its MLPs upcycled into MoE experts (Komatsuzaki et al. 2023).
+as Mixture-of-Depths, or its MLPs upcycled into MoE experts (Komatsuzaki et al. 2023). What
+is copied, created, refused and recorded, the loss-jump report and the MoD router rule, with
+its reasons: docs/conversion.md.
 
-    python train.py --config=configs/mod_tiny.py:mod --workdir=runs/mod_from_dense \
-        --config.train.init_from=runs/dense[:STEP] --config.train.steps=60
-
-What is copied and what is new. Source and target are both read as one list of blocks,
-whatever the family's layout (scanned or unrolled layers, MoD groups, MoE layers): the
-embedding and head, then per block its attention, norms and MLP. Every target parameter
-with a source twin of the same name and shape is copied. The conversion creates only
-
-- a MoD block's router and causal predictor (``router/``, ``predictor/``), fitted by the
-  rule below (``fit_routers``);
-- an MoE layer's experts from that block's dense MLP: ``wi[e] = mlp/up``, ``wo[e] =
-  mlp/down`` for every expert e (plus, with ``train.init_upcycle_noise`` = s > 0, Gaussian
-  noise of s times the matrix's std, seeded), and its router ``moe/router``, which keeps
-  the target's own seeded init (sparse upcycling's new router).
-
-A parameter the source lacks, holds with another shape, or holds where the target has no
-place for it, and a core field (width, depth, heads, vocabulary, rotary base) that differs,
-are listed in one ConfigError. The optimizer state is the target's fresh one (the loop builds
-it); warm-up and learning rate are the ordinary ``train.*`` fields.
-
-The record. ``config.json`` gets ``train.init_source`` = {path, step, params_sha256,
-conversion}; a resumed run reads it back (the source's newest step may have moved on, or the
-source may be gone) and restores its own checkpoint: the conversion runs only for a run
-that has none. Before step 1 the source's and the converted model's bits/byte on the first
-``train.init_report_windows`` validation windows go into metrics.jsonl (``split:
-"conversion"``): the loss jump, under every routing rule.
+Source and target are both read as one list of blocks (:func:`block_sites`), whatever the
+family's layout (scanned or unrolled layers, MoD groups, MoE layers). :func:`plan` gives
+every target parameter an action: copied from its source twin of the same name and shape,
+upcycled (an MoE layer's experts from the block's dense MLP), or created (:func:`created`:
+MoD routers and predictors, fitted by :func:`fit_routers`; an MoE router keeps the target's
+seeded init); anything else is one ConfigError. :func:`convert` fills the parameters, and
+:class:`Source` is a run's ``train.init_from``: its record in config.json
+(``train.init_source``), read back on resume, and the conversion of a run with no
+checkpoint yet.
 """
 from __future__ import annotations
 
@@ -40,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
-from dynjax import rundir
+from dynjax.runs import rundir
 from dynjax.data import text as text_data
 from dynjax.errors import ConfigError
 from dynjax.models import mod as mod_lib
@@ -372,4 +357,4 @@ def source_of(task, run_dir) -> Source | None:
                          "variant": run.config.model.variant}, run)
     config.train.init_source = source.record
     return source
-params_sha256 = rundir.params_sha256   # the digest config.json records (one definition, dynjax/rundir.py)
+params_sha256 = rundir.params_sha256   # the digest config.json records (defined in runs/rundir.py)

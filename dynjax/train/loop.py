@@ -1,7 +1,7 @@
 """The training loop every task shares: run directory, resume, cadence, final evaluation.
 
 ``train(config, workdir)`` picks the task from the config (a classifier run,
-:func:`dynjax.rundir.is_classifier`: :mod:`dynjax.train.classify`; otherwise a language model:
+:func:`dynjax.runs.rundir.is_classifier`: :mod:`dynjax.train.classify`; otherwise a language model:
 :mod:`dynjax.train.lm`) and runs it: every check before the run directory is written, the
 resume guard, ``config.json``, the orbax manager (resume from the newest checkpoint that
 restores), then per step the task's batch and jitted step, logging every
@@ -26,7 +26,8 @@ import numpy as np
 from etils import epath
 from tqdm.auto import tqdm
 
-from dynjax import errors, rundir
+from dynjax import errors
+from dynjax.runs import rundir
 from dynjax.jsonio import check_writable, write_json_atomic
 from dynjax.parallel import distributed, sharding
 from dynjax.train import checkpoint, classify, convert, guard, lm, preempt

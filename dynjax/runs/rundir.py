@@ -13,7 +13,7 @@ A run directory (written by ``train.py``) holds::
 Reading parameters restores only the ``params`` subtree (orbax partial restore), so
 opening a run needs its model, not its optimizer: a RigL or pruned run opens like any
 other, and the audit and scripts never import the trainer. Layer order: data -> models ->
-rundir -> train -> audit.
+runs.rundir -> train -> audit -> the rest of runs.
 """
 from __future__ import annotations
 
@@ -205,7 +205,7 @@ def restore_params(run_dir, abstract_params, step: int):
         lambda s: ocp.ArrayRestoreArgs(sharding=s.sharding, global_shape=s.shape,
                                        dtype=s.dtype), abstract_params)
     path = (pathlib.Path(run_dir) / CHECKPOINTS / str(step) / STATE_ITEM).resolve()
-    from dynjax import integrity
+    from dynjax.runs import integrity
 
     try:
         with guarded_read(), ocp.PyTreeCheckpointer() as ckptr:
