@@ -18,6 +18,11 @@ from dynjax.models.mod import EMPTY
 
 def init_cache(cfg: llm.Config, batch: int, max_len: int):
     """Per layer: ``max_len`` slots of (n_kv_heads, head_dim) keys and values."""
+    if cfg.mod_layers:
+        raise NotImplementedError(
+            f"KV-cache decoding of the llm family's Mixture-of-Depths layers "
+            f"(mod_layers={cfg.mod_layers}) is not built; its causal rules are scored by the "
+            "sequence forward (model.mod_route='router' or 'predictor'), as train.py evaluates")
     k = jnp.zeros((batch, max_len, cfg.n_kv_heads, cfg.head_dim), cfg.compute_dtype)
     return [{"k": k, "v": jnp.zeros_like(k), "pos": jnp.full((batch, max_len), EMPTY, jnp.int32),
              "n": jnp.zeros((batch,), jnp.int32)} for _ in range(cfg.n_layers)]

@@ -12,10 +12,22 @@ or, in the layers ``moe_layers`` names, a Mixture-of-Experts:
 
 Nothing is dropped: every token reaches its k experts (``dispatch.dropless``).
 
+Conversions (``dynjax.train.convert``: a dense checkpoint upcycled into MoE, or continued as
+Mixture-of-Depths) add two things the checkpoints never have. ``router_aux_loss_coef`` > 0
+trains the MoE routers with Switch's load-balancing loss, E * sum_e f_e P_e. The layers
+``mod_layers`` are Mixture-of-Depths blocks (Raposo et al. 2024), routed by
+``dynjax.models.mod``'s rule: a router r = w.h picks k = floor(c T) tokens (top-k while
+training; under causal routing, ``mod_route`` "router" | "predictor", the tokens whose
+router or predictor logit is > 0), only they run the whole layer, attending among
+themselves at their original positions, and each adds ``weight(r) * (a + m)``; the other
+tokens pass unchanged. The router and the predictor are ``mod.Router`` and
+``mod.Predictor`` with the same parameter names, and learn top-k membership by BCE.
+
 Coefficients: ``{"router": (layer, example, token, expert)}`` holds p for each MoE layer
 (dense layers have none), and Qwen2-MoE's ``{"shared_gate": (layer, example, token)}`` the
-shared expert's sigmoid gate. Replay recomputes the selection and weights from the given
-scores. A dense model's coefficient pytree is empty.
+shared expert's sigmoid gate; MoD layers add ``{"mod_router": (layer, example, token)}``
+(and ``"mod_predictor"`` under the predictor route). Replay recomputes the selections and
+weights from the given scores. A dense model's coefficient pytree is empty.
 
 Parameters are plain dicts (a list of per-layer dicts: dense and MoE layers differ), linear
 weights stored (in, out) so ``x @ w`` reads like the math, attention weights split into
@@ -37,15 +49,25 @@ import numpy as np
 from dynjax import coeffs as coeffs_lib
 from dynjax.coeffs import Axes
 from dynjax.models import dispatch
+from dynjax.models import mod as mod_lib
+from dynjax.models.sections import ModConfig
 from dynjax.models.transformer import Positions, causal_attention, rotary
 
 F32 = jnp.float32
 P = jax.sharding.PartitionSpec
 ROUTER_AXES = Axes(("layer", "example", "token", "expert"))
 SHARED_GATE_AXES = Axes(("layer", "example", "token"))
+MOD_AXES = Axes(("layer", "example", "token"))
 QK_NORMS = ("none", "head", "full")      # none; per head (Qwen3); over all heads (OLMoE)
 ROPE_TYPES = ("default", "linear", "llama3")
 MOE_DISPATCHES = ("dropless", "dense")
+MOD_ROUTES = ("topk", "router", "predictor")
+# The fields that say what a checkpoint computes (config_from_hf sets them); a conversion
+# keeps them and adds routing (moe_*, mod_*), so they must equal the source's.
+ARCHITECTURE = ("vocab_size", "hidden_size", "n_layers", "n_heads", "n_kv_heads", "head_dim",
+                "intermediate_size", "rms_norm_eps", "rope_theta", "rope_type", "rope_factor",
+                "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_position",
+                "qkv_bias", "o_bias", "qk_norm", "clip_qkv", "tie_word_embeddings")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,12 +104,21 @@ class Config:
     shared_expert_size: int = 0      # Qwen2-MoE: an always-on expert behind a sigmoid gate
     moe_dispatch: str = "dropless"   # "dropless": sort by expert (dispatch.dropless);
     #                                  "dense": every expert on every token (E/k x the FLOPs)
+    router_aux_loss_coef: float = 0.0  # training: Switch load balance, E sum_e f_e P_e
+    mod_layers: tuple = ()           # Mixture-of-Depths layers (disjoint from moe_layers)
+    mod_capacity: float = 0.125      # c: a MoD layer runs k = floor(c T) tokens (top-k)
+    mod_route: str = "topk"          # "topk" (training) | causal: "router" | "predictor"
+    mod_router_weight: str = "sigmoid"  # the update's multiplier: sigmoid(r) or "raw" r
+    mod_bce_weight: float = 0.01     # aux BCE: the router logit learns top-k membership
+    mod_predictor_weight: float = 0.01  # aux BCE: the predictor learns it (stop-gradient)
+    mod_predictor_hidden: int = 32
     attn_block: int = 128            # causal_attention's query blocks (0: the full square)
     remat: bool = False              # rematerialise each layer in a backward pass (plan, tuning)
     dtype: str = "float32"           # parameter and compute dtype
 
     def __post_init__(self):
         object.__setattr__(self, "moe_layers", tuple(int(i) for i in self.moe_layers))
+        object.__setattr__(self, "mod_layers", tuple(int(i) for i in self.mod_layers))
         checks = [
             (self.n_heads % self.n_kv_heads == 0,
              f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}"),
@@ -103,6 +134,16 @@ class Config:
              f"top_k={self.top_k} must be in 1..num_experts={self.num_experts}"),
             (self.moe_dispatch in MOE_DISPATCHES,
              f"moe_dispatch={self.moe_dispatch!r}; use one of {MOE_DISPATCHES}"),
+            (all(0 <= i < self.n_layers for i in self.mod_layers)
+             and len(set(self.mod_layers)) == len(self.mod_layers),
+             f"mod_layers={self.mod_layers} must be distinct layers in 0..{self.n_layers - 1}"),
+            (not set(self.mod_layers) & set(self.moe_layers),
+             f"mod_layers={self.mod_layers} and moe_layers={self.moe_layers} share a layer; "
+             "a MoD layer's FFN is its dense MLP"),
+            (0 < self.mod_capacity <= 1, f"mod_capacity={self.mod_capacity} must be in (0, 1]"),
+            (self.mod_route in MOD_ROUTES, f"mod_route={self.mod_route!r}; use one of {MOD_ROUTES}"),
+            (self.mod_router_weight in ("raw", "sigmoid"),
+             f"mod_router_weight={self.mod_router_weight!r}; use 'raw' or 'sigmoid'"),
         ]
         for ok, message in checks:
             if not ok:
@@ -112,15 +153,44 @@ class Config:
     def compute_dtype(self):
         return jnp.dtype(self.dtype)
 
+    @property
+    def variant(self) -> str:
+        """What the layers route: "dense", "moe", "mod" or "mod+moe" (run names, records)."""
+        kinds = [k for k, on in (("mod", self.mod_layers), ("moe", self.moe_layers)) if on]
+        return "+".join(kinds) or "dense"
+
+    @property
+    def mod(self) -> ModConfig:
+        """The MoD fields as ``dynjax.models.mod`` reads them (``cfg.mod.capacity``, ...)."""
+        return ModConfig(capacity=self.mod_capacity, layers=self.mod_layers,
+                         router_weight=self.mod_router_weight, route=self.mod_route,
+                         bce_weight=self.mod_bce_weight,
+                         predictor_weight=self.mod_predictor_weight,
+                         predictor_hidden=self.mod_predictor_hidden)
+
 
 def schema(cfg: Config):
-    """Router scores for the MoE layers; Qwen2-MoE's shared-expert gates; none if dense."""
+    """Router scores for the MoE layers; Qwen2-MoE's shared-expert gates; MoD router (and
+    predictor) logits for the MoD layers; none if dense."""
     out = {}
     if cfg.moe_layers:
         out["router"] = ROUTER_AXES
     if cfg.moe_layers and cfg.shared_expert_size:
         out["shared_gate"] = SHARED_GATE_AXES
+    if cfg.mod_layers:
+        out["mod_router"] = MOD_AXES
+    if cfg.mod_layers and cfg.mod_route == "predictor":
+        out["mod_predictor"] = MOD_AXES
     return out
+
+
+def eval_routes(cfg: Config) -> dict:
+    """name -> (config, causal?): a MoD model is scored under top-k (the training rule; it
+    sees the whole window, so non-causal) and both causal rules; otherwise the forward."""
+    if not cfg.mod_layers:
+        return {"forward": (cfg, True)}
+    return {route: (dataclasses.replace(cfg, mod_route=route), route != "topk")
+            for route in MOD_ROUTES}
 
 
 # --------------------------------------------------------------------------------------------
@@ -155,6 +225,13 @@ def param_table(cfg: Config):
             rows += [(A + ("q_norm",), (H, hd), ("heads", "kv")),
                      (A + ("k_norm",), (KV, hd), ("heads", "kv"))]
         rows.append((L + ("post_norm",), (D,), ("embed",)))
+        if i in cfg.mod_layers:   # named as mod.Router's and mod.Predictor's parameters
+            hid = cfg.mod_predictor_hidden
+            rows += [(L + ("router", "proj", "kernel"), (D, 1), ("embed", None)),
+                     (L + ("predictor", "hidden", "kernel"), (D, hid), ("embed", None)),
+                     (L + ("predictor", "hidden", "bias"), (hid,), (None,)),
+                     (L + ("predictor", "out", "kernel"), (hid, 1), (None, None)),
+                     (L + ("predictor", "out", "bias"), (1,), (None,))]
         if i in cfg.moe_layers:
             M = L + ("moe",)
             rows.append((M + ("router",), (D, cfg.num_experts), ("embed", None)))
@@ -313,9 +390,18 @@ def experts_ffn(cfg: Config, p, x, experts, weights):
     return jnp.einsum("ne,ned->nd", combine, jnp.einsum("nef,efd->ned", h, w["down"]))
 
 
+def load_balance(probs, experts):
+    """Switch's load-balancing loss E * sum_e f_e P_e (1 when balanced): f_e the share of the
+    routes (token, choice) that picked expert e, P_e the mean router probability."""
+    E = probs.shape[-1]
+    share = jax.nn.one_hot(experts, E, dtype=F32).mean(axis=tuple(range(experts.ndim)))
+    return E * jnp.sum(share * probs.mean(axis=tuple(range(probs.ndim - 1))))
+
+
 def moe_ffn(cfg: Config, p, x, given):
-    """x (B, T, D) -> (y, {"router": probs (B, T, E)[, "shared_gate": (B, T)]}), the
-    coefficients after their site: the router always runs, ``given`` decides."""
+    """x (B, T, D) -> (y, {"router": probs (B, T, E)[, "shared_gate": (B, T)]}, aux), the
+    coefficients after their site: the router always runs, ``given`` decides. ``aux``: the
+    weighted load-balancing loss when ``router_aux_loss_coef`` > 0 (training)."""
     B, T, D = x.shape
     dt = cfg.compute_dtype
     computed = {"router": jax.nn.softmax((x @ p["router"].astype(dt)).astype(F32), axis=-1)}
@@ -328,28 +414,65 @@ def moe_ffn(cfg: Config, p, x, given):
                     weights.reshape(B * T, -1)).reshape(B, T, D)
     if cfg.shared_expert_size:
         y = y + used["shared_gate"].astype(dt)[..., None] * swiglu(p["shared"], x, dt)
-    return y, used
+    aux = {"load_balance": cfg.router_aux_loss_coef * load_balance(used["router"], experts)} \
+        if cfg.router_aux_loss_coef else {}
+    return y, used, aux
 
 
-def _layer_given(given, j):
-    return coeffs_lib.part(given, lambda v: {name: a[j] for name, a in v.items()})
+def _layer_given(given, names, j):
+    """Layer j's slice of the coefficients ``names`` (one layer kind's: MoE or MoD)."""
+    return coeffs_lib.part(given, lambda v: {name: v[name][j] for name in names})
+
+
+def attention_then_ffn(cfg: Config, p, h, positions: Positions, given):
+    """A layer's two updates, pre-norm: a = Attn(RMS h), then m = FFN(RMS(h + a)).
+    Returns (a, m, the FFN's coefficients after their site ({} if dense), aux losses)."""
+    eps = cfg.rms_norm_eps
+    q, k, v = project_qkv(cfg, p["attn"], rms_norm(h, p["input_norm"], eps), positions)
+    a = attend(cfg, p["attn"], q, k, v, positions.index, positions.index)
+    x = rms_norm(h + a, p["post_norm"], eps)
+    if "moe" in p:
+        return (a, *moe_ffn(cfg, p["moe"], x, given))
+    return a, swiglu(p["mlp"], x, cfg.compute_dtype), {}, {}
+
+
+def mod_layer(cfg: Config, p, h, positions: Positions, given):
+    """A Mixture-of-Depths layer: (new h, {"mod_router"[, "mod_predictor"]}, BCE losses).
+
+    ``mod.choose_slots`` picks the tokens (top-k of the router's scores, or the causal
+    rule's askers) and ``mod.routed_update`` runs the whole layer on them alone (they attend
+    among themselves at their original positions), adding weight(r) * (a + m) to each; the
+    other tokens pass unchanged. The predictor always runs (its BCE trains it)."""
+    pred = mod_lib.Predictor(cfg.mod_predictor_hidden).apply({"params": p["predictor"]}, h)
+    computed = {"mod_router": mod_lib.Router().apply({"params": p["router"]}, h)}
+    if cfg.mod_route == "predictor":
+        computed["mod_predictor"] = pred
+    used = coeffs_lib.site(computed, given)
+    scores = used["mod_router"]
+    idx, valid, top_idx, top_valid, _ = mod_lib.choose_slots(
+        cfg, scores, used.get("mod_predictor", scores))
+
+    def update(x, routed: Positions):
+        a, m, _, _ = attention_then_ffn(cfg, p, x, routed, None)
+        return a + m, None
+    h, _ = mod_lib.routed_update(update, h, positions, scores, idx, valid,
+                                 lambda r: mod_lib.router_weight(cfg, r))
+    _, aux = mod_lib.routing_losses(cfg, scores, pred, top_idx, top_valid)
+    return h, used, aux
 
 
 def layer(cfg: Config, p, h, positions: Positions, given):
-    """One pre-norm layer: (new h, its coefficients after their site; {} if dense)."""
-    eps = cfg.rms_norm_eps
-    q, k, v = project_qkv(cfg, p["attn"], rms_norm(h, p["input_norm"], eps), positions)
-    h = h + attend(cfg, p["attn"], q, k, v, positions.index, positions.index)
-    x = rms_norm(h, p["post_norm"], eps)
-    if "moe" in p:
-        y, used = moe_ffn(cfg, p["moe"], x, given)
-        return h + y, used
-    return h + swiglu(p["mlp"], x, cfg.compute_dtype), {}
+    """One pre-norm layer: (new h, its coefficients after their site ({} if dense), its
+    auxiliary training losses ({} for the ports' own layers))."""
+    if "router" in p:
+        return mod_layer(cfg, p, h, positions, given)
+    a, m, used, aux = attention_then_ffn(cfg, p, h, positions, given)
+    h = h + a
+    return h + m, used, aux
 
 
-def forward(cfg: Config, params, tokens, coeffs=None):
-    """``(logits float32 (B, T, V), coeffs)``; ``coeffs`` as :func:`dynjax.coeffs.as_given`
-    takes it."""
+def _forward(cfg: Config, params, tokens, coeffs=None):
+    """``(logits, coeffs, aux)``: each auxiliary loss is its mean over the layers with it."""
     given = coeffs_lib.as_given(coeffs)
     B, T = tokens.shape
     positions = positions_at(cfg, jnp.broadcast_to(jnp.arange(T), (B, T)))
@@ -357,13 +480,30 @@ def forward(cfg: Config, params, tokens, coeffs=None):
     run = functools.partial(layer, cfg)
     if cfg.remat:
         run = jax.checkpoint(run)
-    used = []
-    for p in params["layers"]:
-        h, c = run(p, h, positions, _layer_given(given, len(used)) if "moe" in p else None)
-        if c:
-            used.append(c)
+    names = {"moe": [n for n in ("router", "shared_gate") if n in schema(cfg)],
+             "mod": [n for n in ("mod_router", "mod_predictor") if n in schema(cfg)]}
+    used, aux = {"moe": [], "mod": []}, {}
+    for i, p in enumerate(params["layers"]):
+        kind = "mod" if i in cfg.mod_layers else "moe" if "moe" in p else None
+        h, c, a = run(p, h, positions,
+                      None if kind is None else _layer_given(given, names[kind], len(used[kind])))
+        if kind:
+            used[kind].append(c)
+        for name, value in a.items():
+            aux.setdefault(name, []).append(value)
     logits = head(cfg, params, rms_norm(h, params["final_norm"], cfg.rms_norm_eps))
-    return logits, jax.tree.map(lambda *a: jnp.stack(a), *used) if used else {}
+    coeffs = {}
+    for per_layer in used.values():
+        if per_layer:
+            coeffs.update(jax.tree.map(lambda *a: jnp.stack(a), *per_layer))
+    return logits, coeffs, {name: jnp.mean(jnp.stack(v)) for name, v in aux.items()}
+
+
+def forward(cfg: Config, params, tokens, coeffs=None):
+    """``(logits float32 (B, T, V), coeffs)``; ``coeffs``: None records, a pytree replays,
+    a :class:`~dynjax.coeffs.Given` is either."""
+    logits, used, _ = _forward(cfg, params, tokens, coeffs)
+    return logits, used
 
 
 def head(cfg: Config, params, x):
@@ -388,13 +528,14 @@ class LLM:
 
     def apply(self, params, tokens, coeffs=None, *, with_aux=False):
         """``(logits, coeffs)``, as every family; ``with_aux`` adds the auxiliary training
-        losses, none here (a port of trained checkpoints): what
-        ``dynjax.parallel.memory_plan`` asks for."""
+        losses (already weighted; the train step adds them to the loss): MoE load balance
+        when ``router_aux_loss_coef`` > 0, the MoD layers' router and predictor BCE; none
+        for a port of a trained checkpoint."""
         given = coeffs_lib.as_given(coeffs)
         if given.values is not None:
             coeffs_lib.check(given.values, self.schema)
-        logits, used = forward(self.cfg, params, tokens, given)
-        return (logits, used, {}) if with_aux else (logits, used)
+        logits, used, aux = _forward(self.cfg, params, tokens, given)
+        return (logits, used, aux) if with_aux else (logits, used)
 
     def logical_axes(self, tokens=None):
         return logical_axes(self.cfg)

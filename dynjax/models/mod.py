@@ -235,6 +235,32 @@ def _bce(logits, targets):
     return jnp.mean(jnp.maximum(logits, 0) - logits * t + jnp.log1p(jnp.exp(-jnp.abs(logits))))
 
 
+def choose_slots(cfg, scores, asks):
+    """Which tokens a MoD block runs: ``(idx, valid, top_idx, top_valid, asked)``.
+
+    ``scores`` (B, T) are the router's, ``asks`` the logits of the causal rule in force (the
+    router's or the predictor's). Top-k of the scores (training) or, under causal routing,
+    the tokens whose ``asks`` > 0 up to the slot budget. The top-k slots come back in
+    either case: they are what both causal rules learn. Any family with ``cfg.mod`` (a
+    :class:`~dynjax.models.sections.ModConfig`) routes by this one rule."""
+    T = scores.shape[-1]
+    top_idx, top_valid = top_k_slots(scores, capacity(cfg, T))
+    asked = asks > 0
+    if cfg.mod.route == "topk":
+        idx, valid = top_idx, top_valid
+    else:  # causal: the tokens that ask, up to the slot budget
+        idx, valid = first_k_slots(asked, decode_slots(cfg, T))
+    return idx, valid, top_idx, top_valid, asked
+
+
+def routing_losses(cfg, scores, pred, top_idx, top_valid):
+    """The top-k membership (B, T) both causal rules learn (no gradient), and their weighted
+    BCE losses: the router's logit and the predictor's each predict it."""
+    target = jax.lax.stop_gradient(membership(top_idx, top_valid, scores.shape[-1]))
+    return target, {"router_bce": cfg.mod.bce_weight * _bce(scores, target),
+                    "predictor_bce": cfg.mod.predictor_weight * _bce(pred, target)}
+
+
 class StagedBlock(nn.Module):
     """Staged MoDE's block on the k routed tokens: attention, then the MoE FFN. Returns the
     update a + m (as ``Block`` does) and (probs, aux, stats); ``given``: the MoE site's
@@ -278,19 +304,13 @@ class ModLayer(nn.Module):
         # keep behaviour bitwise (scripts/check_digests.py: mod, mode_staged params).
         h, coeffs = jax.lax.optimization_barrier((h, coeffs))
         scores = coeffs["router"]
-        top_idx, top_valid = top_k_slots(scores, capacity(cfg, T))
-        asked = (coeffs["predictor"] if cfg.mod.route == "predictor" else scores) > 0
-        if cfg.mod.route == "topk":
-            idx, valid = top_idx, top_valid
-        else:  # causal: the tokens that ask, up to the slot budget
-            idx, valid = first_k_slots(asked, decode_slots(cfg, T))
+        idx, valid, top_idx, top_valid, asked = choose_slots(
+            cfg, scores, coeffs["predictor"] if cfg.mod.route == "predictor" else scores)
         run = (lambda x, p: block(x, p, coeffs_lib.part(given, lambda v: v["moe"]))) \
             if staged else block
         h, extra = routed_update(run, h, positions, scores, idx, valid,
                                  lambda r: router_weight(cfg, r))
-        target = jax.lax.stop_gradient(membership(top_idx, top_valid, T))
-        aux = {"router_bce": cfg.mod.bce_weight * _bce(scores, target),
-               "predictor_bce": cfg.mod.predictor_weight * _bce(pred, target)}
+        target, aux = routing_losses(cfg, scores, pred, top_idx, top_valid)
         entered = membership(idx, valid, T)
         overflow = (asked & ~entered) if cfg.mod.route != "topk" else jnp.zeros_like(entered)
         stats = {"topk": target, "entered": entered, "overflow": overflow,

@@ -90,6 +90,8 @@ def with_recorded_family(config, run_dir):
 def family_variant(config) -> tuple[str, str]:
     if is_classifier(config):
         return "gated_mlp", config.model.variant
+    if "variant" not in config.model:   # the llm family: what its layers route
+        return config.model.family, model_of(config).cfg.variant
     return config.model.family, config.model.variant
 
 

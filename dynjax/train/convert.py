@@ -3,6 +3,16 @@ as Mixture-of-Depths, or its MLPs upcycled into MoE experts (Komatsuzaki et al. 
 is copied, created, refused and recorded, the loss-jump report and the MoD router rule, with
 its reasons: docs/conversion.md.
 
+    python train.py --config=configs/llm_convert.py:moe --workdir=runs/llama_moe \
+        --config.train.init_from=path/to/Llama-3.2-1B      # a Hugging Face directory
+
+Two kinds of source convert: a run of the byte-level core families (gates, mod, moe) into
+another of them, and a Hugging Face directory of a dense port (llama, qwen3:
+``dynjax.loaders.hf``) or an ``llm`` run into the ``llm`` family, whose MoE layers (SwiGLU
+experts) and MoD layers (``llm.mod_layers``) the conversion fills; an ``llm`` target may
+leave its architecture unset (configs/llm_convert.py), and ``fill_from_source`` takes it
+from the source's config.json before anything is built.
+
 Source and target are both read as one list of blocks (:func:`block_sites`), whatever the
 family's layout (scanned or unrolled layers, MoD groups, MoE layers). :func:`plan` gives
 every target parameter an action: copied from its source twin of the same name and shape,
@@ -16,39 +26,56 @@ checkpoint yet.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import pathlib
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
+from etils import epath
 from flax import traverse_util
 
 from dynjax.runs import rundir
 from dynjax.data import text as text_data
 from dynjax.errors import ConfigError
+from dynjax.models import build, llm
 from dynjax.models import mod as mod_lib
 from dynjax.models.transformer import Block, Embed, window_positions
 from dynjax.train.evaluation import Evaluator
 
-FAMILIES = ("gates", "mod", "moe")           # the transformer-core families a block list reads
+FAMILIES = ("gates", "mod", "moe", "llm")    # the families a block list reads
 CORE = ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "rope_base")
 MLP_OF = {"wi": ("mlp", "up", "kernel"), "wo": ("mlp", "down", "kernel")}
+LLM_MLP = ("gate", "up", "down")             # an llm expert stack (E, ...) <- mlp/<name>
+HF_STEP = "hf"                               # the step recorded for a Hugging Face source
 
 
 # ------------------------------------------------------------------------ the block view
 
+def _flat(params) -> dict:
+    """``{path: leaf}`` in tree order, a path's parts dict keys and list indices (an llm
+    model's layers are a list)."""
+    return {tuple(getattr(k, "key", getattr(k, "idx", None)) for k in path): leaf
+            for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+
 def block_sites(cfg, params) -> dict:
-    """Every parameter of a core-family model under a layout-free name.
+    """Every parameter of a model under a layout-free name.
 
     ``{(block, path): (real path, index)}``: ``block`` the depth index (None for the
     embedding and head), ``path`` the parameter's path inside the block (``attn/query/kernel``,
-    ``mlp/up/kernel``, ``moe/wi``, ``router/proj/kernel``), ``index`` the position along a
-    scanned stack's leading axis (None when unrolled)."""
+    ``mlp/up/kernel``, ``moe/wi``, ``router/proj/kernel``; llm: ``attn/q``, ``mlp/gate``,
+    ``moe/experts/gate``), ``index`` the position along a scanned stack's leading axis (None
+    when unrolled)."""
+    if cfg.family == "llm":     # one dict per layer already: layers[i] is block i
+        return {(path[1], path[2:]) if path[0] == "layers" else (None, path): (path, None)
+                for path in _flat(params)}
     per_unit = len(mod_lib.layout(cfg)[1]) if cfg.family == "mod" else 1
     out = {}
-    for path, leaf in traverse_util.flatten_dict(params).items():
+    for path, leaf in _flat(params).items():
         if path[0] != "layers":
             out[(None, path)] = (path, None)
             continue
@@ -68,7 +95,7 @@ def block_sites(cfg, params) -> dict:
 
 def _values(cfg, params) -> dict:
     """``{(block, path): array}`` of ``block_sites``, as host arrays."""
-    flat = traverse_util.flatten_dict(jax.device_get(params))
+    flat = _flat(jax.device_get(params))
     return {key: np.asarray(flat[path] if i is None else flat[path][i])
             for key, (path, i) in block_sites(cfg, params).items()}
 
@@ -83,23 +110,68 @@ def created(path: tuple) -> bool:
     return path[0] in ("router", "predictor") or path[:2] == ("moe", "router")
 
 
+def upcycled_from(cfg, path: tuple):
+    """``(which matrix, the block's dense MLP path)`` an expert stack is copied from, or None:
+    core ``moe/wi`` <- ``mlp/up/kernel``, ``moe/wo`` <- ``mlp/down/kernel``; llm
+    ``moe/experts/NAME`` <- ``mlp/NAME`` (gate, up, down of the SwiGLU)."""
+    if cfg.family == "llm":
+        if path[:2] == ("moe", "experts") and path[2] in LLM_MLP:
+            return LLM_MLP.index(path[2]), ("mlp", path[2])
+    elif path[0] == "moe" and path[-1] in MLP_OF:
+        return list(MLP_OF).index(path[-1]), MLP_OF[path[-1]]
+    return None
+
+
+def architecture(cfg) -> tuple:
+    """The config fields a conversion keeps: they must equal the source's."""
+    return llm.ARCHITECTURE if cfg.family == "llm" else CORE
+
+
 # ------------------------------------------------------------------------ the router rule
 
-def dense_trace(cfg, blocks: dict, embed: dict, windows: np.ndarray, batch_size: int = 16):
+def dense_steps(cfg, values: dict, seq_len: int, batch_size: int):
+    """A dense model's forward, one block at a time, from its ``_values``: ``(embed, blocks)``
+    with ``embed(tokens) -> h`` and ``blocks[b](h) -> F_b(h)``, the block's whole update
+    (attention then MLP), jitted for (batch_size, seq_len) windows."""
+    trees = [traverse_util.unflatten_dict({p: v for (b, p), v in values.items() if b == i})
+             for i in range(cfg.n_layers)]
+    if cfg.family == "llm":
+        positions = llm.positions_at(cfg, jnp.broadcast_to(jnp.arange(seq_len),
+                                                           (batch_size, seq_len)))
+        table = values[(None, ("embed",))]
+
+        def embed(e, t):
+            return jnp.take(e, t, axis=0).astype(cfg.compute_dtype)
+
+        def update(p, h):
+            a, m, _, _ = llm.attention_then_ffn(cfg, p, h, positions, None)
+            return a + m
+    else:
+        positions = window_positions(cfg, batch_size, seq_len)
+        table = {"embedding": values[(None, ("embed", "embedding"))]}
+
+        def embed(e, t):
+            return Embed(cfg).apply({"params": e}, t)
+
+        def update(p, h):
+            return Block(cfg).apply({"params": p}, h, positions)[0]
+    update = jax.jit(update)    # parameters are arguments: never constants of the program
+    return (functools.partial(jax.jit(embed), table),
+            [functools.partial(update, tree) for tree in trees])
+
+
+def dense_trace(embed, blocks: list, windows: np.ndarray, batch_size: int = 16):
     """Each block's input h and update F(h) along a dense model's forward over ``windows``:
-    two lists (one per block) of (N, T, d) float32 host arrays. ``blocks``: block -> its
-    parameter tree (attention, norms, MLP); ``embed``: the embedding's."""
-    positions = window_positions(cfg, batch_size, windows.shape[1])
-    block_fn = jax.jit(lambda p, h: Block(cfg).apply({"params": p}, h, positions)[0])
-    embed_fn = jax.jit(lambda p, t: Embed(cfg).apply({"params": p}, t))
+    two lists (one per block) of (N, T, d) float32 host arrays. ``embed``, ``blocks``: the
+    forward's steps (``dense_steps``, compiled for ``batch_size`` windows)."""
     hs, us = [[] for _ in blocks], [[] for _ in blocks]
     for lo in range(0, len(windows), batch_size):
         chunk = windows[lo:lo + batch_size]
         pad = batch_size - len(chunk)
         tokens = np.concatenate([chunk, np.zeros((pad, chunk.shape[1]), chunk.dtype)])
-        h = embed_fn(embed, tokens)
-        for b in range(len(blocks)):
-            u = block_fn(blocks[b], h)
+        h = embed(tokens)
+        for b, block in enumerate(blocks):
+            u = block(h)
             hs[b].append(np.asarray(h)[:len(chunk)])
             us[b].append(np.asarray(u)[:len(chunk)])
             h = h + u
@@ -153,7 +225,7 @@ def fit_routers(cfg, mod_blocks, hs, us, init: dict, gain: float) -> tuple[dict,
 
 def _shapes(cfg, params) -> dict:
     """``{(block, path): shape}`` of ``block_sites`` (arrays or ShapeDtypeStructs)."""
-    flat = traverse_util.flatten_dict(params)
+    flat = _flat(params)
     return {key: tuple(flat[path].shape)[0 if i is None else 1:]
             for key, (path, i) in block_sites(cfg, params).items()}
 
@@ -166,16 +238,31 @@ def plan(src_cfg, src_params, cfg, params) -> dict:
         if getattr(c, "family", None) not in FAMILIES:
             raise ConfigError(f"train.init_from converts among the {', '.join(FAMILIES)} "
                               f"families; the {what} is {getattr(c, 'family', type(c).__name__)!r}")
+    if (src_cfg.family == "llm") != (cfg.family == "llm"):
+        source = f"llm/{src_cfg.model_type}" if src_cfg.family == "llm" else src_cfg.family
+        raise ConfigError(f"train.init_from: the source ({source}) cannot become a {cfg.family} "
+                          "model: Hugging Face ports (and llm runs) convert into the llm family "
+                          "(configs/llm_convert.py:moe|mod|dense), the byte-level core families "
+                          "(gates, mod, moe) among themselves")
     core = [f"model.{f}: source {getattr(src_cfg, f)!r}, target {getattr(cfg, f)!r}"
-            for f in CORE if getattr(src_cfg, f) != getattr(cfg, f)]
+            for f in architecture(cfg) if getattr(src_cfg, f) != getattr(cfg, f)]
     if core:
         raise ConfigError("train.init_from: the source's core differs from the target's ("
                           + "; ".join(core) + "); set the target's model fields to the source's")
     src, target = _shapes(src_cfg, src_params), _shapes(cfg, params)
+    merged = sorted({b for b, p in target if b is not None and p[0] == "mlp"
+                     and any(c == b and q[0] == "moe" for c, q in src)})
+    if merged:
+        raise ConfigError(f"train.init_from: block(s) {merged} are MoE layers in the source "
+                          f"({src_cfg.family}/{src_cfg.variant}) and dense MLPs in the target "
+                          f"({cfg.family}/{cfg.variant}); experts do not merge back into one "
+                          "MLP (there is no mapping): convert into a target with the same MoE "
+                          "layers")
     actions, used, problems = {}, set(), []
     for key, shape in target.items():
         block, path = key
-        mlp = (block, MLP_OF.get(path[-1])) if block is not None and path[0] == "moe" else None
+        origin = upcycled_from(cfg, path) if block is not None else None
+        mlp = (block, origin[1]) if origin else None
         if src.get(key) == shape:
             actions[key] = "copy"
             used.add(key)
@@ -219,8 +306,9 @@ def convert(src_cfg, src_params, cfg, params, *, windows=None, gain: float = 2.0
         if action == "copy":
             out[key] = src[key]
         elif action == "upcycle":
-            mlp = src[(block, MLP_OF[path[-1]])]
-            rng = np.random.default_rng([seed, block, path[-1] == "wo"])
+            which, mlp_path = upcycled_from(cfg, path)
+            mlp = src[(block, mlp_path)]
+            rng = np.random.default_rng([seed, block, which])
             out[key] = (np.broadcast_to(mlp, init[key].shape) + noise * float(mlp.std())
                         * rng.standard_normal(init[key].shape)).astype(init[key].dtype)
             kinds.add("moe_upcycle")
@@ -233,10 +321,7 @@ def convert(src_cfg, src_params, cfg, params, *, windows=None, gain: float = 2.0
     if mod_blocks:
         if windows is None:
             raise ValueError("a MoD router fit needs calibration windows")
-        trees = [traverse_util.unflatten_dict({p: v for (b, p), v in src.items() if b == i})
-                 for i in range(src_cfg.n_layers)]
-        hs, us = dense_trace(src_cfg, trees, {"embedding": src[(None, ("embed", "embedding"))]},
-                             windows)
+        hs, us = dense_trace(*dense_steps(src_cfg, src, windows.shape[1], 16), windows, 16)
         fitted, report["routers"] = fit_routers(cfg, mod_blocks, hs, us, init, gain)
         out.update(fitted)
         report.update(router_rule="ridge fit to log update norm", router_gain=gain,
@@ -246,14 +331,14 @@ def convert(src_cfg, src_params, cfg, params, *, windows=None, gain: float = 2.0
 
 def _assemble(cfg, params, values: dict):
     """``params``' tree with every site replaced by ``values[site]``."""
-    flat = {path: np.array(leaf) for path, leaf in
-            traverse_util.flatten_dict(jax.device_get(params)).items()}
+    params = jax.device_get(params)
+    flat = {path: np.array(leaf) for path, leaf in _flat(params).items()}
     for key, (path, i) in block_sites(cfg, params).items():
         if i is None:
             flat[path] = np.asarray(values[key], flat[path].dtype)
         else:
             flat[path][i] = values[key]
-    return traverse_util.unflatten_dict(flat)
+    return jax.tree_util.tree_structure(params).unflatten(list(flat.values()))
 
 
 # ------------------------------------------------------------------------ the loop's hook
@@ -264,6 +349,91 @@ def parse_source(spec: str) -> tuple[pathlib.Path, int | None]:
     if head and tail.isdigit():
         return pathlib.Path(head), int(tail)
     return pathlib.Path(spec), None
+
+
+def is_hf(path: pathlib.Path) -> bool:
+    """A Hugging Face checkpoint directory: its config.json names a ``model_type`` (a run's
+    config.json has ``model`` and ``train`` sections instead)."""
+    try:
+        return "model_type" in json.loads((path / rundir.CONFIG).read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def source_config(spec: str) -> llm.Config:
+    """The llm config of a conversion's source, from its config.json alone (no weights
+    read): a Hugging Face directory of a ported architecture, or an llm run."""
+    from dynjax.loaders import hf
+
+    path, _ = parse_source(spec)
+    if is_hf(path):
+        return hf.config_from_hf(hf.read_config(str(path)))
+    if (path / rundir.CONFIG).exists():
+        model = rundir.read_config(path).model
+        if model.get("family") != "llm":
+            raise ConfigError(f"train.init_from={spec!r} is a {model.get('family', 'gates')} run; "
+                              "an llm model converts from a Hugging Face directory (llama, "
+                              "qwen3, ...) or an llm run")
+        return build(model.to_dict()).cfg
+    raise ConfigError(f"train.init_from={spec!r} is neither a Hugging Face directory nor a "
+                      f"dynjax run directory (no {rundir.CONFIG})")
+
+
+UNSET_RULES = {  # routing fields an llm conversion config may leave unset: their rule
+    "moe_layers": lambda m: tuple(range(m.n_layers)),          # every layer
+    "mod_layers": lambda m: tuple(range(1, m.n_layers, 2)),    # every other: 1, 3, 5, ...
+    "moe_intermediate_size": lambda m: m.intermediate_size,    # experts are the MLP's copies
+}
+BYTE_VOCAB = 256    # train.py feeds bytes
+
+
+def fill_from_source(config):
+    """The llm family's ``resolve`` hook: the model fields ``config`` leaves unset (None) from
+    ``train.init_from``'s config.json, so a conversion config names only what it adds.
+
+    ``llm.ARCHITECTURE`` and ``model_type`` are copied from the source; unset routing fields
+    follow ``UNSET_RULES``. A field the config sets is kept, and ``plan`` then refuses a
+    source whose architecture differs. ``clip_qkv`` None is a value (no clipping): alone,
+    it reads nothing (a resumed run's recorded model has it). The vocabulary must hold the
+    256 byte values."""
+    m = config.model
+    unset = [k for k in (*llm.ARCHITECTURE, "model_type", *UNSET_RULES) if m.get(k, 0) is None]
+    if [k for k in unset if k != "clip_qkv"]:   # clip_qkv None alone: no clipping
+        spec = config.train.get("init_from", "")
+        if not spec:
+            raise ConfigError(f"model.{unset[0]} (and {len(unset) - 1} more fields) are taken "
+                              "from train.init_from's config.json, and there is none: set "
+                              "--config.train.init_from=HF_DIR (or an llm run) or give them")
+        src = source_config(spec)
+        for k in unset:
+            if k not in UNSET_RULES:
+                m[k] = getattr(src, k)
+        for k in unset:
+            if k in UNSET_RULES:
+                m[k] = UNSET_RULES[k](m)
+    if m.vocab_size < BYTE_VOCAB:
+        raise ConfigError(f"model.vocab_size={m.vocab_size}: train.py feeds bytes (0-255), so "
+                          f"an llm model needs a vocabulary of at least {BYTE_VOCAB}")
+    return config
+
+
+def with_recorded_model(config, run_dir):
+    """A resumed conversion's unset model fields as its config.json recorded them: a resume
+    never reads the source again (it may have moved or gone). Unchanged for a new run, or
+    when ``train.init_from`` is not the recorded one (``source_of`` then refuses it)."""
+    old = epath.Path(run_dir) / rundir.CONFIG
+    model = config.model.to_dict()
+    if model.get("family") != "llm" or not old.exists() or None not in model.values():
+        return config
+    recorded = json.loads(old.read_text())
+    source = recorded.get("train", {}).get("init_source") or {}
+    if source.get("spec") != config.train.get("init_from"):
+        return config
+    config = ml_collections.ConfigDict(config.to_dict())
+    for k, v in model.items():
+        if v is None and k in recorded.get("model", {}):
+            config.model[k] = recorded["model"][k]
+    return config
 
 
 @dataclasses.dataclass
@@ -305,14 +475,17 @@ class Source:
         return state
 
 
-def _open(path: pathlib.Path, step: int | None) -> rundir.Run:
+def _open(path: pathlib.Path, step) -> rundir.Run:
+    """The source at ``step``: a run's checkpoint, or a Hugging Face directory's weights
+    (read in float32: exact for bf16 and fp16 checkpoints; step ``"hf"``)."""
     from dynjax.loaders import hf
 
-    if hf.is_hf_dir(path):
-        raise ConfigError(f"train.init_from={str(path)!r} is a Hugging Face checkpoint (the llm "
-                          "family: SwiGLU MLPs, grouped-query attention, its own tokenizer); "
-                          "the MoD and MoE families this converts into are built on the byte-"
-                          "level core (GELU MLPs), so start from a dynjax run directory")
+    if is_hf(path):
+        if step not in (None, HF_STEP):
+            raise ConfigError(f"train.init_from={str(path)}:{step}: a Hugging Face directory "
+                              f"holds one set of weights; drop ':{step}'")
+        model, params = hf.load(str(path), jnp.float32)
+        return rundir.Run(None, model, params, HF_STEP)
     if not (path / rundir.CONFIG).exists():
         raise ConfigError(f"train.init_from={str(path)!r} is not a dynjax run directory (no "
                           f"{rundir.CONFIG}); point it at a train.py --workdir")
@@ -351,10 +524,12 @@ def source_of(task, run_dir) -> Source | None:
         path, step = parse_source(spec)
         run = _open(path, step)
         plan(run.model.cfg, run.params, task.model.cfg, task.abstract["params"])
-        source = Source({"spec": spec, "path": str(path.resolve()), "step": run.step,
-                         "params_sha256": rundir.params_sha256(run.params),
-                         "family": run.config.model.family,
-                         "variant": run.config.model.variant}, run)
+        record = {"spec": spec, "path": str(path.resolve()), "step": run.step,
+                  "params_sha256": rundir.params_sha256(run.params),
+                  "family": run.model.cfg.family, "variant": run.model.cfg.variant}
+        if run.step == HF_STEP:
+            record["model_type"] = run.model.cfg.model_type
+        source = Source(record, run)
     config.train.init_source = source.record
     return source
 params_sha256 = rundir.params_sha256   # the digest config.json records (defined in runs/rundir.py)

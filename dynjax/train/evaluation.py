@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dynjax import decoding
-from dynjax.models import build, mod, moe
+from dynjax.models import build, llm, mod, moe
 from dynjax.models.transformer import ModelConfig, next_token_nll
 from dynjax.parallel import distributed, sharding
 
@@ -35,6 +35,8 @@ def eval_routes(cfg: ModelConfig) -> dict:
     """name -> (config, causal?) for every routing rule the model can be evaluated under."""
     if cfg.family == "mod":
         return mod.eval_routes(cfg)
+    if cfg.family == "llm":
+        return llm.eval_routes(cfg)
     if cfg.family == "moe":
         routes = {"sequence": (cfg, moe.is_causal(cfg))}
         if not moe.is_causal(cfg) and cfg.moe.routing == "token_choice":

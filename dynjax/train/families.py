@@ -74,21 +74,23 @@ def mod_entry_rates(coeffs, cfg) -> dict:
     return {"mod_enter_rate_per_block": (coeffs["router"] > 0).mean(axis=(1, 2))}
 
 
-def mod_entry_fields(metrics, cfg) -> dict:
-    """Keyed by the model's block numbers (``mod_layer_ids``: blocks 1, 3, ... by default)."""
+def mod_entry_fields(metrics, cfg, blocks=None) -> dict:
+    """Keyed by the model's block numbers (``blocks``, default ``mod_layer_ids``: blocks 1,
+    3, ... by default)."""
     if "mod_enter_rate_per_block" not in metrics:
         return {}
+    blocks = mod_layer_ids(cfg) if blocks is None else blocks
     return {"mod_enter_rate_per_block": dict(zip(
-        (str(i) for i in mod_layer_ids(cfg)), metrics["mod_enter_rate_per_block"].tolist()))}
+        (str(i) for i in blocks), metrics["mod_enter_rate_per_block"].tolist()))}
 
 
-def moe_load(coeffs, cfg) -> dict:
+def moe_load(coeffs, cfg, k=None) -> dict:
     """Per MoE layer and route, the share of the tokens' top-k router choices (1/E is
-    balanced): the load each expert is asked to take."""
+    balanced): the load each expert is asked to take. ``k`` defaults to ``cfg.moe``'s."""
     if "router" not in coeffs:
         return {}
     probs = coeffs["router"]                                  # (layer, example, token, route)
-    top = jax.lax.top_k(probs, cfg.moe.num_experts_per_tok)[1]
+    top = jax.lax.top_k(probs, cfg.moe.num_experts_per_tok if k is None else k)[1]
     share = jax.nn.one_hot(top, probs.shape[-1], dtype=jnp.float32).mean(axis=(1, 2, 3))
     return {"moe_load_per_expert": share}
 
@@ -111,10 +113,32 @@ def no_ynn_reduce_on_cpu(backend: str):
             if backend == "cpu" else None)
 
 
+def llm_resolve(config):
+    """The llm family's config: its architecture from ``train.init_from`` where left unset
+    (``dynjax.train.convert.fill_from_source``: a Hugging Face directory or an llm run)."""
+    from dynjax.train import convert
+
+    return convert.fill_from_source(_no_mass_match(config))
+
+
+def llm_metrics(coeffs, cfg) -> dict:
+    """The MoD layers' entry rates and the MoE layers' expert loads, as the mod and moe
+    families log them (the llm family's MoD scores are ``mod_router``)."""
+    out = moe_load(coeffs, cfg, cfg.top_k)
+    if "mod_router" in coeffs:
+        out.update(mod_entry_rates({"router": coeffs["mod_router"]}, cfg))
+    return out
+
+
+def llm_fields(metrics, cfg) -> dict:
+    return {**mod_entry_fields(metrics, cfg, cfg.mod_layers), **moe_load_fields(metrics)}
+
+
 HOOKS = {"gates": Hooks(resolve=mass_match, step_metrics=gate_mass, log_fields=gate_mass_fields),
          "mod": Hooks(step_metrics=mod_entry_rates, log_fields=mod_entry_fields),
          "moe": Hooks(step_metrics=moe_load, log_fields=moe_load_fields),
-         "mudd": Hooks(compiler_options=no_ynn_reduce_on_cpu)}
+         "mudd": Hooks(compiler_options=no_ynn_reduce_on_cpu),
+         "llm": Hooks(resolve=llm_resolve, step_metrics=llm_metrics, log_fields=llm_fields)}
 
 
 def hooks_of(family: str) -> Hooks:

@@ -68,10 +68,11 @@ def train(config, workdir: str, progress: bool = True) -> dict:
     # Every check before the run directory is written: the config (a ConfigError, also for
     # what only tracing the model finds, e.g. a MoD capacity of 0 tokens), the devices, the
     # run already in the directory, the workdir's writability, the data.
-    with errors.config_errors():
-        task = task_of(config)(config)
-    config, tc = task.config, task.config.train
     run_dir = epath.Path(workdir)   # a local folder or gs://... (orbax's path type)
+    with errors.config_errors():
+        # a resumed conversion's model as recorded: the source may be gone
+        task = task_of(config)(convert.with_recorded_model(config, run_dir))
+    config, tc = task.config, task.config.train
     config = rundir.with_recorded_family(config, run_dir)
     changes = checkpoint.check_same_run(run_dir, config, keys=task.same_run_keys)
     main = distributed.is_main()

@@ -1,0 +1,69 @@
+"""A dense Hugging Face Llama / Qwen3 (or an ``llm`` run) continued as MoE, MoD, or as itself.
+
+    python train.py --config=configs/llm_convert.py:moe --workdir=runs/llama_moe \
+        --config.train.init_from=path/to/Llama-3.2-1B             # sparse upcycling
+    python train.py --config=configs/llm_convert.py:mod --workdir=runs/llama_mod \
+        --config.train.init_from=path/to/Llama-3.2-1B             # Mixture-of-Depths
+    python train.py --config=configs/llm_convert.py:dense --workdir=runs/llama_more \
+        --config.train.init_from=path/to/Llama-3.2-1B             # plain continuation
+
+The model is the ``llm`` family (dynjax/models/llm.py, the Hugging Face ports) with its
+architecture left unset (None): ``dynjax.train.convert.fill_from_source`` copies it from the
+source's config.json, so nothing is retyped; a field set on the command line must equal the
+source's or the run is refused in one line. The conversion (dynjax/train/convert.py, docs/
+conversion.md) then fills the parameters:
+
+- ``moe`` (Komatsuzaki et al. 2023): every layer an MoE of 8 SwiGLU experts, each a copy of
+  the layer's dense MLP (``train.init_upcycle_noise`` x std Gaussian noise, default 0), a new
+  seeded router, top-2 with the two weights renormalised to sum 1 (so the first forward is
+  the dense model's, up to float rounding), dropless dispatch, Switch load balance 0.01.
+  ``--config.model.num_experts``, ``top_k``, ``moe_layers=(...)`` change it.
+- ``mod`` (Raposo et al. 2024): layers 1, 3, 5, ... are MoD layers with capacity c = 0.125:
+  top-k of floor(cT) tokens while training, scored causally (router threshold, predictor)
+  at evaluation; routers and predictors fitted to the dense model's update norms
+  (``convert.fit_routers``). ``--config.model.mod_layers=(...)``, ``mod_capacity`` change it.
+- ``dense``: nothing routed; an MoE source is refused (its experts have nowhere to go).
+
+Data: dynjax's byte-level corpus (``data.*`` as every config), so the model's vocabulary
+must hold 256 ids and a real checkpoint sees bytes, not its tokenizer's tokens: the loss jump
+at step 0 (metrics.jsonl, ``split: "conversion"``) says what that costs. The tiny fixture
+``tests/data/hf/llama`` (d = 48, 2 layers, vocabulary 256) runs it on a CPU in a minute.
+"""
+import ml_collections
+
+from dynjax.configs import common
+from dynjax.models import llm
+
+VARIANTS = ("moe", "mod", "dense")
+FIELD_TYPES = {"model_type": str, "rope_type": str, "qk_norm": str, "rms_norm_eps": float,
+               "rope_theta": float, "rope_factor": float, "rope_low_freq_factor": float,
+               "rope_high_freq_factor": float, "clip_qkv": float, "qkv_bias": bool,
+               "o_bias": bool, "tie_word_embeddings": bool}
+
+
+def _from_source(name: str):
+    """An unset field (None) the source fills; typed, so the command line can set it."""
+    return ml_collections.FieldReference(None, field_type=FIELD_TYPES.get(name, int))
+
+
+def get_config(variant: str = "moe"):
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choose one of {list(VARIANTS)}")
+    c = common.base("dense")
+    model = {name: _from_source(name) for name in (*llm.ARCHITECTURE, "model_type")}
+    model.update(family="llm", dtype="float32", remat=False, attn_block=128,
+                 moe_dispatch="dropless", moe_layers=(), num_experts=0, top_k=0,
+                 moe_intermediate_size=0, norm_topk_prob=False, router_aux_loss_coef=0.0,
+                 mod_layers=(), mod_capacity=0.125, mod_route="topk",
+                 mod_router_weight="sigmoid", mod_bce_weight=0.01, mod_predictor_weight=0.01,
+                 mod_predictor_hidden=32)
+    if variant == "moe":
+        model.update(moe_layers=ml_collections.FieldReference(None, field_type=tuple),
+                     num_experts=8, top_k=2,
+                     moe_intermediate_size=ml_collections.FieldReference(None, field_type=int),
+                     norm_topk_prob=True, router_aux_loss_coef=0.01)
+    elif variant == "mod":
+        model.update(mod_layers=ml_collections.FieldReference(None, field_type=tuple))
+    c.model = ml_collections.ConfigDict(model)
+    c.train.update(dict(steps=200, lr=1e-4, warmup_steps=20, init_from=""))
+    return c
