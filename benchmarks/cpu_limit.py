@@ -13,13 +13,13 @@ Used by ``benchmarks/vs_pytorch.py`` (its ``gemm``, ``mfu`` and ``profile`` fiel
 - **Limit and MFU** (:func:`limit_report`): model FLOPs per step are
   ``dynjax.measure.mfu.train_step_flops`` (3 x ``analytic_forward_flops``: matmuls only,
   2 x MACs, attention over the full T x T square, MoD blocks on their k = floor(cT) tokens);
-  a forward is 1 x. ``mfu`` = model FLOP/s / the step's *matmul mix rate*: the rate the
-  step's executed matmuls would run at if each ran at its measured GEMM rate (forward, input
-  gradient and weight gradient each at its own shape; attention at block-causal size, the
-  (m + 1) / 2m of the square it executes with m = T / attn_block blocks). ``matmul_bound_s``
-  is that time itself and ``matmul_bound_fraction`` = bound / step time: 1.0 would be a step
-  that is nothing but its matmuls at microbenchmark speed. ``of_peak_gemm`` divides by the
-  fastest measured shape instead.
+  a forward is 1 x. ``mfu`` = model FLOP/s / the fastest measured GEMM rate at the model's
+  shapes (the CPU's attainable float32 matmul rate standing in for a datasheet peak).
+  ``matmul_bound_s`` is the time the step's *executed* matmuls take if each runs at its own
+  measured rate (forward, input gradient and weight gradient at their shapes; attention at
+  block-causal size, the (m + 1) / 2m of the square it computes with m = T / attn_block
+  blocks), and ``matmul_bound_fraction`` = bound / step time: 1.0 would be a step that is
+  nothing but its matmuls at microbenchmark speed.
 - **Profile** (:func:`profile_trace`): a ``jax.profiler`` trace of a few steps. XLA:CPU's
   runtime records one event per executed thunk (an HLO instruction of the compiled
   program: a fusion, a dot, a copy, ...) with its ``hlo_op`` name; each name is looked up
@@ -28,12 +28,17 @@ Used by ``benchmarks/vs_pytorch.py`` (its ``gemm``, ``mfu`` and ``profile`` fiel
   the fusions YNNPACK/XLA build around matmuls count here), ``attention_softmax`` (other
   work whose innermost frame is in dynjax's attention functions: scale, mask, logsumexp,
   exp), ``optimizer`` (frames in optax: AdamW, global-norm clipping, the gradient norm),
+  ``guard`` (the loop's non-finite guard, ``dynjax/train/guard.py``),
   ``gather_scatter_copy`` (data movement only: copies, transposes, gathers, scatters,
   slices, concatenations, MoD's top-k), ``elementwise`` (every other fusion: norms, GELU,
   rotary, residual adds, the loss). Seconds are per step, summed over the runtime's
   threads (independent thunks can overlap, so the sum can exceed the wall time);
-  ``device_busy_s`` is the union of those events per step on the clock, and the rest of
-  the loop's step (``not_executing_s``) is host work the program did not overlap.
+  ``device_busy_s`` is the union of those events per step on the clock and ``span_s`` the
+  time from the traced steps' first instruction to their last, per step; the difference
+  (``not_executing_s``) is time the program waited between instructions and between steps:
+  host work the loop did not overlap (a log step's sync, the next batch and dispatch after
+  it). ``step_breakdown_s`` splits ``span_s`` into the categories' shares of the busy time
+  plus that host part (``data_host``), so its entries add up to the step.
   Robust on the CPU because it needs no extra ops, no sub-programs and no XLA flags: the
   compiled text comes from ``lower(...).compile()`` of the same jitted function (a cache
   hit, not a second compilation).
@@ -116,8 +121,9 @@ def gemm_summary(shapes: dict, seconds: dict) -> dict:
             for name, spec in shapes.items() if name in seconds}
     return {"shapes": rows, "peak_flops_per_s": max(r["flops_per_s"] for r in rows.values()),
             "dtype": "float32",
-            "note": "jax.jit(einsum) of one matmul, median over the run's rounds (one timed "
-                    "call after --settle untimed ones, in the dynjax worker's turn)"}
+            "note": "jax.jit(einsum) of one matmul, median over the run's rounds of the mean "
+                    "of calls filling 50 ms after --settle untimed ones, in the dynjax "
+                    "worker's turn"}
 
 
 # ----------------------------------------------------------------- limit and MFU
@@ -184,25 +190,27 @@ def limit_report(cfg: ModelConfig, batch: int, T: int, gemm: dict, step_seconds:
             achieved = model[name] / s
             rows[row][name] = {
                 "model_flops_per_s": achieved,
-                "mfu": achieved / bound["matmul_mix_flops_per_s"][name],
-                "of_peak_gemm": achieved / gemm["peak_flops_per_s"],
+                "mfu": achieved / gemm["peak_flops_per_s"],
                 "matmul_bound_fraction": bound["matmul_bound_s"][name] / s}
     return {"model_flops": model,
             "model_flops_count": "dynjax.measure.mfu.train_step_flops (3x analytic forward) "
                                  "and analytic_forward_flops: matmuls only, 2 x MACs, attention "
                                  "over the full T x T square, MoD blocks on k tokens",
+            "mfu_of": "gemm.peak_flops_per_s, the fastest measured GEMM at the model's shapes",
             **bound, "rows": rows}
 
 
 # ------------------------------------------------------------------------ profile
 
 CATEGORIES = ("matmul", "attention_softmax", "elementwise", "gather_scatter_copy",
-              "optimizer", "other")
+              "optimizer", "guard", "other")
 ATTENTION_FUNCTIONS = {"_attend", "attention_scores", "causal_attention", "fused_attention"}
 DATA_MOVEMENT = {"parameter", "constant", "bitcast", "copy", "transpose", "gather", "scatter",
                  "slice", "dynamic-slice", "dynamic-update-slice", "concatenate", "pad",
                  "broadcast", "reshape", "iota", "tuple", "get-tuple-element", "sort",
                  "custom-call", "reverse"}
+NO_VOTE = {"parameter", "constant", "bitcast", "broadcast", "reshape", "iota", "tuple",
+           "get-tuple-element"}
 CONTROL = {"while", "conditional", "call"}   # their bodies' thunks are traced on their own
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 _OPCODE = re.compile(r"\s([a-z][a-z0-9\-]*)\(")
@@ -270,6 +278,8 @@ def _frame_category(frame_id, frames) -> str | None:
     file, func, _ = frames[frame_id]
     if "/optax/" in file:
         return "optimizer"
+    if file.endswith("dynjax/train/guard.py"):
+        return "guard"
     if func.split(".")[-1] in ATTENTION_FUNCTIONS and "dynjax/models" in file:
         return "attention_softmax"
     return None
@@ -277,26 +287,29 @@ def _frame_category(frame_id, frames) -> str | None:
 
 def classify_hlo(text: str) -> tuple[str, dict]:
     """(module name, {instruction name: category}) for every instruction of the compiled
-    program (see the module docstring for the categories)."""
+    program (see the module docstring for the categories). An instruction containing a dot
+    is ``matmul``, one that only moves data ``gather_scatter_copy`` (whatever frame it
+    carries: XLA gives a parameter's relayout copy the frame of the call that passed it);
+    otherwise its computing instructions (a fusion's) vote with their innermost Python frame,
+    and a plurality without a frame category is ``elementwise``."""
     module, comps, entry, frames = _parse_hlo(text)
     memo = {}
 
     def contents(comp, seen=()):
-        """(opcodes, frame categories) of a computation and everything it calls."""
+        """(opcodes, frame votes) of a computation and everything it calls."""
         if comp in memo:
             return memo[comp]
-        ops, cats = collections.Counter(), collections.Counter()
+        ops, votes = collections.Counter(), collections.Counter()
         for _, op, called, frame in comps.get(comp, []):
             ops[op] += 1
-            cat = _frame_category(frame, frames)
-            if cat and op not in ("parameter", "constant", "bitcast"):
-                cats[cat] += 1
+            if op not in DATA_MOVEMENT | NO_VOTE:
+                votes[_frame_category(frame, frames) or "none"] += 1
             for c in called:
                 if c not in seen:
-                    o, k = contents(c, seen + (comp,))
+                    o, v = contents(c, seen + (comp,))
                     ops.update(o)
-                    cats.update(k)
-        memo[comp] = ops, cats
+                    votes.update(v)
+        memo[comp] = ops, votes
         return memo[comp]
 
     out = {}
@@ -305,22 +318,20 @@ def classify_hlo(text: str) -> tuple[str, dict]:
             if op in CONTROL:
                 out[name] = "control"
                 continue
-            ops, cats = collections.Counter({op: 1}), collections.Counter()
-            own = _frame_category(frame, frames)
-            if own:
-                cats[own] += 1
+            ops, votes = collections.Counter({op: 1}), collections.Counter()
+            if not called and op not in DATA_MOVEMENT | NO_VOTE:
+                votes[_frame_category(frame, frames) or "none"] += 1
             for c in called:
-                o, k = contents(c)
+                o, v = contents(c)
                 ops.update(o)
-                cats.update(k)
+                votes.update(v)
             if ops["dot"] or ops["convolution"]:
                 out[name] = "matmul"
-            elif cats:
-                out[name] = cats.most_common(1)[0][0]
-            elif set(ops) <= DATA_MOVEMENT | {"fusion"}:
+            elif set(ops) <= DATA_MOVEMENT | NO_VOTE | {"fusion"}:
                 out[name] = "gather_scatter_copy"
             else:
-                out[name] = "elementwise"
+                top = votes.most_common(1)[0][0] if votes else "none"
+                out[name] = "elementwise" if top == "none" else top
     return module, out
 
 
@@ -366,11 +377,13 @@ def profile_trace(trace_dir: str, hlo_text: str, steps: int) -> dict:
     if not total:
         raise RuntimeError(f"the trace has no events of {module} (hlo_op names): this "
                            "jax's CPU runtime does not trace per-instruction events")
+    span = max(hi for _, hi in intervals) - min(lo for lo, _ in intervals)
     return {"module": module, "steps_traced": steps,
             "op_s_per_step": {c: per_cat[c] / steps for c in CATEGORIES},
             "op_share": {c: per_cat[c] / total for c in CATEGORIES},
             "op_s_per_step_total": total / steps,
             "device_busy_s": busy / steps,
+            "span_s": span / steps,
             "events_not_in_hlo": unknown,
             "top_ops": [{"op": op, "category": cat, "s_per_step": s / steps}
                         for (op, cat), s in per_op.most_common(12)]}

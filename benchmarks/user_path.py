@@ -179,9 +179,14 @@ class Turns:
         prof["batch_s"] = self.batch_s
         prof.update(host_times(marks))
         if "device_busy_s" in prof:
-            prof["not_executing_s"] = seconds - prof["device_busy_s"]
-        prof["note"] = ("a traced run of the loop (tracing adds a little per op); loop_step_s "
-                        "from the trace's own steps; batch_s: one task.batch call")
+            prof["not_executing_s"] = prof["span_s"] - prof["device_busy_s"]
+            prof["step_breakdown_s"] = {
+                **{c: share * prof["device_busy_s"] for c, share in prof["op_share"].items()},
+                "data_host": prof["not_executing_s"]}
+        prof["note"] = ("a traced run of the loop (tracing adds a little per op); loop_step_s: "
+                        "the traced steps between two waits for the device, per step (with "
+                        "the first step's dispatch, which a running loop overlaps); "
+                        "step_breakdown_s adds up to span_s; batch_s: one task.batch call")
         return prof
 
 
