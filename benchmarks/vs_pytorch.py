@@ -2,6 +2,7 @@
 
     pip install -e '.[bench]'        # torch==2.13.0, the CPU build (or: pip install torch==2.13.0)
     python -m benchmarks.vs_pytorch --out results/vs_pytorch.json
+    python -m benchmarks.vs_pytorch --quick --no-compile    # smoke test: T=128, batch 2
 
 Model (both frameworks): byte-level pre-norm decoder, 8 blocks, d=256, 4 heads, d_ff=1024,
 rotary positions, tanh-GELU MLP, RMSNorm, untied head; T=1024, batch 8, float32. ``mod``:
@@ -11,10 +12,29 @@ losses), as ``configs/mod_tiny.py``. Train step: forward, backward, global-norm 
 AdamW (weight decay on matrices, warm-up cosine schedule). Forward: logits, no gradient.
 The PyTorch models here are this file's own implementation (SDPA attention, causal).
 
-Each framework runs in its own process, as a user runs it (dynjax, PyTorch eager and
-``torch.compile``, all under dynjax's allocator setting, ``dynjax/_alloc.py``); the processes
-take turns, one call of every model and framework per round, so load from other processes
-falls on all alike;
+Two dynjax paths. ``dynjax``: the isolated step, one jitted train step (or forward) per
+call. ``dynjax_loop``, the user path: ``train.py``'s own loop (``dynjax.train.loop.train``)
+on the same model (``benchmarks/user_path.py``: batches cut from the corpus each step, the
+non-finite guard, a metrics line and TensorBoard events every ``--loop-log-every`` steps, the
+progress bar; no checkpoint or validation inside the timed run), seconds per step over
+``--loop-steps`` steps; its forward is the loop's validation step (``evaluation.evaluate``)
+on one batch of windows. PyTorch's rows are its step alone, without data loading: a lower
+bound of a PyTorch user's loop, so the user-path ratios are conservative. The goals (issue
+32), on the user path: train >= 1.5x PyTorch eager and >= 1.25x ``torch.compile``, forward
+>= 1.75x eager (``goals_met``; ``goals_met_isolated``: the same goals for the isolated step).
+
+Against the CPU's limit (``benchmarks/cpu_limit.py``): ``gemm``, float32 matmul FLOP/s
+through jax at the model's shapes, measured in the dynjax worker's turn of every round;
+``mfu``, each row's model FLOP/s (the analytic count) over the rate its matmuls would reach
+at those measured speeds, and the matmul-only bound in seconds; ``profile``, a
+``jax.profiler`` trace of ``--profile-steps`` steps of train.py's loop after the rounds,
+its op time by category (matmuls, attention softmax, elementwise, data movement, optimizer)
+and the time per step the program was not executing (host work the loop did not overlap).
+
+Each framework runs in its own process, as a user runs it (dynjax, one train.py loop per
+variant, PyTorch eager and ``torch.compile``, all under dynjax's allocator setting,
+``dynjax/_alloc.py``); the processes take turns, one call of every model and framework per
+round, so load from other processes falls on all alike;
 medians after warm-up (compilation excluded). Within its turn each timed call follows
 ``--settle`` untimed calls of the same function (default 1), so it runs as a training loop's
 step does, right after the previous one. Why both matter on this machine (a Firecracker VM
@@ -22,8 +42,8 @@ with free-page reporting): XLA:CPU frees its temporaries after every call, memor
 for the seconds another turn takes goes back to the host and faults in again slowly, and in
 one process with PyTorch the dynjax step ran at 3.1-4.4 s in every arrangement against 2.2-2.3
 s alone (``benchmarks/interleave_cost.py``). The JSON names the command, the load average
-before and after, and tokens/s ratios of dynjax over PyTorch eager (the goals: train >= 1.25,
-forward >= 1.5) and over ``torch.compile``.
+before and after, and tokens/s ratios of dynjax over PyTorch eager and over
+``torch.compile``, for both paths.
 """
 import argparse
 import json
@@ -49,6 +69,7 @@ except ImportError:
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks import cpu_limit  # noqa: E402
 from benchmarks.common import D, D_FF, HEADS, LAYERS, VOCAB, bench_config, dynjax_timers  # noqa: E402
 from configs import mod_tiny  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402
@@ -181,12 +202,29 @@ def timers_of(framework, args):
             fns = torch_timers(variant, args, torch.from_numpy(tokens), framework == "torch_compile")
         for name, fn in fns.items():
             timers[(variant, name)] = fn
+    if framework == "dynjax":   # the GEMM microbenchmark: name -> fn (benchmarks/cpu_limit.py)
+        timers.update(cpu_limit.gemm_timers(cpu_limit.gemm_shapes(
+            model_config("dense", args), args.batch_size, args.seq_len)))
     return timers
+
+
+def model_config(variant, args) -> ModelConfig:
+    return ModelConfig.from_dict(bench_config(variant, args.batch_size, args.seq_len,
+                                              attn_block=args.attn_block).model.to_dict())
 
 
 def worker(framework, args):
     """Serve timings over stdin/stdout: warm up every timer (compiling), say "ready"; then
-    for each line "VARIANT NAME", run ``--settle`` untimed calls and print one call's seconds."""
+    for each line "VARIANT NAME", run ``--settle`` untimed calls and print one call's seconds.
+    ``dynjax_loop:VARIANT`` is train.py's loop (``benchmarks/user_path.py``); the dynjax
+    worker also answers "gemm all" with one timed call of every GEMM shape."""
+    if framework.startswith("dynjax_loop:"):
+        from benchmarks import user_path
+        try:
+            return user_path.loop_worker(framework.split(":", 1)[1], args)
+        except Exception as e:  # noqa: BLE001 - report it to the orchestrator
+            print(json.dumps({"failed": f"{type(e).__name__}: {e}"[:500]}), flush=True)
+            return
     try:
         timers = timers_of(framework, args)
         for fn in timers.values():
@@ -196,12 +234,30 @@ def worker(framework, args):
         return
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
-        fn = timers[tuple(line.split())]
-        for _ in range(args.settle):
-            block(fn())
+        if line.split() == ["gemm", "all"]:
+            print(json.dumps({"gemm": {name: timed(fn, args.settle, GEMM_MIN_S) for name, fn
+                                       in timers.items() if isinstance(name, str)}}), flush=True)
+            continue
+        print(json.dumps({"seconds": timed(timers[tuple(line.split())], args.settle)}),
+              flush=True)
+
+
+GEMM_MIN_S = 0.05   # a GEMM's timed calls, one after another, last at least this long
+
+
+def timed(fn, settle: int, min_s: float = 0.0) -> float:
+    """Seconds of one call of ``fn`` after ``settle`` untimed ones; with ``min_s``, the mean
+    of as many calls (each waited for) as the last untimed call says fill ``min_s``."""
+    last = 0.0
+    for _ in range(settle):
         t0 = time.perf_counter()
         block(fn())
-        print(json.dumps({"seconds": time.perf_counter() - t0}), flush=True)
+        last = time.perf_counter() - t0
+    n = max(1, math.ceil(min_s / last)) if min_s and last else 1
+    t0 = time.perf_counter()
+    for _ in range(n):
+        block(fn())
+    return (time.perf_counter() - t0) / n
 
 
 def block(x):
@@ -217,75 +273,161 @@ def read_reply(proc) -> dict:
     return {"failed": f"the worker exited ({proc.wait()})"}
 
 
-def main():
+FULL = dict(seq_len=1024, batch_size=8, repeats=5, loop_steps=5, loop_log_every=5,
+            profile_steps=3)
+QUICK = dict(seq_len=128, batch_size=2, repeats=2, loop_steps=2, loop_log_every=2,
+             profile_steps=2)   # --quick: a smoke run of every part in a few minutes
+# Goals (issue 32), on the user path: train.py's loop step and its validation forward.
+GOALS = {"train_ge_1.5x_eager": ("train", "torch_eager", 1.5),
+         "train_ge_1.25x_compile": ("train", "torch_compile", 1.25),
+         "forward_ge_1.75x_eager": ("forward", "torch_eager", 1.75)}
+
+
+def parse_args():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seq-len", type=int, default=1024)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--quick", action="store_true",
+                    help=f"smoke-test sizes: {QUICK} (flags given explicitly still win)")
+    ap.add_argument("--seq-len", type=int)
+    ap.add_argument("--batch-size", type=int)
+    ap.add_argument("--repeats", type=int)
     ap.add_argument("--attn-block", type=int, default=ModelConfig.attn_block,
                     help="dynjax's model.attn_block (0: full T x T attention)")
     ap.add_argument("--settle", type=int, default=1,
                     help="untimed calls before each timed call, as in a loop of steps")
+    ap.add_argument("--loop-steps", type=int,
+                    help="train.py loop steps timed per turn (the user path)")
+    ap.add_argument("--loop-log-every", type=int,
+                    help="the loop's train.log_every (a metrics line, TensorBoard events)")
+    ap.add_argument("--profile-steps", type=int, help="loop steps in the profiler trace")
     ap.add_argument("--variants", default="dense,mod")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--out")
     args = ap.parse_args()
-    if args.worker:
-        return worker(args.worker, args)
-    frameworks = ["dynjax", "torch_eager"] + ([] if args.no_compile else ["torch_compile"])
+    for name, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
+
+
+def start_workers(args) -> tuple[dict, dict]:
+    """{(framework, variant or None): process}, warmed up one after another, and notes."""
+    variants = args.variants.split(",")
+    specs = ([("dynjax", None)] + [("dynjax_loop", v) for v in variants]
+             + [("torch_eager", None)] + ([] if args.no_compile else [("torch_compile", None)]))
     workers, notes = {}, {}
-    for fw in frameworks:   # one process each, started and warmed up one after another
-        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.vs_pytorch", "--worker", fw,
+    for fw, variant in specs:   # one process each, as a user runs them
+        name = fw if variant is None else f"{fw}:{variant}"
+        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.vs_pytorch", "--worker", name,
                                  *sys.argv[1:]], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 text=True, env=dict(os.environ, PYTHONPATH=os.getcwd()))
         reply = read_reply(proc)
         if "failed" in reply:
             proc.kill()
             if fw != "torch_compile":   # the comparison needs dynjax and PyTorch eager
-                raise SystemExit(f"vs_pytorch: the {fw} worker failed: {reply['failed']}")
+                raise SystemExit(f"vs_pytorch: the {name} worker failed: {reply['failed']}")
             notes[fw] = "failed: " + reply["failed"]
         else:
-            workers[fw] = proc
+            workers[(fw, variant)] = proc
+    return workers, notes
+
+
+def ask(proc, line: str) -> dict:
+    proc.stdin.write(line + "\n")
+    proc.stdin.flush()
+    return read_reply(proc)
+
+
+def compare(r: dict) -> None:
+    """Add one variant's ratios (tokens/s of dynjax over the other) and goals to ``r``."""
+    per_call = lambda a, b: {name: r[a][f"{name}_s"] / r[b][f"{name}_s"]  # noqa: E731
+                             for name in ("train", "forward")}
+    for mine, prefix in (("dynjax", "dynjax"), ("dynjax_loop", "user_path")):
+        for other in ("torch_eager", "torch_compile"):
+            if other in r:
+                r[f"{prefix}_over_{other}"] = per_call(other, mine)
+    r["user_path_over_isolated"] = per_call("dynjax_loop", "dynjax")   # > 1: the loop slower
+    for key, prefix in (("goals_met", "user_path"), ("goals_met_isolated", "dynjax")):
+        r[key] = {goal: (r[f"{prefix}_over_{other}"][name] >= need
+                         if f"{prefix}_over_{other}" in r else None)
+                  for goal, (name, other, need) in GOALS.items()}
+
+
+def main():
+    args = parse_args()
+    if args.worker:
+        return worker(args.worker, args)
+    variants = args.variants.split(",")
+    workers, notes = start_workers(args)
     load_before = os.getloadavg()
     t0 = time.time()
-    times = {}
+    times, extra, gemm_times = {}, {}, {}
     for _ in range(args.repeats):   # every (variant, framework, call) takes a turn per round
-        for variant in args.variants.split(","):
-            for fw, proc in workers.items():
+        for variant in variants:
+            for (fw, owner), proc in workers.items():
+                if owner not in (None, variant):
+                    continue
                 for name in ("train", "forward"):
-                    proc.stdin.write(f"{variant} {name}\n")
-                    proc.stdin.flush()
-                    times.setdefault((variant, fw, name), []).append(read_reply(proc)["seconds"])
+                    reply = ask(proc, f"{variant} {name}")
+                    if "seconds" not in reply:
+                        raise SystemExit(f"vs_pytorch: {fw} {variant} {name}: {reply}")
+                    times.setdefault((variant, fw, name), []).append(reply["seconds"])
+                    for key in ("host_gap_s", "dispatch_s"):
+                        if reply.get(key) is not None:
+                            extra.setdefault((variant, fw, key), []).append(reply[key])
+        for name, s in ask(workers[("dynjax", None)], "gemm all")["gemm"].items():
+            gemm_times.setdefault(name, []).append(s)
+    profiles = {variant: ask(workers[("dynjax_loop", variant)], f"{variant} profile").get(
+        "profile") for variant in variants}
     for proc in workers.values():
         proc.stdin.close()
         proc.wait()
+    timed_s = time.time() - t0
     medians = {k: statistics.median(v) for k, v in times.items()}
     tokens_per_call = args.batch_size * args.seq_len
     res = {"command": command_line(), "runtime": runtime(),
            "torch": torch.__version__,
            "jax": jax.__version__, "torch_threads": torch.get_num_threads(), "settle": args.settle,
-           "processes": "one per framework (dynjax, torch_eager, torch_compile), taking turns",
+           "processes": "one per framework (dynjax, torch_eager, torch_compile) and one per "
+                        "variant for train.py's loop (dynjax_loop), taking turns",
            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
            "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
            "load_average_before": load_before, "load_average_after": os.getloadavg(),
-           "timed_s": time.time() - t0, "repeats": args.repeats,
+           "timed_s": timed_s, "repeats": args.repeats,
            "batch_size": args.batch_size, "seq_len": args.seq_len,
-           "attn_block": args.attn_block, "notes": notes,
+           "attn_block": args.attn_block, "loop_steps": args.loop_steps,
+           "loop_log_every": args.loop_log_every, "profile_steps": args.profile_steps,
+           "notes": notes,
+           "paths": {"dynjax": "the isolated step: one jitted train step (state donated) or "
+                               "forward per timed call, after --settle untimed ones",
+                     "dynjax_loop": "the user path: train.py's loop (dynjax.train.loop.train: "
+                                    "batches from the corpus, the guard, metrics and "
+                                    "TensorBoard every loop_log_every steps, progress bar; "
+                                    "no checkpoint or validation inside), seconds per step "
+                                    "over loop_steps steps; forward: its validation step "
+                                    "(evaluation.evaluate) on one batch of windows",
+                     "torch_eager": "this file's PyTorch model, one step per call (no data "
+                                    "loading: a lower bound of a PyTorch user's loop)",
+                     "torch_compile": "the same under torch.compile"},
            "note": "medians of interleaved calls in one run; seconds per call; ratios are "
                    "dynjax tokens/s over the other's (>1: dynjax faster)"}
     for (variant, fw, name), t in medians.items():
         res.setdefault(variant, {}).setdefault(fw, {})[f"{name}_s"] = t
         res[variant][fw][f"{name}_tokens_per_s"] = tokens_per_call / t
-    for variant in args.variants.split(","):
-        r = res[variant]
-        for other in ("torch_eager", "torch_compile"):
-            if other in r:
-                r[f"dynjax_over_{other}"] = {name: r[other][f"{name}_s"] / r["dynjax"][f"{name}_s"]
-                                             for name in ("train", "forward")}
-        eager = r["dynjax_over_torch_eager"]
-        r["goals_met"] = {"train_ge_1.25x_eager": eager["train"] >= 1.25,
-                          "forward_ge_1.5x_eager": eager["forward"] >= 1.5}
+    for (variant, fw, key), v in extra.items():
+        res[variant][fw][f"train_{key}"] = statistics.median(v)
+    for variant in variants:
+        compare(res[variant])
+    gemm = cpu_limit.gemm_summary(cpu_limit.gemm_shapes(
+        model_config("dense", args), args.batch_size, args.seq_len),
+        {name: statistics.median(v) for name, v in gemm_times.items()})
+    res["gemm"] = gemm
+    res["mfu"] = {variant: cpu_limit.limit_report(
+        model_config(variant, args), args.batch_size, args.seq_len, gemm,
+        {fw: {name: res[variant][fw].get(f"{name}_s") for name in ("train", "forward")}
+         for fw in res[variant] if isinstance(res[variant][fw], dict)
+         and "train_s" in res[variant][fw]}) for variant in variants}
+    res["profile"] = profiles
     publish_json(res, args.out, indent=2)
 
 

@@ -11,7 +11,8 @@ dispatch). Each framework runs in its own process, as a user runs it, both under
 allocator setting; the processes take turns, one forward each per round, medians after
 warm-up (compilation excluded), each timed call after ``--settle`` untimed ones. The JSON
 names the command, the runtime, the load average before and after, tokens/s of each and the
-ratio dynjax / transformers (the goal: >= 2).
+ratio dynjax / transformers (the goal: >= 2). On a GPU machine ``--torch-device cuda`` runs
+transformers there too (dynjax runs on JAX's default device; ``scripts/gpu_checks.sh hf``).
 """
 import argparse
 import json
@@ -63,11 +64,15 @@ def timer(framework, args):
         return lambda: jax.block_until_ready(fwd(params, ids))
     model = transformers.AutoModelForCausalLM.from_pretrained(
         args.checkpoint, dtype=torch.float32, attn_implementation="eager").eval()
-    ids = torch.as_tensor(tokens)
+    model.to(args.torch_device)
+    ids = torch.as_tensor(tokens).to(args.torch_device)
 
     def run():
         with torch.no_grad():
-            return model(ids).logits
+            logits = model(ids).logits
+        if args.torch_device.startswith("cuda"):
+            torch.cuda.synchronize()   # the forward has finished when the call returns
+        return logits
     return run
 
 
@@ -99,6 +104,9 @@ def main():
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--settle", type=int, default=1)
+    ap.add_argument("--torch-device", default="cpu",
+                    help="where transformers runs (cuda on a GPU machine: dynjax runs on JAX's "
+                         "default device)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--checkpoint", help=argparse.SUPPRESS)
     ap.add_argument("--out")
@@ -129,6 +137,7 @@ def main():
     publish_json({
         "command": command_line(), "runtime": runtime(), "torch": torch.__version__,
         "transformers": transformers.__version__, "model_type": args.model_type,
+        "torch_device": args.torch_device, "jax_device": str(jax.devices()[0]),
         "config": CONFIG, "batch_size": args.batch_size, "seq_len": args.seq_len,
         "repeats": args.repeats, "settle": args.settle, "torch_threads": torch.get_num_threads(),
         "load_average_before": load_before, "load_average_after": os.getloadavg(),

