@@ -34,6 +34,8 @@ COEFFICIENTS = {
     ("mod", "predictor"): "MoD predictor logit",
     ("moe", "router"): "top routing probability (max over experts, 0-1)",
     ("llm", "router"): "top routing probability (max over experts, 0-1)",
+    ("llm", "mod_router"): "MoD router score r (logit; a causal decoder enters when r > 0)",
+    ("llm", "mod_predictor"): "MoD predictor logit",
     ("mudd", "mix"): "dynamic mixing weight (dimensionless)",
     ("muddpythia", "mix"): "dynamic mixing weight (dimensionless)",
     ("gated_mlp", "p"): "unit open probability (0-1)",

@@ -117,7 +117,8 @@ class Task:
             tc.batch_size),)
 
     def desc(self, n_params: int) -> str:
-        return f"{self.model.cfg.variant} ({n_params / 1e6:.2f}M params)"
+        variant = getattr(self.model.cfg, "variant", self.config.model.get("family"))
+        return f"{variant} ({n_params / 1e6:.2f}M params)"
 
     def log_record(self, metrics, steps: int, seconds: float) -> dict:
         tc = self.config.train
