@@ -23,7 +23,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from configs import tiny  # noqa: E402
+from dynjax.configs import tiny  # noqa: E402
 from dynjax.audit.run import audit_targets  # noqa: E402
 from dynjax.audit.settings import Settings  # noqa: E402
 from dynjax.data import text  # noqa: E402

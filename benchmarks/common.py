@@ -1,7 +1,7 @@
 """The benchmark model both vs_pytorch.py and alloc_speed.py time, as dynjax builds it."""
 import jax
 
-from configs import mod_tiny
+from dynjax.configs import mod_tiny
 from dynjax.models import build
 from dynjax.models.transformer import ModelConfig
 from dynjax.train.lm import init_state, make_optimizer, make_train_step

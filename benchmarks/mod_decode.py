@@ -38,7 +38,7 @@ import jax.numpy as jnp
 sys.path.insert(0, ".")
 from benchmarks.common import bench_config  # noqa: E402
 from benchmarks.mod_speed import decode_flops, forced_route  # noqa: E402
-from configs import mod_tiny  # noqa: E402
+from dynjax.configs import mod_tiny  # noqa: E402
 from dynjax import decoding  # noqa: E402
 from dynjax.measure import latency  # noqa: E402
 from dynjax.models import build, mod  # noqa: E402

@@ -29,7 +29,7 @@ import argparse
 import jax
 import jax.numpy as jnp
 
-from configs import mod_tiny  # noqa: E402
+from dynjax.configs import mod_tiny  # noqa: E402
 from dynjax import decoding  # noqa: E402
 from dynjax.measure import lm_execution as ex  # noqa: E402
 from dynjax.measure.latency import decode_timer, paired_medians  # noqa: E402

@@ -30,7 +30,7 @@ _alloc.reexec(__name__)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from configs import mudd_tiny, tiny  # noqa: E402
+from dynjax.configs import mudd_tiny, tiny  # noqa: E402
 from dynjax.jsonio import command_line, publish_json  # noqa: E402
 from dynjax.measure.latency import paired_medians  # noqa: E402
 from dynjax.models.muddpythia import mix  # noqa: E402

@@ -13,7 +13,7 @@ import argparse
 
 import jax
 
-from configs import common  # noqa: E402
+from dynjax.configs import common  # noqa: E402
 from dynjax.models import build, gates  # noqa: E402
 from dynjax.models.transformer import next_token_nll  # noqa: E402
 from dynjax.jsonio import command_line, publish_json  # noqa: E402

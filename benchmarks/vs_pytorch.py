@@ -71,7 +71,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks import cpu_limit  # noqa: E402
 from benchmarks.common import D, D_FF, HEADS, LAYERS, VOCAB, bench_config, dynjax_timers  # noqa: E402
-from configs import mod_tiny  # noqa: E402
+from dynjax.configs import mod_tiny  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402
 from dynjax.jsonio import command_line, publish_json  # noqa: E402
 

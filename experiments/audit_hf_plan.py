@@ -29,7 +29,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "results/audit_hf_plan.json"))
     args = ap.parse_args()
-    from configs import audit_hf
+    from dynjax.configs import audit_hf
     from dynjax import jsonio
     from dynjax.audit.settings import Settings
     from dynjax.loaders import hf

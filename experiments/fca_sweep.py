@@ -176,7 +176,7 @@ def seed_audited(runs: pathlib.Path, row, seed: int) -> bool:
 
 
 def audit_config():
-    from configs import audit_tiny
+    from dynjax.configs import audit_tiny
 
     c = audit_tiny.get_config()
     c.data.calib_windows = AUDIT["calib_windows"]

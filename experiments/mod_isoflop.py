@@ -33,7 +33,7 @@ from pathlib import Path
 
 import jax
 
-from configs import mod_tiny  # noqa: E402
+from dynjax.configs import mod_tiny  # noqa: E402
 from dynjax.data import text  # noqa: E402
 from dynjax.measure import lm_execution, routing  # noqa: E402
 from dynjax.models import build  # noqa: E402

@@ -34,18 +34,18 @@ import numpy as np  # noqa: E402
 
 DIGESTS = ROOT / "scripts" / "digests.json"
 LM_RUNS = {  # name -> (config module, argument, model overrides)
-    "gates_dense": ("configs.tiny", "dense", {}),
-    "gates_uniform": ("configs.tiny", "uniform", {}),
-    "gates_layer_static": ("configs.tiny", "layer_static", {}),
-    "gates_feature_gate": ("configs.tiny", "feature_gate", {}),
-    "gates_fixed_depth": ("configs.tiny", "fixed_depth2", {}),
-    "mod": ("configs.mod_tiny", "mod", {}),
-    "mode_staged": ("configs.mode_tiny", "mode_staged", {}),
-    "mode_integrated": ("configs.mode_tiny", "mode_integrated", {}),
-    "moe": ("configs.mode_tiny", "mode_integrated", {"variant": "moe"}),
-    "mod_dense": ("configs.mod_tiny", "dense", {}),
-    "mudd": ("configs.mudd_tiny", "mudd", {}),
-    "mudd_static": ("configs.mudd_tiny", "mudd_static", {}),
+    "gates_dense": ("dynjax.configs.tiny", "dense", {}),
+    "gates_uniform": ("dynjax.configs.tiny", "uniform", {}),
+    "gates_layer_static": ("dynjax.configs.tiny", "layer_static", {}),
+    "gates_feature_gate": ("dynjax.configs.tiny", "feature_gate", {}),
+    "gates_fixed_depth": ("dynjax.configs.tiny", "fixed_depth2", {}),
+    "mod": ("dynjax.configs.mod_tiny", "mod", {}),
+    "mode_staged": ("dynjax.configs.mode_tiny", "mode_staged", {}),
+    "mode_integrated": ("dynjax.configs.mode_tiny", "mode_integrated", {}),
+    "moe": ("dynjax.configs.mode_tiny", "mode_integrated", {"variant": "moe"}),
+    "mod_dense": ("dynjax.configs.mod_tiny", "dense", {}),
+    "mudd": ("dynjax.configs.mudd_tiny", "mudd", {}),
+    "mudd_static": ("dynjax.configs.mudd_tiny", "mudd_static", {}),
 }
 
 
@@ -71,7 +71,7 @@ def lm_config(module: str, arg: str, overrides: dict):
 
 
 def mlp_config():
-    from configs import mlp_common
+    from dynjax.configs import mlp_common
     c = mlp_common.base("dgate", "mnist5k")
     c.model.update(hidden=(32, 32))
     c.gate.update(warmup_steps=1, anneal_steps=3, ramp_steps=3)

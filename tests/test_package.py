@@ -26,6 +26,17 @@ def test_licence_file_is_the_declared_licence():
     assert "Apache License" in pathlib.Path(ROOT, "LICENSE").read_text()[:200]
 
 
+def test_programs_import_configs_through_the_package():
+    """``python experiments/X.py`` puts experiments/ on sys.path, not the checkout, so the
+    checkout's ``configs`` link is not importable there: a program that imports it fails at
+    its first use (the sweep's audit did, after a seed had trained)."""
+    import re
+    bare = re.compile(r"^\s*(from configs import|import configs\b)", re.M)
+    found = [str(p.relative_to(ROOT)) for d in ("experiments", "benchmarks", "scripts")
+             for p in sorted(pathlib.Path(ROOT, d).glob("*.py")) if bare.search(p.read_text())]
+    assert found == [], f"import dynjax.configs instead of configs in {found}"
+
+
 # ------------------------------------------------------------------ the wheel, installed
 
 TINY = ["--config.model.d_model=32", "--config.model.n_heads=2", "--config.model.d_ff=64",
