@@ -619,8 +619,8 @@ def plot_family(data: dict, variant: str):
 
 
 def write_report(runs: pathlib.Path, out: pathlib.Path, argv, carry: bool = True) -> None:
-    """table.md, results.json, featuregate.png, mudd.png into ``out``, as one atomic unit;
-    rows the report already in ``out`` holds more of are carried forward (``carry_forward``)."""
+    """table.md, results.json, featuregate.png, mudd.png into ``out``, as one atomic unit
+    (everything else in ``out`` kept: its README, the archives); rows the report already in ``out`` holds more of are carried forward (``carry_forward``)."""
     import tempfile
 
     from dynjax.audit.report import _move_into_place, _save_fig
@@ -644,6 +644,11 @@ def write_report(runs: pathlib.Path, out: pathlib.Path, argv, carry: bool = True
     (tmp / "table.md").write_text(render_table(data, command))
     for variant, name in (("feature_gate", "featuregate.png"), ("mudd", "mudd.png")):
         _save_fig(plot_family(data, variant), tmp / name)
+    if out.is_dir():   # what the report does not write (README.md, archive/) stays
+        import shutil
+        for entry in out.iterdir():
+            if not (tmp / entry.name).exists():
+                (shutil.copytree if entry.is_dir() else shutil.copy2)(entry, tmp / entry.name)
     _move_into_place(tmp, out)
     print(f"wrote {out}/table.md, results.json, featuregate.png, mudd.png")
 

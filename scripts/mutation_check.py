@@ -507,6 +507,11 @@ MUTANTS = (
            "        if nonfinite:\n", "        if False:\n",
            ("tests/test_audit_run.py::test_non_finite_parameters_are_named_not_blamed_on_replay",),
            "the audit checks the parameters are finite before blaming replay"),
+    # --- the FCA sweep's report (issue 30) ---
+    Mutant("sweep_report_drops_what_it_did_not_write", "experiments/fca_sweep.py",
+           "            if not (tmp / entry.name).exists():", "            if False:",
+           ("tests/test_fca_sweep.py::test_report_carries_forward_rows_whose_runs_are_gone",),
+           "a report keeps results/fca_sweep/'s README and committed seed archives"),
 )
 
 

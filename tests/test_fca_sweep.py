@@ -151,7 +151,7 @@ def test_device_rows_travel_back_without_checkpoints_and_count_as_done(tmp_path)
 def test_report_carries_forward_rows_whose_runs_are_gone(tmp_path):
     """A report from a new runs directory (a fresh machine) keeps, whole and marked, each row
     the earlier report holds more of; a row the new runs hold as much of comes from them;
-    --fresh reports the new runs alone."""
+    --fresh reports the new runs alone. Files the report does not write stay."""
     rows = {sweep.row_name(r): r for r in sweep.planned_rows()}
     fg, mudd = rows["tiny_feature_gate_400"], rows["tiny_mudd_400"]
     old, new, out = tmp_path / "old", tmp_path / "new", tmp_path / "out"
@@ -160,6 +160,9 @@ def test_report_carries_forward_rows_whose_runs_are_gone(tmp_path):
     _finish_audit(old, fg, 0.01)
     _finish_run(old, mudd, 0, 2.7)
     sweep.main([f"--runs={old}", "--report", f"--out={out}"])
+    (out / "README.md").write_text("the reading, by hand")      # what the report does not write
+    (out / "archive").mkdir()
+    (out / "archive" / "seed0.tgz").write_bytes(b"runs")
     _finish_run(new, mudd, 0, 2.4)                       # further than the old row: taken
     _finish_audit(new, mudd, 0.3, seed=0)
     _finish_run(new, fg, 0, 2.3)                         # less than the old row: not taken
@@ -194,6 +197,8 @@ def test_report_carries_forward_rows_whose_runs_are_gone(tmp_path):
     assert fresh["tiny_feature_gate_400"]["test_bpb"] == {"0": 2.3}
     assert fresh["tiny_feature_gate_400"]["audit"] is None
     assert "†" not in (out / "table.md").read_text()
+    assert (out / "README.md").read_text() == "the reading, by hand"    # kept by every report
+    assert (out / "archive" / "seed0.tgz").read_bytes() == b"runs"
 
 
 def test_seeds_split_a_row_between_processes(tmp_path, capsys):
