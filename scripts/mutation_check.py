@@ -508,6 +508,15 @@ MUTANTS = (
            ("tests/test_audit_run.py::test_non_finite_parameters_are_named_not_blamed_on_replay",),
            "the audit checks the parameters are finite before blaming replay"),
     # --- the FCA sweep's report (issue 30) ---
+    Mutant("size_slope_ignores_the_small_points_error", "experiments/size_slope.py",
+           'se = math.hypot(a["se_log"], b["se_log"]) / dx', 'se = b["se_log"] / dx',
+           ("tests/test_size_slope.py",),
+           "the size slope's uncertainty combines both points' errors"),
+    # --- docs/performance.md's tables are results/vs_pytorch.json (issue 32) ---
+    Mutant("performance_tables_show_the_loop_as_the_isolated_step", "benchmarks/vs_pytorch_tables.py",
+           "f\" ({r['dynjax'][name + '_s']:.3f} s vs", "f\" ({r['dynjax_loop'][name + '_s']:.3f} s vs",
+           ("tests/test_docs.py::test_performance_tables_are_the_results_file",),
+           "the performance page's tables are the results file's figures"),
     Mutant("sweep_report_drops_what_it_did_not_write", "experiments/fca_sweep.py",
            "            if not (tmp / entry.name).exists():", "            if False:",
            ("tests/test_fca_sweep.py::test_report_carries_forward_rows_whose_runs_are_gone",),

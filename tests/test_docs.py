@@ -31,3 +31,15 @@ def test_a_broken_link_is_caught(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("see [there](nowhere.md) and [here](page.md), `[x](y)` in ```\n[a](b)\n```")
     assert local_links(page) == ["nowhere.md", "page.md"]
+
+
+def test_performance_tables_are_the_results_file():
+    """docs/performance.md's PyTorch, user-path, CPU-limit and profile tables are what
+    benchmarks/vs_pytorch_tables.py renders from results/vs_pytorch.json, digit for digit."""
+    import json
+
+    from benchmarks.vs_pytorch_tables import render
+    res = json.loads(pathlib.Path(ROOT, "results", "vs_pytorch.json").read_text())
+    page = pathlib.Path(ROOT, "docs", "performance.md").read_text()
+    missing = [table.splitlines()[0] for table in render(res).split("\n\n") if table not in page]
+    assert missing == []
