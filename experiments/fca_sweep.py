@@ -601,6 +601,21 @@ def plot_family(data: dict, variant: str):
              for v in ret],
             [100 * ((v["ci_high"] if v["ci_high"] is not None else v["estimate"]) - v["estimate"])
              for v in ret]], marker=marker, color="k", capsize=3, label=size)
+    # a row not yet complete: each audited seed alone, hollow and unconnected
+    for r in data["rows"]:
+        if r["variant"] != variant or r["audit"] or not r.get("seed_audits"):
+            continue
+        marker = markers[r["size"]]
+        for a in r["seed_audits"].values():
+            for c in CONDITIONS:
+                if (a["conditions"].get(c) or {}).get("estimate") is not None:
+                    ax.plot(r["tokens"], a["conditions"][c]["estimate"], marker=marker,
+                            mfc="none", color=colors[c], linestyle="none")
+            ax_r.plot(r["tokens"], 100 * a["retention"]["estimate"], marker=marker,
+                      mfc="none", color="k", linestyle="none")
+        label = f"{r['size']}: {len(r['seed_audits'])} of {len(SEEDS)} seeds, one marker each"
+        ax.plot([], [], marker=marker, mfc="none", color="k", linestyle="none", label=label)
+        ax_r.plot([], [], marker=marker, mfc="none", color="k", linestyle="none", label=label)
     for c, v in paper["conditions"].items():
         ax.axhline(v, color=colors[c], linestyle=":", linewidth=1)
     ax.axhline(0.002, color="grey", linestyle="--", linewidth=1,
