@@ -3,6 +3,8 @@ shows what the file says (tests/test_docs.py checks that it does).
 
     python -m benchmarks.vs_pytorch_tables results/vs_pytorch.json
 """
+from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
+reexec(__name__)
 import json
 import sys
 

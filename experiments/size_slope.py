@@ -15,6 +15,8 @@ itself a rough estimate).
 """
 from __future__ import annotations
 
+from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
+reexec(__name__)
 import argparse
 import json
 import math
