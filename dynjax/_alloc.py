@@ -80,4 +80,17 @@ def runtime() -> dict:
             **{name: os.environ.get(name, "") for name in
                ("GLIBC_TUNABLES", "LD_PRELOAD", "XLA_FLAGS", "JAX_PLATFORMS")},
             "jax": jax.__version__, "backend": jax.default_backend(),
-            "cpu": cpu, "avx512": " avx512f" in flags, "cores": os.cpu_count()}
+            "cpu": cpu, "avx512": " avx512f" in flags, "amx": " amx_tile" in flags,
+            # a VM's model string hides which CPU it is; these tell two machines apart
+            **{name: _cpuinfo_field(key) for name, key in (
+                ("cpu_family", "cpu family"), ("cpu_model", "model"), ("cpu_stepping", "stepping"),
+                ("cpu_cache", "cache size"), ("cpu_mhz", "cpu MHz"))},
+            "cores": os.cpu_count()}
+
+
+def _cpuinfo_field(key: str) -> str:
+    """The first ``key : value`` of /proc/cpuinfo ('' where there is none)."""
+    if not os.path.exists("/proc/cpuinfo"):
+        return ""
+    return next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                 if line.split(":", 1)[0].strip() == key), "")
