@@ -72,25 +72,28 @@ def runtime() -> dict:
 
     import jax
 
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                if line.startswith("model name")), platform.processor()) \
-        if os.path.exists("/proc/cpuinfo") else platform.processor()
-    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    info = _cpuinfo()
+    flags = f" {info.get('flags', '')}"
     return {"malloc": os.environ.get(_APPLIED) or os.environ.get("DYNJAX_MALLOC", DEFAULT),
             **{name: os.environ.get(name, "") for name in
                ("GLIBC_TUNABLES", "LD_PRELOAD", "XLA_FLAGS", "JAX_PLATFORMS")},
             "jax": jax.__version__, "backend": jax.default_backend(),
-            "cpu": cpu, "avx512": " avx512f" in flags, "amx": " amx_tile" in flags,
+            "cpu": info.get("model name") or platform.processor(),
+            "avx512": " avx512f" in flags, "amx": " amx_tile" in flags,
             # a VM's model string hides which CPU it is; these tell two machines apart
-            **{name: _cpuinfo_field(key) for name, key in (
+            **{name: info.get(key, "") for name, key in (
                 ("cpu_family", "cpu family"), ("cpu_model", "model"), ("cpu_stepping", "stepping"),
                 ("cpu_cache", "cache size"), ("cpu_mhz", "cpu MHz"))},
             "cores": os.cpu_count()}
 
 
-def _cpuinfo_field(key: str) -> str:
-    """The first ``key : value`` of /proc/cpuinfo ('' where there is none)."""
+def _cpuinfo() -> dict:
+    """The first processor's ``key : value`` lines of /proc/cpuinfo ({} where there is none)."""
     if not os.path.exists("/proc/cpuinfo"):
-        return ""
-    return next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                 if line.split(":", 1)[0].strip() == key), "")
+        return {}
+    info = {}
+    for line in open("/proc/cpuinfo"):
+        key, sep, value = line.partition(":")
+        if sep and key.strip() not in info:
+            info[key.strip()] = value.strip()
+    return info

@@ -635,7 +635,8 @@ def plot_family(data: dict, variant: str):
 
 def write_report(runs: pathlib.Path, out: pathlib.Path, argv, carry: bool = True) -> None:
     """table.md, results.json, featuregate.png, mudd.png into ``out``, as one atomic unit
-    (everything else in ``out`` kept: its README, the archives); rows the report already in ``out`` holds more of are carried forward (``carry_forward``)."""
+    (everything else in ``out`` kept: its README, the archives); rows the report already in
+    ``out`` holds more of are carried forward (``carry_forward``)."""
     import tempfile
 
     from dynjax.audit.report import _move_into_place, _save_fig
