@@ -70,6 +70,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import cpu_limit  # noqa: E402
+from benchmarks.vs_pytorch_tables import GOALS  # noqa: E402
 from benchmarks.common import D, D_FF, HEADS, LAYERS, VOCAB, bench_config, dynjax_timers  # noqa: E402
 from dynjax.configs import mod_tiny  # noqa: E402
 from dynjax.models.transformer import ModelConfig  # noqa: E402
@@ -277,10 +278,6 @@ FULL = dict(seq_len=1024, batch_size=8, repeats=5, loop_steps=5, loop_log_every=
             profile_steps=3)
 QUICK = dict(seq_len=128, batch_size=2, repeats=2, loop_steps=2, loop_log_every=2,
              profile_steps=2)   # --quick: a smoke run of every part in a few minutes
-# Goals (issue 32), on the user path: train.py's loop step and its validation forward.
-GOALS = {"train_ge_1.5x_eager": ("train", "torch_eager", 1.5),
-         "train_ge_1.25x_compile": ("train", "torch_compile", 1.25),
-         "forward_ge_1.75x_eager": ("forward", "torch_eager", 1.75)}
 
 
 def parse_args():

@@ -1,17 +1,25 @@
 """The four tables of docs/performance.md, rendered from a vs_pytorch.py JSON, so the page
 shows what the file says (tests/test_docs.py checks that it does).
 
-    python -m benchmarks.vs_pytorch_tables results/vs_pytorch.json
+    python -m benchmarks.vs_pytorch_tables results/vs_pytorch.json           # print them
+    python -m benchmarks.vs_pytorch_tables results/vs_pytorch.json --write   # into the page
+
+Torch-free: the goals live here, and vs_pytorch.py (which needs torch) reads them.
 """
 from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
 reexec(__name__)
 import json
+import pathlib
 import sys
 
 ROWS = [(v, name) for v in ("dense", "mod") for name in ("train", "forward")]
 LABEL = {"dense": "dense", "mod": "MoD", "train": "train step", "forward": "forward"}
-GOAL = {("train", "torch_eager"): 1.5, ("forward", "torch_eager"): 1.75,
-        ("train", "torch_compile"): 1.25}
+# Goals (issue 32), on the user path: train.py's loop step and its validation forward.
+GOALS = {"train_ge_1.5x_eager": ("train", "torch_eager", 1.5),
+         "train_ge_1.25x_compile": ("train", "torch_compile", 1.25),
+         "forward_ge_1.75x_eager": ("forward", "torch_eager", 1.75)}
+GOAL = {(name, other): need for name, other, need in GOALS.values()}
+PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "performance.md"
 BREAKDOWN = [("matmul", "matmuls (dots and the fusions around them)"),
              ("attention_softmax", "attention softmax (scale, mask, logsumexp, exp)"),
              ("elementwise", "elementwise (norms, GELU, rotary, residuals, loss)"),
@@ -93,10 +101,35 @@ def breakdown_table(res) -> list[str]:
     return out
 
 
+TABLES = (isolated_table, user_path_table, limit_table, breakdown_table)
+# the words in each table's header that find it on the page (its sizes and peak may change)
+HEADER_WORDS = ("dynjax / PyTorch eager, tokens/s", "user path, s", "model GFLOP",
+                "seconds per step")
+
+
 def render(res) -> str:
-    return "\n\n".join("\n".join(t) for t in (isolated_table(res), user_path_table(res), limit_table(res),
-                                               breakdown_table(res)))
+    return "\n\n".join("\n".join(table(res)) for table in TABLES)
+
+
+def write(res, page: pathlib.Path = PAGE) -> None:
+    """Replace each table on ``page`` (the run of ``|`` lines whose header has its words) with
+    the one rendered from ``res``; written atomically. A table not found is an error."""
+    from dynjax.jsonio import write_text_atomic
+    lines = page.read_text().splitlines()
+    for table, words in zip(TABLES, HEADER_WORDS):
+        start = next((i for i, line in enumerate(lines)
+                      if line.startswith("|") and words in line), None)
+        if start is None:
+            raise SystemExit(f"vs_pytorch_tables: no table headed '{words}' in {page}; "
+                             "put its header line back and rerun")
+        end = start
+        while end < len(lines) and lines[end].startswith("|"):
+            end += 1
+        lines[start:end] = table(res)
+    write_text_atomic(page, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
-    print(render(json.load(open(sys.argv[1] if len(sys.argv) > 1 else "results/vs_pytorch.json"))))
+    args = [a for a in sys.argv[1:] if a != "--write"]
+    res = json.load(open(args[0] if args else "results/vs_pytorch.json"))
+    write(res) if "--write" in sys.argv[1:] else print(render(res))

@@ -521,6 +521,10 @@ MUTANTS = (
            "            if not (tmp / entry.name).exists():", "            if False:",
            ("tests/test_fca_sweep.py::test_report_carries_forward_rows_whose_runs_are_gone",),
            "a report keeps results/fca_sweep/'s README and committed seed archives"),
+    Mutant("performance_page_write_keeps_old_rows", "benchmarks/vs_pytorch_tables.py",
+           "        lines[start:end] = table(res)", "        lines[start:start + 2] = table(res)[:2]",
+           ("tests/test_docs.py::test_write_puts_each_table_back_in_its_place",),
+           "--write replaces each table on the performance page whole"),
 )
 
 

@@ -43,3 +43,24 @@ def test_performance_tables_are_the_results_file():
     page = pathlib.Path(ROOT, "docs", "performance.md").read_text()
     missing = [table.splitlines()[0] for table in render(res).split("\n\n") if table not in page]
     assert missing == []
+
+
+def test_write_puts_each_table_back_in_its_place(tmp_path):
+    """``--write`` on a page whose tables are stale restores the page exactly; a page that lost
+    a table's header is refused, naming it, with the page untouched."""
+    import json
+
+    from benchmarks.vs_pytorch_tables import write
+    res = json.loads(pathlib.Path(ROOT, "results", "vs_pytorch.json").read_text())
+    good = pathlib.Path(ROOT, "docs", "performance.md").read_text()
+    stale = re.sub(r"\| \*\*\d\.\d\d\*\*", "| **9.99**", good)
+    stale = stale.replace("| matmuls (dots and the fusions around them) | ", "| matmuls | 0 | ")
+    assert stale != good
+    page = tmp_path / "performance.md"
+    page.write_text(stale)
+    write(res, page)
+    assert page.read_text() == good
+    page.write_text(good.replace("seconds per step", "time per step"))
+    with pytest.raises(SystemExit, match="no table headed 'seconds per step'"):
+        write(res, page)
+    assert page.read_text() == good.replace("seconds per step", "time per step")
