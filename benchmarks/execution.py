@@ -74,7 +74,7 @@ def decode_flops(cfg: ModelConfig, params, seq_len: int) -> float:
 
 
 def measure(preset: str, batches, repeats: int, seq_len: int):
-    config_module = importlib.import_module(f"configs.{PRESETS[preset]['config']}")
+    config_module = importlib.import_module(f"dynjax.configs.{PRESETS[preset]['config']}")
     depth = config_module.get_config("dense").model.n_layers
     out, timers = {}, {}
     for v in variants(depth):

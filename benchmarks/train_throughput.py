@@ -81,7 +81,7 @@ def main():
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--out")
     args = ap.parse_args()
-    config_module = importlib.import_module(f"configs.{args.config}")
+    config_module = importlib.import_module(f"dynjax.configs.{args.config}")
     res = {"command": command_line(), "runtime": runtime(), "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
            "devices": jax.device_count(), "config": args.config, "model_set": args.model_set,
            "batch_size": args.batch_size, "seq_len": args.seq_len, "variants": {}}

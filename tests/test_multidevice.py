@@ -20,7 +20,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, cpu_devices_env
 
 SCRIPT = textwrap.dedent("""
     import os, sys, json, numpy as np, jax
@@ -258,8 +258,7 @@ ACTIVATIONS = textwrap.dedent(r"""
 
 
 def _run(tmp_path, n_devices, families=False, timeout=240, script_text=SCRIPT):
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={n_devices}")
+    env = cpu_devices_env(n_devices)
     if families:
         env["DYNJAX_TEST_FAMILIES"] = "1"
     script = tmp_path / "dp.py"

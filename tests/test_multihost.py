@@ -10,7 +10,6 @@ read the same) changes the loss at the first step. Every command has a hard time
 collective that hangs fails the test instead of blocking the suite.
 """
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -19,7 +18,7 @@ import textwrap
 
 import numpy as np
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, cpu_devices_env
 
 TINY = ["--config=configs/tiny.py:feature_gate", "--config.model.d_model=32",
         "--config.model.n_heads=2", "--config.model.d_ff=64", "--config.model.n_layers=2",
@@ -44,11 +43,6 @@ EP = ["--config.sharding.preset=ep", "--config.sharding.mesh.data=1",
       "--config.sharding.mesh.tensor=4"]
 
 
-def _env(devices):
-    return dict(os.environ, JAX_PLATFORMS="cpu",
-                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-
-
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -63,14 +57,14 @@ def _train(workdir, devices=1, processes=1):
 def _launch(cmd, devices=1, processes=1):
     """``cmd`` on ``processes`` processes of ``devices`` CPU devices each (completed runs)."""
     if processes == 1:
-        out = subprocess.run(cmd, env=_env(devices), cwd=ROOT, capture_output=True, text=True,
-                             timeout=TIMEOUT)
+        out = subprocess.run(cmd, env=cpu_devices_env(devices), cwd=ROOT, capture_output=True,
+                             text=True, timeout=TIMEOUT)
         assert out.returncode == 0, out.stderr[-3000:]
         return [out]
     addr = f"127.0.0.1:{_free_port()}"
     procs = [subprocess.Popen(cmd + [f"--coordinator_address={addr}",
                                      f"--num_processes={processes}", f"--process_id={i}"],
-                              env=_env(devices), cwd=ROOT, stdout=subprocess.PIPE,
+                              env=cpu_devices_env(devices), cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for i in range(processes)]
     outs = []
     try:
