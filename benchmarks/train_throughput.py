@@ -20,15 +20,15 @@ import time
 import jax
 
 from dynjax.measure import mfu  # noqa: E402
-from dynjax.models import build  # noqa: E402
-from dynjax.train.lm import init_state, make_optimizer, make_train_step  # noqa: E402
+from dynjax.train.lm import Task  # noqa: E402
 from dynjax.jsonio import command_line, publish_json  # noqa: E402
 
 VARIANTS = ("dense", "uniform", "layer_static", "feature_gate", "fixed_depth2")
 
 
 def compiled_step(config_module, variant, batch_size, seq_len, model_set=()):
-    """A compiled, warmed-up train step of one variant of a config and its state."""
+    """train.py's compiled, warmed-up train step (``lm.Task.train_step``: the family's XLA
+    options and the mesh's layout included, e.g. MUDD's) of one variant and its state."""
     config = config_module.get_config(variant)
     for item in model_set:  # "field=value", e.g. "remat=False"
         field, _, value = item.partition("=")
@@ -36,13 +36,12 @@ def compiled_step(config_module, variant, batch_size, seq_len, model_set=()):
             raise SystemExit(f"--model-set {item!r}: the model config has no field {field!r}")
         config.model[field] = ast.literal_eval(value)
     config.train.batch_size, config.data.seq_len = batch_size, seq_len
-    model = build(config.model.to_dict())
-    step_fn = jax.jit(make_train_step(model, make_optimizer(config.train)), donate_argnums=0)
-    state = init_state(config, model, jax.random.key(0))
+    task = Task(config)
+    step_fn, state = task.train_step(), task.init_state(jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (batch_size, seq_len), 0, 256)
     state, m = step_fn(state, tokens)  # compile + warm-up
     jax.block_until_ready(m)
-    return step_fn, state, tokens, model.cfg
+    return step_fn, state, tokens, task.model.cfg
 
 
 def measure(config_module, variants, steps, repeats, batch_size, seq_len, model_set=()):

@@ -15,8 +15,8 @@ The grid (issue 16), every run on ``data.source=embedded_large`` (21.6 MB), batc
   d=256, 8 heads, d_ff=1024, lr 1e-3) for 3000 steps; seeds 0, 1, 2;
 - a third size, ``xl`` (12 layers, d=384, 12 heads, d_ff=1536, about 21M parameters, lr 5e-4
   continuing the tiny -> larger learning-rate trend) for the same 3000 steps (issue 30): on
-  2 CPU cores about 2.2 h (FeatureGate) and 4.6 h (MUDD) a seed, from the isolated step times
-  in results/fca_sweep/step_time/; last in the order, ``--rows=xl`` alone;
+  2 CPU cores about 2.2 h (FeatureGate) and 3.4 h (MUDD) of train steps a seed (2.69 s and
+  4.02 s, train.py's step: results/fca_sweep/step_time/); last in the order, ``--rows=xl``;
 - dense and layer_static beside FeatureGate at the longest setting (tiny, 5000 steps), for
   the bits/byte table.
 
