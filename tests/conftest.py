@@ -28,11 +28,11 @@ def tiny_config(variant="feature_gate", **model_overrides):
     return c
 
 
-def cpu_devices_env(n_devices, **extra):
+def cpu_devices_env(n_devices):
     """The environment for a subprocess with ``n_devices`` CPU devices: the count must be set
-    before JAX starts. Keeps the XLA flags the suite runs under (scripts/test.sh)."""
+    before JAX starts. Any XLA flags the suite was started with are kept."""
     flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={n_devices}"
-    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=flags.strip(), **extra)
+    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=flags.strip())
 
 
 @pytest.fixture
