@@ -106,3 +106,25 @@ def test_readme_hf_parity_row_equals_its_file():
     printed = [cell.strip() for cell in row.strip().strip("|").split("|")]
     assert printed == [f"{arch[name]['max_abs_logit_diff']:.2e}".replace("e-0", "e-")
                        for name in header]
+
+
+# every JSON a benchmark wrote: the command that made it runs benchmarks/
+BENCHMARK_RESULTS = sorted(
+    p for p in pathlib.Path(ROOT, "results").rglob("*.json")
+    if "benchmarks" in str(json.loads(p.read_text()).get("command", ""))[:40])
+
+
+def test_benchmark_results_exist():
+    assert len(BENCHMARK_RESULTS) >= 15
+
+
+@pytest.mark.parametrize("path", BENCHMARK_RESULTS, ids=lambda p: p.name)
+def test_every_benchmark_result_names_its_runtime(path):
+    """The allocator setting and XLA flags a figure was measured under (dynjax._alloc.runtime),
+    or, for a figure measured before they were recorded, that they were not and why."""
+    rt = json.loads(path.read_text()).get("runtime")
+    assert isinstance(rt, dict), f"{path}: no runtime"
+    if rt.get("recorded") is False:
+        assert len(rt.get("why", "")) > 20, f"{path}: runtime not recorded and no reason given"
+    else:
+        assert {"GLIBC_TUNABLES", "XLA_FLAGS", "malloc", "cpu", "jax"} <= set(rt), path
