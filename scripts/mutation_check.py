@@ -525,6 +525,17 @@ MUTANTS = (
            "        lines[start:end] = table(res)", "        lines[start:start + 2] = table(res)[:2]",
            ("tests/test_docs.py::test_write_puts_each_table_back_in_its_place",),
            "--write replaces each table on the performance page whole"),
+    # --- a model's init is one compiled program (issue 32: the suite's compile time) ---
+    Mutant("init_program_changes_the_values", "dynjax/models/__init__.py",
+           'return nn.meta.unbox(self.module.init(key, tokens)["params"])',
+           'return nn.meta.unbox(self.module.init(jax.random.fold_in(key, 1), tokens)["params"])',
+           ("tests/test_registry.py::test_init_is_one_program_with_the_op_by_op_values",),
+           "a model's compiled init gives the op-by-op module's parameters, bit for bit"),
+    Mutant("init_compiled_on_every_call", "dynjax/models/__init__.py",
+           "    @functools.cached_property\n    def _init(self):\n        def init_params(key, tokens):",
+           "    @property\n    def _init(self):\n        def init_params(key, tokens):",
+           ("tests/test_registry.py::test_init_is_one_program_with_the_op_by_op_values",),
+           "a model's init compiles once per input shape, not once per call"),
 )
 
 

@@ -71,3 +71,49 @@ def memory_gcs():
         if cls is not None:
             fsspec.register_implementation(k, cls, clobber=True)
     backend.fsspec_backend._get_filesystem.cache_clear()
+
+
+class CompileProfile:
+    """Where the suite's time goes: XLA compilation per test (fixture set-up included) and per
+    program, written as one JSON file per worker. Set DYNJAX_COMPILE_PROFILE=PREFIX; read the
+    files with scripts/compile_profile.py. Subprocesses a test starts are not counted."""
+
+    def __init__(self, prefix):
+        import collections
+        from jax import monitoring
+        self.prefix, self.test = prefix, "(collection)"
+        self.tests = collections.defaultdict(lambda: {"compile_s": 0.0, "compiles": 0,
+                                                      "cache_hits": 0, "programs": {}})
+        monitoring.register_event_duration_secs_listener(self._duration)
+
+    def _duration(self, event, duration, **kw):
+        t = self.tests[self.test]
+        if event == "/jax/core/compile/backend_compile_duration":
+            t["compile_s"] += duration
+            t["compiles"] += 1
+            name = kw.get("fun_name", "?")
+            t["programs"][name] = t["programs"].get(name, 0.0) + duration
+        elif event == "/jax/compilation_cache/cache_retrieval_time_sec":
+            t["cache_hits"] += 1
+        elif event in ("/jax/core/compile/jaxpr_trace_duration",
+                       "/jax/core/compile/jaxpr_to_mlir_module_duration"):
+            t["trace_lower_s"] = t.get("trace_lower_s", 0.0) + duration
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        self.test = item.nodeid
+        yield
+        self.test = "(between tests)"
+
+    def pytest_sessionfinish(self, session):
+        import json
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(f"{self.prefix}.{worker}.json", "w") as f:
+            json.dump(self.tests, f)
+
+
+def pytest_configure(config):
+    prefix = os.environ.get("DYNJAX_COMPILE_PROFILE")
+    if prefix and not hasattr(config, "_dynjax_profile"):
+        config._dynjax_profile = CompileProfile(prefix)
+        config.pluginmanager.register(config._dynjax_profile)

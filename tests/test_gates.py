@@ -217,7 +217,7 @@ def test_remat_keeps_featuregate_features_and_not_attention_maps(capsys):
         model = _model("feature_gate", remat=remat)
         params = model.init(jax.random.key(0), tokens)
         loss = lambda p: next_token_nll(model.apply(p, tokens)[0], tokens).mean()
-        grads[remat] = jax.grad(loss)(params)
+        grads[remat] = jax.jit(jax.grad(loss))(params)
         if remat:
             print_saved_residuals(loss, params)
     saved = capsys.readouterr().out

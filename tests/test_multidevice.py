@@ -8,10 +8,12 @@ parameters split as their logical axes say (activations constrained as in traini
 under fsdp_tp the compiled step's activations are split as the rules say. The audit of the
 tiny MUDDPythia under dp and fsdp meshes reports one device's numbers with an exact replay.
 
-Runs in a subprocess: the device count must be set before JAX starts. Multi-device CPU
+Runs in subprocesses, one per device count (the count must be set before JAX starts), each
+running every script of that count. Multi-device CPU
 simulation can deadlock in collectives on 2 cores when steps are pipelined, so the script
 blocks on every step and the subprocess has a hard timeout: a hang fails fast.
 """
+import json
 import os
 import subprocess
 import sys
@@ -257,24 +259,55 @@ ACTIVATIONS = textwrap.dedent(r"""
 """)
 
 
-def _run(tmp_path, n_devices, families=False, timeout=240, script_text=SCRIPT):
+DRIVER = textwrap.dedent(r"""
+    # runs each (name, script, output folder) given as JSON in argv[1] in this one process
+    # (JAX started once), and prints {name: the script's last stdout line, parsed}
+    import contextlib, io, json, sys
+    results = {}
+    for name, path, out in json.loads(sys.argv[1]):
+        sys.argv = [path, out]
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            exec(compile(open(path).read(), path, "exec"), {"__name__": "__main__"})
+        results[name] = json.loads(buf.getvalue().strip().splitlines()[-1])
+    print(json.dumps(results))
+""")
+
+
+def _run_scripts(tmp_path, n_devices, scripts, timeout, families=False):
+    """Run ``scripts`` ({name: script text}) in one subprocess with ``n_devices`` CPU devices
+    (JAX starts once per device count, not once per script): {name: (printed JSON, the
+    arrays the script saved or None)}."""
     env = cpu_devices_env(n_devices)
     if families:
         env["DYNJAX_TEST_FAMILIES"] = "1"
-    script = tmp_path / "dp.py"
-    script.write_text(script_text.format(root=ROOT))
-    out = tmp_path / f"params_{n_devices}.npy"
-    proc = subprocess.run([sys.executable, str(script), str(out)], env=env, cwd=ROOT,
+    jobs = []
+    for name, text in scripts.items():
+        folder = tmp_path / f"{name}_{n_devices}"
+        folder.mkdir()
+        (folder / "script.py").write_text(text.format(root=ROOT))
+        jobs.append((name, str(folder / "script.py"), str(folder / "params.npy")))
+    proc = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(jobs)], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    import json
-    return json.loads(proc.stdout.strip().splitlines()[-1]), (np.load(out) if out.exists()
-                                                              else None)
+    printed = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {name: (printed[name], np.load(out) if os.path.exists(out) else None)
+            for name, _, out in jobs}
 
 
-def test_data_parallel_step_matches_single_device(tmp_path):
-    info1, p1 = _run(tmp_path, 1)
-    info8, p8 = _run(tmp_path, 8, timeout=480)
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every multi-device check of this file, one subprocess per device count: the
+    data-parallel step and the audit on 1 and 8 devices, the activation sharding on 8."""
+    tmp = tmp_path_factory.mktemp("multidevice")
+    one = _run_scripts(tmp, 1, {"dp": SCRIPT, "audit": AUDIT}, timeout=300)
+    eight = _run_scripts(tmp, 8, {"dp": SCRIPT, "activations": ACTIVATIONS, "audit": AUDIT},
+                         timeout=900)
+    return {1: one, 8: eight}
+
+
+def test_data_parallel_step_matches_single_device(runs):
+    (info1, p1), (info8, p8) = runs[1]["dp"], runs[8]["dp"]
     assert info1["devices"] == 1 and info8["devices"] == 8
     assert info8["batch_shards"] == 8                     # the batch really is split
     np.testing.assert_allclose(info8["loss"], info1["loss"], rtol=1e-5)
@@ -313,7 +346,7 @@ def test_data_parallel_step_matches_single_device(tmp_path):
 def test_every_family_under_fsdp_tp_and_fsdp_tp(tmp_path):
     """FSDP, TP and FSDP+TP for every family: the replicated model's loss and gradients, and
     parameters really split as their logical axes say."""
-    info8, _ = _run(tmp_path, 8, families=True, timeout=900)
+    info8, _ = _run_scripts(tmp_path, 8, {"dp": SCRIPT}, timeout=900, families=True)["dp"]
     fams = info8["families"]
     assert {k.split("/")[0] for k in fams} == {"gates", "mod", "moe", "mudd", "gated_mlp",
                                                "muddpythia"}
@@ -324,13 +357,13 @@ def test_every_family_under_fsdp_tp_and_fsdp_tp(tmp_path):
         assert r["grad_max_diff"] <= 1e-5 * max(r["grad_scale"], 1.0), (name, r)
 
 
-def test_activations_are_sharded_under_fsdp_tp(tmp_path):
+def test_activations_are_sharded_under_fsdp_tp(runs):
     """Under fsdp_tp the compiled step keeps activations split as the rules say: a layer's
     MLP and query projections run on 1/4 of the tokens (batch over data x fsdp) and 1/2 of
     the columns (tensor); without the constraints XLA gathers the batch over fsdp instead
     (128 token rows). The step equals the one-device step within float tolerance, and
     dynjax.parallel.memory_plan predicts its per-device arguments."""
-    info, _ = _run(tmp_path, 8, script_text=ACTIVATIONS)
+    info, _ = runs[8]["activations"]
     assert info["constraints"] > 0
     tokens = 8 * 32 // 4
     assert info["shapes"] == {"mlp/up": [tokens, 64 // 2], "attn/query": [tokens, 32 // 2]}
@@ -391,12 +424,11 @@ AUDIT = textwrap.dedent(r"""
 """)
 
 
-def test_sharded_audit_matches_one_device(tmp_path):
+def test_sharded_audit_matches_one_device(runs):
     """An audit under an 8-device mesh (dp: windows split 8 ways; fsdp: 2 x 4, the
     MUDDPythia's parameters split) reports the one-device numbers within float tolerance, and
     its replay gate is exact (replay compared with a record made under the same mesh)."""
-    one, _ = _run(tmp_path, 1, script_text=AUDIT)
-    eight, _ = _run(tmp_path, 8, script_text=AUDIT)
+    (one, _), (eight, _) = runs[1]["audit"], runs[8]["audit"]
     ref = one["one"]
     for name in ("dp", "fsdp"):
         got = eight[name]

@@ -43,8 +43,9 @@ def init(model):
     params = model.init(jax.random.key(0), tokens())
     leaves, tree = jax.tree.flatten(params)
     keys = jax.random.split(jax.random.key(1), len(leaves))
-    return jax.tree.unflatten(tree, [p + 0.3 * jax.random.normal(k, p.shape)
-                                     for p, k in zip(leaves, keys)])
+    perturb = jax.jit(lambda leaves, keys: [p + 0.3 * jax.random.normal(k, p.shape)
+                                            for p, k in zip(leaves, keys)])
+    return jax.tree.unflatten(tree, perturb(leaves, list(keys)))
 
 
 def train(cfg, steps=2):

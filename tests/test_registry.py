@@ -7,6 +7,7 @@ import importlib
 import json
 
 import chex
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pytest
@@ -57,6 +58,23 @@ def test_build_init_apply_replay_axes(family):
     assert jax.tree.structure(axes, is_leaf=is_spec) == jax.tree.structure(params)
     for spec, leaf in zip(jax.tree.leaves(axes, is_leaf=is_spec), jax.tree.leaves(params)):
         assert len(spec) <= leaf.ndim
+
+
+@pytest.mark.parametrize("family", ["gates", "mod", "moe", "mudd", "gated_mlp"])
+def test_init_is_one_program_with_the_op_by_op_values(family):
+    """``init`` compiles the whole initialisation as one program, once per model and input
+    shape; its parameters are bit for bit those of the Linen module initialised op by op."""
+    cfg, x = CASES[family]
+    model = build(cfg)
+    params = model.init(jax.random.key(3), x)
+    if family == "gated_mlp":
+        want = model.module.init({"params": jax.random.key(3), "dropout": jax.random.key(3)}, x,
+                                 None, model.cfg.tau, model.cfg.theta, False, False)["params"]
+    else:
+        want = nn.meta.unbox(model.module.init(jax.random.key(3), x)["params"])
+    chex.assert_trees_all_equal(params, want)
+    model.init(jax.random.key(4), x)
+    assert model._init._cache_size() == 1              # a second key is not a second program
 
 
 def test_build_takes_a_config_object_too():
