@@ -27,7 +27,7 @@ import importlib, json, sys, time
 import jax, flax.linen as nn, numpy as np
 from dynjax.models import build
 module, arg = sys.argv[1].split(":")
-c = importlib.import_module(f"configs.{module}").get_config(arg)
+c = importlib.import_module(f"dynjax.configs.{module}").get_config(arg)
 model = build(c.model.to_dict())
 tokens = np.zeros((1, c.data.seq_len), np.int32)
 t0 = time.perf_counter()

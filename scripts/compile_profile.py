@@ -4,10 +4,12 @@ Run the suite with DYNJAX_COMPILE_PROFILE=PREFIX, then
 ``python scripts/compile_profile.py PREFIX [--top N]``: compile (or cache load) seconds per
 test file, per test and per program name, largest first.
 """
-import argparse
-import collections
-import glob
-import json
+from dynjax._alloc import reexec  # one runtime set-up for every program (dynjax/_alloc.py)
+reexec(__name__)
+import argparse  # noqa: E402
+import collections  # noqa: E402
+import glob  # noqa: E402
+import json  # noqa: E402
 
 
 def main():
