@@ -55,8 +55,8 @@ def main():
     rows = {}
     for name, config in CONFIGS.items():
         compiled, op_by_op = first_init(config, "compiled"), first_init(config, "op_by_op")
-        rows[name] = {"config": f"configs/{config.replace(':', '.py:')}", "params": compiled["params"],
-                      "compiled_s": compiled["seconds"], "op_by_op_s": op_by_op["seconds"],
+        rows[name] = {"config": f"configs/{config.replace(':', '.py:')}",
+                      "params": compiled["params"], "compiled_s": compiled["seconds"], "op_by_op_s": op_by_op["seconds"],
                       "speedup": op_by_op["seconds"] / compiled["seconds"]}
     publish_json({"command": command_line(), "runtime": runtime(), "families": rows},
                  args.out, indent=1)

@@ -114,6 +114,5 @@ class CompileProfile:
 
 def pytest_configure(config):
     prefix = os.environ.get("DYNJAX_COMPILE_PROFILE")
-    if prefix and not hasattr(config, "_dynjax_profile"):
-        config._dynjax_profile = CompileProfile(prefix)
-        config.pluginmanager.register(config._dynjax_profile)
+    if prefix:
+        config.pluginmanager.register(CompileProfile(prefix))

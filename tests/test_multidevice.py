@@ -9,9 +9,9 @@ under fsdp_tp the compiled step's activations are split as the rules say. The au
 tiny MUDDPythia under dp and fsdp meshes reports one device's numbers with an exact replay.
 
 Runs in subprocesses, one per device count (the count must be set before JAX starts), each
-running every script of that count. Multi-device CPU
-simulation can deadlock in collectives on 2 cores when steps are pipelined, so the script
-blocks on every step and the subprocess has a hard timeout: a hang fails fast.
+running every script of that count. Multi-device CPU simulation can deadlock in collectives
+on 2 cores when steps are pipelined, so the scripts block on every step and each subprocess
+has a hard timeout: a hang fails fast.
 """
 import json
 import os
