@@ -19,6 +19,7 @@ Axis vocabulary (use these names, so generic interventions understand a new fami
 - ``source``  a source layer that is mixed (MUDD)
 - ``unit``    a hidden unit or block of units (DynamicGate-MLP)
 - ``expert``  an expert (MoE routing values)
+- ``head``    an attention or DeltaNet head (gated attention, DeltaNet beta and decay)
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-AXIS_NAMES = ("layer", "example", "token", "stream", "source", "unit", "expert")
+AXIS_NAMES = ("layer", "example", "token", "stream", "source", "unit", "expert", "head")
 
 Coeffs = Any  # a pytree of arrays
 Schema = Any  # a pytree of Axes with the structure of Coeffs

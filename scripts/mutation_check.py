@@ -536,8 +536,34 @@ MUTANTS = (
            "    @property\n    def _init(self):\n        def init_params(key, tokens):",
            ("tests/test_registry.py::test_init_is_one_program_with_the_op_by_op_values",),
            "a model's init compiles once per input shape, not once per call"),
+    # --- Gated DeltaNet (issue 46): dynjax/models/deltanet.py ---
+    Mutant("deltanet_decay_sign", "dynjax/models/deltanet.py",
+           'g = -jnp.exp(p["A_log"].astype(F32))', 'g = jnp.exp(p["A_log"].astype(F32))',
+           ("tests/test_deltanet.py::test_layer_equals_transformers",),
+           "DeltaNet's log decay is -exp(A_log) softplus(a + dt_bias), never positive"),
+    Mutant("deltanet_chunk_boundary_dropped", "dynjax/models/deltanet.py",
+           'o = jnp.einsum("bhik,bhkv->bhiv", q_c, S) + jnp.einsum(',
+           'o = 0 * jnp.einsum("bhik,bhkv->bhiv", q_c, S) + jnp.einsum(',
+           ("tests/test_deltanet.py::test_chunked_equals_recurrence",),
+           "the chunked delta rule reads the state carried across chunk boundaries"),
+    Mutant("deltanet_conv_state_off_by_one", "dynjax/models/deltanet.py",
+           "return y, xs[:, xs.shape[1] - (K - 1):]", "return y, xs[:, xs.shape[1] - K:-1]",
+           ("tests/test_deltanet.py::test_decoding_equals_forward",),
+           "the conv state a decoding step continues from is the last K-1 inputs"),
+    Mutant("deltanet_z_gate_not_applied", "dynjax/models/deltanet.py",
+           "return (y * jax.nn.silu(z.astype(F32))).astype(x.dtype)", "return y.astype(x.dtype)",
+           ("tests/test_deltanet.py::test_layer_equals_transformers",),
+           "DeltaNet's output norm is gated by SiLU(z)"),
+    Mutant("deltanet_fused_b_a_swapped", "dynjax/models/deltanet.py",
+           '"b": ba[..., :r].reshape(D, Hv), "a": ba[..., r:].reshape(D, Hv)',
+           '"b": ba[..., r:].reshape(D, Hv), "a": ba[..., :r].reshape(D, Hv)',
+           ("tests/test_deltanet.py::test_layer_equals_transformers",),
+           "Qwen3-Next's fused in_proj_ba is split [b, a] per key head"),
+    Mutant("deltanet_coefficient_site_bypassed", "dynjax/models/deltanet.py",
+           "used = coeffs_lib.site(decay_and_beta(p, x), given)", "used = decay_and_beta(p, x)",
+           ("tests/test_deltanet.py::test_coefficients_record_and_replay_bitwise_in_one_program",),
+           "replayed DeltaNet beta and decay are the ones the layer uses"),
 )
-
 
 def copy_tree(dest: pathlib.Path) -> None:
     """The repo's tracked and untracked-but-not-ignored files (working-tree contents), and
