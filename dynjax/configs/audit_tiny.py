@@ -65,6 +65,7 @@ def get_config():
 
     c.hf = ml_collections.ConfigDict()   # a Hugging Face MoE directory (configs/audit_hf.py)
     c.hf.path = ml_collections.FieldReference(None, field_type=str)
-    c.hf.dtype = "float32"               # or bfloat16
+    # None: the checkpoint's own torch_dtype (bf16 stays bf16); or float32 / bfloat16
+    c.hf.dtype = ml_collections.FieldReference(None, field_type=str)
     c.hf.flops_per_second = ml_collections.FieldReference(None, field_type=float)
     return c

@@ -1,13 +1,14 @@
 """Hugging Face checkpoint directories (config.json + safetensors) -> a dynjax ``llm`` model.
 
     from dynjax.loaders import hf
-    model, params = hf.load(DIR, dtype=jnp.bfloat16)             # or float32 (the default)
+    model, params = hf.load(DIR)          # config.json's torch_dtype; dtype=jnp.float32 overrides
     logits, coeffs = model.apply(params, input_ids)    # record; coeffs=coeffs replays
     windows = hf.token_windows(DIR, seq_len=512, n_calibration=32, n_evaluation=64)
 
 ``model`` is ``dynjax.models.build`` of the ``llm`` family (:mod:`dynjax.models.llm`), so
 the audit, the sharding presets and ``python plan.py`` treat it like any family.
-No torch is needed: tensors are read with safetensors' numpy API, one at a time.
+No torch is needed: tensors stream one at a time through :mod:`dynjax.loaders.tensors`
+(block FP8 and MXFP4 dequantised, unused towers skipped, broken files one line).
 
 Each supported ``model_type`` is one function from config.json to ``llm.Config`` (the
 switches it implements, checked) and one table of tensor names. Anything this port does not
@@ -17,7 +18,6 @@ and what to do.
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 from typing import Any, Callable, Mapping
@@ -27,6 +27,8 @@ import numpy as np
 
 from dynjax.data import text as text_data
 from dynjax.errors import CheckpointError, ConfigError
+from dynjax.loaders import tensors
+from dynjax.loaders.tensors import Tensors  # noqa: F401  (hf.Tensors: the reading path)
 from dynjax.models import build, llm
 
 SUPPORTED = ("llama", "qwen3", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
@@ -194,12 +196,7 @@ def config_from_hf(hf: Mapping[str, Any], dtype="float32") -> llm.Config:
     if kind not in CONFIGS:
         _fail(f"config.json model_type={kind!r} is not supported; supported: "
               f"{', '.join(SUPPORTED)}")
-    q = hf.get("quantization_config")
-    if q:
-        method = q.get("quant_method", "?") if isinstance(q, Mapping) else q
-        _fail(f"config.json quantization_config (quant_method={method!r}): quantized weights "
-              "are not supported; dequantize to bf16 first (load with transformers and "
-              "dequantize=True, then save_pretrained) and drop quantization_config")
+    tensors.check_quantization(hf)
     try:
         return llm.Config(**CONFIGS[kind](hf), dtype=jnp.dtype(dtype).name)
     except (KeyError, TypeError) as e:
@@ -219,51 +216,6 @@ def _moe_prefix(cfg: llm.Config) -> str:
 
 _EXPERT_NAMES = {"mixtral": {"gate": "w1", "up": "w3", "down": "w2"}}
 _MLP_NAMES = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
-
-
-class Tensors:
-    """The checkpoint's tensors by name, read one at a time from the safetensors files
-    (``model.safetensors.index.json``'s weight map when sharded)."""
-
-    def __init__(self, path: str):
-        from safetensors import safe_open
-
-        index = os.path.join(path, "model.safetensors.index.json")
-        if os.path.exists(index):
-            with open(index) as f:
-                weight_map = json.load(f)["weight_map"]
-            files = sorted(set(weight_map.values()))
-            missing = [f for f in files if not os.path.exists(os.path.join(path, f))]
-            if missing:
-                raise CheckpointError(f"{index} lists {missing[0]}, which is not in {path}; "
-                                      "copy every shard of the checkpoint")
-        else:
-            files = [os.path.basename(f) for f in
-                     sorted(glob.glob(os.path.join(path, "*.safetensors")))]
-            if not files:
-                raise CheckpointError(f"no *.safetensors file in {path}; convert the "
-                                      "checkpoint with transformers' save_pretrained")
-        self._open = {f: safe_open(os.path.join(path, f), framework="numpy") for f in files}
-        self.where = {k: f for f, h in self._open.items() for k in h.keys()}
-        self.used: set = set()
-
-    def __contains__(self, name):
-        return name in self.where
-
-    def get(self, name: str, shape: tuple) -> np.ndarray:
-        if name not in self.where:
-            raise CheckpointError(f"checkpoint lacks tensor {name!r} (shape {shape}); the "
-                                  "safetensors files are incomplete or config.json describes "
-                                  "another model")
-        a = self._open[self.where[name]].get_tensor(name)
-        if a.dtype.kind not in "f" and a.dtype.name != "bfloat16" or a.dtype.itemsize < 2:
-            raise CheckpointError(f"tensor {name!r} is {a.dtype} (quantized); dequantize the "
-                                  "checkpoint to bf16 first")
-        if tuple(a.shape) != tuple(shape):
-            raise CheckpointError(f"tensor {name!r} has shape {tuple(a.shape)} but config.json "
-                                  f"implies {tuple(shape)}; use the checkpoint's own config.json")
-        self.used.add(name)
-        return a
 
 
 def _read(cfg: llm.Config, t: Tensors, path: tuple, shape: tuple) -> np.ndarray:
@@ -309,11 +261,13 @@ def _read(cfg: llm.Config, t: Tensors, path: tuple, shape: tuple) -> np.ndarray:
                      for e in range(E)])
 
 
-def params_from_tensors(cfg: llm.Config, t: Tensors, strict: bool = True):
-    """The params pytree of ``cfg`` from a checkpoint's tensors, cast to ``cfg.dtype``."""
+def params_from_tensors(cfg: llm.Config, t: Tensors, strict: bool = True, shardings=None):
+    """The params pytree of ``cfg`` from a checkpoint's tensors, each cast to ``cfg.dtype``
+    (and put on its ``shardings`` leaf, a pytree like the params) as it is read."""
     dt = jnp.dtype(cfg.dtype)
     params = llm.params_from_table(
-        cfg, lambda path, shape: jnp.asarray(_read(cfg, t, path, shape), dtype=dt))
+        cfg, lambda path, shape: tensors.place(_read(cfg, t, path, shape), dt,
+                                               _leaf(shardings, path)))
     if strict:
         extra = sorted(k for k in t.where if k not in t.used and not k.endswith(_IGNORED)
                        and not (cfg.tie_word_embeddings and k == "lm_head.weight"))
@@ -324,22 +278,45 @@ def params_from_tensors(cfg: llm.Config, t: Tensors, strict: bool = True):
     return params
 
 
+def _leaf(tree, path):
+    if tree is None:
+        return None
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
 def read_config(path: str) -> dict:
     cfg_path = os.path.join(path, "config.json")
     if not os.path.exists(cfg_path):
         raise CheckpointError(f"{path} has no config.json; point at a Hugging Face "
                               "checkpoint directory")
-    with open(cfg_path) as f:
-        return json.load(f)
+    try:
+        with open(cfg_path, encoding="utf-8") as f:
+            return json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{cfg_path} is damaged (not valid JSON: {str(e)[:60]}); "
+                              "download it again") from None
 
 
-def load(path: str, dtype=jnp.float32, strict: bool = True):
-    """``(model, params)`` of a local HF checkpoint directory (float32 or bfloat16)."""
-    if jnp.dtype(dtype).name not in ("float32", "bfloat16"):
-        raise ConfigError(f"dtype={jnp.dtype(dtype).name}; load as float32 or bfloat16")
-    cfg = config_from_hf(read_config(path), dtype)
+def load(path: str, dtype=None, strict: bool = True, mesh=None, preset: str = "dp"):
+    """``(model, params)`` of a local HF checkpoint directory, streamed tensor by tensor.
+
+    ``dtype``: float32 or bfloat16; None loads in the checkpoint's own ``torch_dtype``
+    (:func:`dynjax.loaders.tensors.default_dtype`). ``mesh``: a ``jax.sharding.Mesh``; each
+    tensor then goes straight to its devices' shards under the ``preset`` rules of
+    :mod:`dynjax.parallel.sharding` (a preset name or a rules table)."""
+    hf = read_config(path)
+    cfg = config_from_hf(hf, tensors.resolve_dtype(hf, dtype)[0])
     model = build(cfg)
-    return model, params_from_tensors(cfg, Tensors(path), strict)
+    shardings = None
+    if mesh is not None:
+        from dynjax.parallel import sharding
+        if isinstance(preset, str) and preset not in sharding.PRESETS:
+            raise ConfigError(f"preset={preset!r}; choose one of {sorted(sharding.PRESETS)}")
+        rules = sharding.PRESETS[preset] if isinstance(preset, str) else preset
+        shardings = sharding.param_shardings(model.logical_axes(), mesh, rules)
+    return model, params_from_tensors(cfg, Tensors(path, hf), strict, shardings)
 
 
 def is_hf_dir(path) -> bool:

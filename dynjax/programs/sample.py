@@ -29,8 +29,8 @@ flags.DEFINE_integer("top_k", 0, "keep the k most likely tokens (0: all)")
 flags.DEFINE_float("top_p", 1.0, "keep the nucleus of probability p (1: all)")
 flags.DEFINE_integer("seed", 0, "PRNG seed of a sampled continuation")
 flags.DEFINE_integer("step", None, "checkpoint step of a run (default: the latest)")
-flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
-                  "the dtype an HF checkpoint's weights load in")
+flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"],
+                  "the dtype an HF checkpoint's weights load in (default: its torch_dtype)")
 
 
 def prompts() -> list[str]:

@@ -3,6 +3,8 @@ ported architecture (:mod:`dynjax.loaders.hf`): its routers audited on text toke
 its own tokenizer, its execution timed against the dense model of the same total size."""
 from __future__ import annotations
 
+import sys
+
 from dynjax.audit.settings import AuditError
 from dynjax.decoding.text import TokenizerText
 from dynjax.errors import CheckpointError, ConfigError
@@ -19,7 +21,7 @@ class HfDir(Target):
     family = "llm"
 
     def __init__(self, path, config=None, step: int | None = None):
-        from dynjax.loaders import hf
+        from dynjax.loaders import hf, tensors
         from dynjax.models import build
 
         super().__init__(path, step)
@@ -28,12 +30,15 @@ class HfDir(Target):
                              "checkpoint (config.json, *.safetensors, tokenizer.json) to a local "
                              "folder first")
         section = config.get("hf") if config is not None else None
-        self.dtype = windows.opt(section, "dtype", "float32")
         self.flops_per_second = windows.opt(section, "flops_per_second")
         try:   # config.json alone: the checks and the plan come before any weights load
-            self.cfg = hf.config_from_hf(hf.read_config(str(self.path)), self.dtype)
+            hf_config = hf.read_config(str(self.path))
+            # hf.dtype unset: the checkpoint's own torch_dtype (bf16 stays bf16)
+            self.dtype, why = tensors.resolve_dtype(hf_config, windows.opt(section, "dtype"))
+            self.cfg = hf.config_from_hf(hf_config, self.dtype)
         except (ConfigError, CheckpointError) as e:
             raise AuditError(str(e)) from None
+        print(f"{self.path}: weights load in {self.dtype} ({why})", file=sys.stderr)
         self.model = build(self.cfg)
 
     @property

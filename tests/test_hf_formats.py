@@ -1,0 +1,294 @@
+"""How Hugging Face checkpoints are read (``dynjax.loaders.tensors``): block-FP8 and MXFP4
+dequantisation equal to transformers' own (tests/data/hf_quant/, made by
+scripts/make_quant_fixtures.py), an FP8 checkpoint's logits, the checkpoint's torch_dtype as
+the default, tensors a text forward does not use skipped by name, a wrapper's prefix
+rewritten, each tensor placed in its device shard, and broken files as one line."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import chex
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+
+from dynjax.errors import CheckpointError, ConfigError
+from dynjax.loaders import hf, tensors
+from tests.conftest import ROOT, cpu_devices_env
+
+DATA = pathlib.Path(ROOT) / "tests" / "data"
+QUANT = DATA / "hf_quant"
+FP8_DEEPSEEK = {"quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
+                                        "activation_scheme": "dynamic",
+                                        "weight_block_size": [128, 128]}}
+_PARAMS: dict = {}
+
+
+def params_of(arch):
+    """The float32 params of a committed fixture, loaded once per module."""
+    if arch not in _PARAMS:
+        _PARAMS[arch] = hf.load(str(DATA / "hf" / arch))[1]
+    return _PARAMS[arch]
+
+
+def test_quant_fixtures_are_small():
+    assert sum(f.stat().st_size for f in QUANT.rglob("*") if f.is_file()) <= 500_000
+
+
+def test_block_fp8_equals_transformers_dequantisation():
+    """128 x 128 blocks, e8m0 scales on a 1 x 3 grid, and float32 scales whose last row
+    block is short (200 rows): bitwise what transformers computes."""
+    ref = np.load(QUANT / "tensors_reference.npz")
+    t = tensors.Tensors(str(QUANT), FP8_DEEPSEEK)
+    np.testing.assert_array_equal(t.get("model.layers.0.self_attn.o_proj.weight", (128, 384)),
+                                  ref["fp8_e8m0"])
+    short = t.get("model.layers.0.self_attn.kv_a_proj_with_mqa.weight", (200, 72))
+    np.testing.assert_array_equal(short, ref["fp8_short_block"])
+    assert np.abs(ref["fp8_e8m0"]).max() > 0.1   # not a comparison of zeros
+    # the scales are folded into their weights: no name of their own to use or to miss
+    assert not any(k.endswith("_scale_inv") for k in t.where)
+
+
+def test_fp8_block_size_comes_from_the_config():
+    """A grid that the config's weight_block_size does not produce is one line."""
+    t = tensors.Tensors(str(QUANT), {"quantization_config": {
+        "quant_method": "fp8", "weight_block_size": [64, 64]}})
+    with pytest.raises(CheckpointError, match=r"weight_block_size=\[64, 64\]"):
+        t.get("model.layers.0.self_attn.o_proj.weight", (128, 384))
+
+
+def test_mxfp4_equals_transformers_dequantisation():
+    """gpt-oss's experts: asked for by their plain name, in transformers' layout
+    (E, in, out), float32 and bfloat16 bitwise equal to convert_moe_packed_tensors."""
+    ref = np.load(QUANT / "tensors_reference.npz")
+    t = tensors.Tensors(str(QUANT))
+    for proj, shape in (("gate_up_proj", (2, 64, 64)), ("down_proj", (2, 32, 64))):
+        got = t.get(f"model.layers.0.mlp.experts.{proj}", shape)
+        np.testing.assert_array_equal(got, ref[f"mxfp4_{proj}_f32"])
+        bf16 = np.asarray(tensors.place(got, ml_dtypes.bfloat16)).astype(np.float32)
+        np.testing.assert_array_equal(bf16, ref[f"mxfp4_{proj}_bf16"])
+    assert len(np.unique(ref["mxfp4_down_proj_f32"])) > 50
+
+
+def test_fp8_checkpoint_loads_to_transformers_logits():
+    """A Llama whose projections are block FP8 (layer 0 float32 scales, layer 1 e8m0) against
+    transformers' forward of its own dequantised weights; bf16 by default (its dtype)."""
+    ref = np.load(QUANT / "llama_fp8" / "reference.npz")
+    model, params = hf.load(str(QUANT / "llama_fp8"), dtype="float32")
+    logits, _ = jax.jit(model.apply)(params, ref["input_ids"])
+    assert np.abs(np.asarray(logits) - ref["logits"]).max() <= 1e-5
+    assert np.abs(ref["logits"]).max() > 1.0
+    model16, params16 = hf.load(str(QUANT / "llama_fp8"))
+    assert model16.cfg.dtype == "bfloat16"
+    assert params16["layers"][1]["attn"]["q"].dtype == ml_dtypes.bfloat16
+    chex.assert_trees_all_equal(
+        params16, jax.tree.map(lambda a: a.astype(ml_dtypes.bfloat16), params))
+
+
+@pytest.mark.parametrize("q, match", [
+    ({"quant_method": "awq", "bits": 4}, "quant_method='awq'"),
+    ({"quant_method": "fp8", "fmt": "e4m3"}, "weight_block_size=None"),
+    ({"quant_method": "fp8", "weight_block_size": [128, 128],
+      "activation_scheme": "static"}, "activation_scheme='static'")])
+def test_other_quantizations_are_one_line(q, match):
+    cfg = json.load(open(DATA / "hf" / "llama" / "config.json"))
+    with pytest.raises(ConfigError, match=match) as e:
+        hf.config_from_hf({**cfg, "quantization_config": q})
+    assert "\n" not in str(e.value)
+    for ok in (FP8_DEEPSEEK["quantization_config"], {"quant_method": "mxfp4"}):
+        hf.config_from_hf({**cfg, "quantization_config": ok})
+
+
+def test_torch_dtype_is_the_default():
+    assert tensors.resolve_dtype({"torch_dtype": "bfloat16"})[0] == "bfloat16"
+    assert tensors.resolve_dtype({"dtype": "bfloat16"})[0] == "bfloat16"   # transformers 5
+    assert tensors.resolve_dtype({"text_config": {"dtype": "bfloat16"}})[0] == "bfloat16"
+    assert tensors.resolve_dtype({"torch_dtype": "float16"})[0] == "float32"
+    assert tensors.resolve_dtype({})[0] == "float32"
+    assert tensors.resolve_dtype({"torch_dtype": "bfloat16"}, "float32") == ("float32",
+                                                                             "asked for")
+    with pytest.raises(ConfigError, match="float16"):
+        tensors.resolve_dtype({}, "float16")
+
+
+def test_programs_say_which_dtype_they_load(tmp_path, capsys):
+    """HfDir (sample.py, audit.py --hf, scorecard.py --hf) prints one line with the dtype."""
+    from dynjax.runs.hf import HfDir
+
+    d = _copy(DATA / "hf" / "qwen3", tmp_path / "q")
+    cfg = json.load(open(d / "config.json"))
+    (d / "config.json").write_text(json.dumps({**cfg, "dtype": "bfloat16"}))
+    assert HfDir(str(d)).cfg.dtype == "bfloat16"
+    assert HfDir(str(d), config={"hf": {"dtype": "float32"}}).cfg.dtype == "float32"
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [f"{d}: weights load in bfloat16 (config.json torch_dtype=bfloat16)",
+                     f"{d}: weights load in float32 (asked for)"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Skipped by name, prefixes rewritten
+# ---------------------------------------------------------------------------------------------
+
+def _copy(src, dst) -> pathlib.Path:
+    shutil.copytree(src, dst)
+    return pathlib.Path(dst)
+
+
+def _add_shard(d: pathlib.Path, arrays: dict, name="extra.safetensors"):
+    from safetensors.numpy import save_file
+    save_file(arrays, str(d / name))
+
+
+def test_mtp_layers_and_towers_are_skipped_with_one_line(tmp_path, capsys):
+    d = _copy(DATA / "hf" / "llama", tmp_path / "llama")
+    cfg = json.load(open(d / "config.json"))
+    n = cfg["num_hidden_layers"]
+    z = np.zeros((4, 4), np.float32)
+    _add_shard(d, {f"model.layers.{n}.mlp.gate_proj.weight": z, f"model.layers.{n}.eh_proj.weight": z,
+                   "model.visual.blocks.0.attn.qkv.weight": z, "vision_tower.patch.weight": z,
+                   "mtp.fc.weight": z})
+    with pytest.raises(CheckpointError, match=f"model.layers.{n}"):   # not declared: extra
+        hf.load(str(d))
+    (d / "config.json").write_text(json.dumps({**cfg, "num_nextn_predict_layers": 1}))
+    capsys.readouterr()
+    _, params = hf.load(str(d))
+    chex.assert_trees_all_equal(params, params_of("llama"))
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "skipped 5 tensors a text forward does not use" in err[0], err
+    assert "multi-token prediction: 3" in err[0] and "vision/audio tower: 2" in err[0]
+
+
+def test_a_needed_tensor_that_is_missing_is_still_one_line(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    d = _copy(DATA / "hf" / "llama", tmp_path / "llama")
+    arrays = load_file(str(d / "model.safetensors"))
+    del arrays["model.layers.1.self_attn.k_proj.weight"]
+    save_file(arrays, str(d / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="lacks tensor 'model.layers.1.self_attn.k_proj"):
+        hf.load(str(d))
+
+
+def test_a_wrappers_text_model_is_read_through_its_prefix(tmp_path, monkeypatch, capsys):
+    """Qwen3.5-style names (model.language_model.*, model.visual.*) read by a text port that
+    declares the rewrite in tensors.PREFIXES."""
+    from safetensors.numpy import load_file, save_file
+
+    d = _copy(DATA / "hf" / "llama", tmp_path / "llama")
+    arrays = load_file(str(d / "model.safetensors"))
+    arrays = {k.replace("model.", "model.language_model.", 1): v for k, v in arrays.items()}
+    arrays["model.visual.merger.weight"] = np.ones((2, 2), np.float32)
+    save_file(arrays, str(d / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="model.embed_tokens"):
+        hf.load(str(d))
+    monkeypatch.setitem(tensors.PREFIXES, "llama", {"model.language_model.": "model."})
+    chex.assert_trees_all_equal(hf.load(str(d))[1], params_of("llama"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Placement
+# ---------------------------------------------------------------------------------------------
+
+def test_each_tensor_goes_to_its_device_shard():
+    """Under a 2-device mesh and the ep preset, every expert tensor arrives split over the
+    devices (each holds 4 of mixtral's 8 experts) and equals the unsharded load."""
+    script = (
+        "import jax, numpy as np\n"
+        "from jax.sharding import Mesh\n"
+        "from dynjax.loaders import hf\n"
+        "mesh = Mesh(np.array(jax.devices()).reshape(1, 1, 2), ('data', 'fsdp', 'tensor'))\n"
+        "d = 'tests/data/hf/mixtral'\n"
+        "_, p = hf.load(d, mesh=mesh, preset='ep')\n"
+        "_, q = hf.load(d)\n"
+        "g = p['layers'][0]['moe']['experts']['gate']\n"
+        "assert [s.data.shape[0] for s in g.addressable_shards] == [4, 4], g.sharding\n"
+        "assert len(p['embed'].addressable_shards) == 2 and p['embed'].sharding.is_fully_replicated\n"
+        "jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), p, q)\n"
+        "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=ROOT, env={**cpu_devices_env(2), "PYTHONPATH": ROOT}, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_place_casts_and_shards():
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    got = tensors.place(a, ml_dtypes.bfloat16)
+    assert got.dtype == ml_dtypes.bfloat16 and isinstance(got, jax.Array)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), a)
+
+
+# ---------------------------------------------------------------------------------------------
+# Broken files: one line naming the file and the fix
+# ---------------------------------------------------------------------------------------------
+
+def _truncate_shard(d):
+    f = d / "model-00002-of-00003.safetensors"
+    os.truncate(f, 100_000)
+    return f
+
+
+def _truncate_index(d):
+    f = d / "model.safetensors.index.json"
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    return f
+
+
+def _foreign_shard(d):
+    f = d / "model-00003-of-00003.safetensors"
+    f.write_text("<html>404 Not Found</html>\n" * 20)
+    return f
+
+
+def _cut_header(d):
+    f = d / "model-00001-of-00003.safetensors"
+    os.truncate(f, 40)
+    return f
+
+
+def _index_lies(d):
+    f = d / "model.safetensors.index.json"
+    index = json.loads(f.read_text())
+    name = next(iter(index["weight_map"]))
+    index["weight_map"][name] = "model-00003-of-00003.safetensors" if (
+        index["weight_map"][name] != "model-00003-of-00003.safetensors") else \
+        "model-00001-of-00003.safetensors"
+    f.write_text(json.dumps(index))
+    return f
+
+
+@pytest.mark.parametrize("damage, match", [
+    (_truncate_shard, "is cut short: its header describes"),
+    (_truncate_index, "is damaged \\(not valid JSON"),
+    (_foreign_shard, "is not a safetensors file"),
+    (_cut_header, "is cut short: its header alone needs"),
+    (_index_lies, "which does not hold it")])
+def test_broken_files_are_one_line_naming_the_file(tmp_path, damage, match):
+    d = _copy(DATA / "hf" / "mixtral", tmp_path / "mixtral")
+    f = damage(d)
+    with pytest.raises(CheckpointError, match=match) as e:
+        hf.load(str(d))
+    assert str(f) in str(e.value) and "\n" not in str(e.value)
+    assert "again" in str(e.value)
+
+
+def test_programs_report_a_broken_checkpoint_in_one_line(tmp_path):
+    """Issue 51's commands: sample.py on a truncated shard, audit.py --hf on a truncated
+    index: exit 2 and one line on stderr, no traceback."""
+    shard = tmp_path / "shard"
+    _truncate_shard(_copy(DATA / "hf" / "mixtral", shard))
+    index = tmp_path / "index"
+    _truncate_index(_copy(DATA / "hf" / "mixtral", index))
+    for args, bad in ((["sample.py", str(shard), "--prompt=x", "--max_new_tokens=1"], shard),
+                      (["audit.py", "--config=configs/audit_hf.py", f"--hf={index}",
+                        f"--out={tmp_path / 'aud'}"], index)):
+        out = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
+        errors = [line for line in out.stderr.splitlines() if "error" in line]
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+        assert len(errors) == 1 and str(bad) in errors[0], out.stderr[-2000:]
