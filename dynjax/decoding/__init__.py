@@ -36,6 +36,10 @@ BRANCHES = mod.BRANCHES
 
 
 def _family(cfg: ModelConfig):
+    if not isinstance(getattr(cfg, "family", None), str):
+        raise TypeError(f"the decoder takes a model config, not {type(cfg).__name__}: pass "
+                        "(target.model.cfg, target.params) of an opened checkpoint, or "
+                        "(model.cfg, params) of dynjax.models.build")
     if cfg.family not in FAMILIES:
         raise NotImplementedError(f"no KV-cache decoder for model.family={cfg.family!r}; "
                                   f"decodable: {sorted(FAMILIES)}")
@@ -118,6 +122,7 @@ def generate(cfg: ModelConfig, params, prompt, steps: int, sampling: Sampling = 
     if not sampling.greedy and key is None:
         raise ValueError("sampling with temperature > 0 needs a PRNG key: "
                          "generate(..., key=jax.random.key(seed))")
+    _family(cfg)   # a wrong first argument: one line, before the prompt is read
     B, P = prompt.shape
     keys = jax.random.split(jax.random.key(0) if key is None else key, steps)
     logits, cache, _ = prefill(cfg, params, prompt, P + steps)
@@ -140,6 +145,7 @@ def stream(cfg: ModelConfig, params, prompt, steps: int, sampling: Sampling = GR
     if not sampling.greedy and key is None:
         raise ValueError("sampling with temperature > 0 needs a PRNG key: "
                          "stream(..., key=jax.random.key(seed))")
+    _family(cfg)
     B, P = prompt.shape
     keys = jax.random.split(jax.random.key(0) if key is None else key, steps)
     logits, cache, _ = jax.jit(prefill, static_argnums=(0, 3))(cfg, params, prompt, P + steps)

@@ -27,10 +27,12 @@ import numpy as np
 
 from dynjax.data import text as text_data
 from dynjax.errors import CheckpointError, ConfigError
-from dynjax.loaders import tensors
+from dynjax.loaders import hub, tensors
 from dynjax.loaders.tensors import Tensors  # noqa: F401  (hf.Tensors: the reading path)
 from dynjax.models import build, llm
 
+__all__ = ["CONFIGS", "NOT_YET", "SUPPORTED", "Tensors", "config_from_hf", "is_hf_dir", "load",
+           "params_from_tensors", "read_config", "token_windows", "tokenizer"]
 SUPPORTED = ("llama", "qwen3", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
 NOT_YET = {  # model_type -> what this port still lacks
     "deepseek_v2": "multi-head latent attention (MLA), group-limited top-k routing, "
@@ -299,13 +301,17 @@ def read_config(path: str) -> dict:
                               "download it again") from None
 
 
-def load(path: str, dtype=None, strict: bool = True, mesh=None, preset: str = "dp"):
-    """``(model, params)`` of a local HF checkpoint directory, streamed tensor by tensor.
+def load(path: str, dtype=None, strict: bool = True, mesh=None, preset: str = "dp",
+         revision: str | None = None):
+    """``(model, params)`` of a local HF checkpoint directory, or of a repo id
+    (``ORG/NAME[@REV]``, or ``revision=``) in the local Hugging Face cache
+    (:mod:`dynjax.loaders.hub`, offline), streamed tensor by tensor.
 
     ``dtype``: float32 or bfloat16; None loads in the checkpoint's own ``torch_dtype``
     (:func:`dynjax.loaders.tensors.default_dtype`). ``mesh``: a ``jax.sharding.Mesh``; each
     tensor then goes straight to its devices' shards under the ``preset`` rules of
     :mod:`dynjax.parallel.sharding` (a preset name or a rules table)."""
+    path = hub.resolve(path, revision)
     hf = read_config(path)
     cfg = config_from_hf(hf, tensors.resolve_dtype(hf, dtype)[0])
     model = build(cfg)
@@ -333,8 +339,10 @@ def is_hf_dir(path) -> bool:
 # --------------------------------------------------------------------------------------------
 
 def tokenizer(path: str):
-    """The checkpoint's ``tokenizer.json`` (a directory or the file itself)."""
+    """The checkpoint's ``tokenizer.json`` (a directory, a cached repo id, or the file)."""
     from tokenizers import Tokenizer
+
+    path = hub.resolve(path)
 
     file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
     if not os.path.exists(file):

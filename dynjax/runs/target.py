@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 
 from dynjax.runs import rundir
-from dynjax.loaders import hf, muddpythia_hf
+from dynjax.loaders import hf, hub, muddpythia_hf
 from dynjax.audit.settings import AuditError
 from dynjax.runs.base import Target
 from dynjax.runs.hf import HfDir
@@ -32,6 +32,7 @@ def open_target(path, kind: str | None = None, config=None, step: int | None = N
     config, whose section of the kind (``muddpythia``, ``hf``: the dtype weights load in)
     applies; None: the defaults. ``step``: a train.py run's saved step (None: the latest);
     a kind with one set of weights refuses one."""
+    path = hub.local_path(path, required=kind in ("hf", "muddpythia"))   # ORG/NAME[@REV]
     if kind is not None:
         if kind not in KINDS:
             raise AuditError(f"unknown checkpoint kind {kind!r}; choose one of {sorted(KINDS)}")
