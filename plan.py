@@ -1,14 +1,11 @@
-"""Memory plan: what one device holds to train a config on a mesh, before anything runs.
+"""Memory plan: ``python plan.py --config=configs/NAME.py[:ARG] --mesh=data=8,fsdp=4``.
 
-    python plan.py --config=configs/featuregate_76m.py:feature_gate --mesh=data=8,fsdp=4 \
-        --preset=fsdp [--device-memory=16GiB] [--out=FILE.json]
-
-(was ``python -m dynjax.plan``; installed: ``dynjax-plan``). Program:
-``dynjax/parallel/memory_plan.py``; docs/multihost.md.
+The program is ``dynjax/programs/plan.py`` (its usage and flags: ``python plan.py --help``);
+installed, the same program is the ``dynjax-plan`` command.
 """
 from dynjax._alloc import reexec  # the allocator setting, before JAX starts: dynjax/_alloc.py
 reexec(__name__)
-from dynjax.parallel import memory_plan  # noqa: E402
+from dynjax.programs import plan  # noqa: E402
 
 if __name__ == "__main__":
-    memory_plan.start("plan.py")
+    plan.start("plan.py")

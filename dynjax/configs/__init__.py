@@ -12,7 +12,14 @@ PREFIX = "dynjax:"
 
 
 def names() -> list[str]:
-    return sorted(p.stem for p in DIR.glob("*.py") if not p.stem.startswith("_"))
+    """The configs (files with a ``get_config``; ``common``, ``mlp_common`` are helpers)."""
+    return sorted(p.stem for p in DIR.glob("*.py")
+                  if not p.stem.startswith("_") and "\ndef get_config(" in p.read_text())
+
+
+def in_checkout() -> bool:
+    """Whether this package is a checkout's (its pyproject.toml beside it), not installed."""
+    return (DIR.parents[1] / "pyproject.toml").is_file()
 
 
 def path(name: str) -> str:
@@ -27,6 +34,9 @@ def expand(prog: str, argv: list[str]) -> list[str]:
     for i, arg in enumerate(out):
         value = arg[len("--config="):] if arg.startswith("--config=") else \
             out[i + 1] if arg == "--config" and i + 1 < len(out) else None
+        if value is not None and value.startswith("configs/") and \
+                not pathlib.Path(value.partition(":")[0]).exists():
+            _checkout_path(prog, value)
         if value is None or not value.startswith(PREFIX):
             continue
         name, sep, rest = value[len(PREFIX):].partition(":")
@@ -40,3 +50,16 @@ def expand(prog: str, argv: list[str]) -> list[str]:
         else:
             out[i] = "--config=" + value
     return out
+
+
+def _checkout_path(prog: str, value: str) -> None:
+    """``--config=configs/NAME.py`` where there is no checkout: one line naming the
+    installed form of the same config."""
+    from dynjax.errors import exit_with_error
+
+    file, sep, arg = value.partition(":")
+    name = pathlib.Path(file).stem
+    known = f"the installed form is --config={PREFIX}{name}{sep}{arg}" if name in names() \
+        else f"the installed configs are {PREFIX}NAME, NAME one of {', '.join(names())}"
+    exit_with_error(prog, f"bad command line: --config={value}: no such file here "
+                    f"(configs/ is a checkout's folder); {known}")

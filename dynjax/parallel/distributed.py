@@ -26,13 +26,10 @@ from dynjax.errors import ConfigError
 
 
 def define_flags(flags) -> None:
-    """The start-up flags every program (train.py, audit.py) takes."""
-    flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0: run on many "
-                        "processes (every process runs the same command)")
-    flags.DEFINE_integer("num_processes", None, "number of processes (with --coordinator_address)")
-    flags.DEFINE_integer("process_id", None, "this process's index, 0..num_processes-1")
-    flags.DEFINE_bool("distributed", False, "call jax.distributed.initialize() without "
-                      "arguments: Cloud TPU, SLURM, Open MPI, Kubernetes fill them in")
+    """The start-up flags every program (train, audit) takes: defined in the light
+    :mod:`dynjax.programs`, so a program's ``--help`` needs no JAX."""
+    from dynjax.programs import define_distributed_flags
+    define_distributed_flags(flags)
 
 
 def initialize_from_flags(flags) -> None:

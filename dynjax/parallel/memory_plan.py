@@ -191,31 +191,11 @@ def main(argv):
         write_json_atomic(f.out, result)
 
 
-def _define_flags():
-    from absl import flags
-    from ml_collections import config_flags
-
-    config_flags.DEFINE_config_file("config", None, "configs/NAME.py[:ARG]", lock_config=True)
-    flags.DEFINE_string("mesh", "data=1", "mesh sizes, e.g. data=8,fsdp=4,tensor=2")
-    flags.DEFINE_string("preset", "", "rules preset (dp, fsdp, tp, fsdp_tp, ep); default: "
-                        "the config's sharding.preset")
-    flags.DEFINE_string("device-memory", "", "one device's memory, e.g. 16GiB; default: a "
-                        "table of common chips")
-    flags.DEFINE_string("out", "", "also write the plan as JSON here")
-    flags.mark_flags_as_required(["config"])
-
-
 def start(prog: str = "dynjax.parallel.memory_plan"):
-    """The program (``python plan.py``, ``dynjax-plan``): flags, then one line per error."""
-    import sys
+    """The program (``python plan.py``, ``dynjax-plan``): :mod:`dynjax.programs.plan`."""
+    from dynjax.programs import plan as program
 
-    from absl import app
-
-    from dynjax import configs, errors
-
-    _define_flags()
-    app.run(lambda argv: errors.run_program(prog, lambda: main(argv)),
-            argv=configs.expand(prog, sys.argv), flags_parser=errors.flags_parser(prog))
+    program.start(prog)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Frozen-Controller Audit: does a trained dynamic model depend on its coefficients?
 
-    python audit.py --config=configs/audit_tiny.py --out=DIR --checkpoints RUN_DIR [RUN_DIR ...]
-    python audit.py --config=configs/audit_muddpythia.py --muddpythia=HF_DIR --out=DIR \
+    dynjax-audit --config=dynjax:audit_tiny --out=DIR --checkpoints RUN_DIR [RUN_DIR ...]
+    dynjax-audit --config=dynjax:audit_muddpythia --muddpythia=HF_DIR --out=DIR \
         --config.data.validation_path=wiki.valid.raw --config.data.test_path=wiki.test.raw
-    python audit.py --config=configs/audit_hf.py --hf=HF_DIR --out=DIR   # an MoE's routers
-    python audit.py --combine=AUDIT_DIR,AUDIT_DIR[,...] --out=DIR   # audits run apart, as one
+    dynjax-audit --config=dynjax:audit_hf --hf=ORG/NAME --out=DIR   # an MoE's routers
+    dynjax-audit --combine=AUDIT_DIR,AUDIT_DIR[,...] --out=DIR   # audits run apart, as one
+    python audit.py --config=configs/audit_tiny.py ...   # the same program, from a checkout
 
 Records every evaluation window's coefficients under jit, replays them with the controller
 disabled and stops with an error unless the logits match bit for bit, then replays each
@@ -20,44 +21,46 @@ windows are token windows, the loss their mean next-token NLL) or classifier run
 (DynamicGate-MLP; a window is one labelled example, the loss its cross-entropy; validation
 examples calibrate, test examples evaluate). Conditions that need a token axis are reported
 as not applicable for coefficients without one, and so are the factorial effects.
-``--hf=DIR`` audits a Hugging Face MoE's router scores (configs/audit_hf.py adds the routing
-conditions token_identity, expert_relabel, weights_flat; docs/audit_hf.md). Checkpoints are
+``--hf=DIR`` (or ``ORG/NAME[@REV]`` in the local Hugging Face cache) audits a Hugging Face
+MoE's router scores (``dynjax:audit_hf`` adds the routing conditions token_identity,
+expert_relabel, weights_flat; docs/audit_hf.md). Checkpoints are
 opened through ``dynjax.runs.open_target`` (docs/targets.md).
 Writes DIR/results.json (every number, seeds, config, sha256 of each checkpoint's params),
 DIR/report.md and PNG plots, atomically; prints a verdict table. Override any config field
-with ``--config.reassignments=5``. Program: ``dynjax/audit/run.py``; engine:
-``dynjax/audit/engine.py``; settings: ``dynjax/audit/settings.py``.
+with ``--config.reassignments=5``. Library: ``dynjax.audit`` (docs/audit.md).
 """
 import sys
 
 from absl import flags, logging
 from ml_collections import config_flags
 
-from dynjax import configs, errors, programs
-from dynjax.audit import run
-from dynjax.jsonio import check_writable
-from dynjax.parallel import distributed
+from dynjax import errors, programs
 
 PROG = "audit.py"   # the name errors are reported under (start() sets it)
-config_flags.DEFINE_config_file("config", configs.path("audit_tiny"),
-                                "configs/NAME.py or dynjax:NAME",
+COMMAND, DEFAULT_CONFIG = "audit", "audit_tiny"
+config_flags.DEFINE_config_file("config", None, "dynjax:NAME (from a checkout also "
+                                "configs/NAME.py); default dynjax:audit_tiny",
                                 lock_config=True)
-flags.DEFINE_list("checkpoints", [], "run directories written by train.py "
+flags.DEFINE_list("checkpoints", [], "run directories written by dynjax-train "
                   "(further run directories may follow as positional arguments)")
 flags.DEFINE_string("muddpythia", None, "a local MUDDPythia HF directory to audit instead")
-flags.DEFINE_string("hf", None, "a local Hugging Face MoE checkpoint directory (mixtral, olmoe, "
-                    "qwen2_moe, qwen3_moe) to audit instead: its routers")
+flags.DEFINE_string("hf", None, "a Hugging Face MoE checkpoint (mixtral, olmoe, qwen2_moe, "
+                    "qwen3_moe) to audit instead, its routers: a directory, or ORG/NAME[@REV] "
+                    "in the local Hugging Face cache")
 flags.DEFINE_list("combine", [], "audit.py --out directories of the same config and windows "
                   "(one per seed, audited apart) to combine into one audit")
 flags.DEFINE_string("out", None, "output directory: results.json, report.md, plots")
 flags.mark_flag_as_required("out")
 
-distributed.define_flags(flags)
+programs.define_distributed_flags(flags)
 
 
 def check_inputs() -> None:
     """What fails only after the whole audit ran, checked before it starts: the output
     folder's writability and the window counts."""
+    from dynjax.audit import run
+    from dynjax.jsonio import check_writable
+
     F = flags.FLAGS
     check_writable(F.out, "--out")
     dc = F.config.data
@@ -68,6 +71,8 @@ def check_inputs() -> None:
 
 
 def audit_or_combine(run_dirs):
+    from dynjax.audit import run
+
     F = flags.FLAGS
     check_inputs()
     if not F.combine:
@@ -79,6 +84,9 @@ def audit_or_combine(run_dirs):
 
 
 def main(argv):
+    from dynjax.audit import run
+    from dynjax.parallel import distributed
+
     logging.set_verbosity(logging.WARNING)  # orbax logs every restore at INFO
     # many hosts: --coordinator_address/--num_processes/--process_id or --distributed
     errors.run_program(PROG, lambda: distributed.initialize_from_flags(flags))

@@ -29,4 +29,4 @@ def sample():
 
 
 def plan():
-    _run("dynjax.parallel.memory_plan", "dynjax-plan")
+    _run("dynjax.programs.plan", "dynjax-plan")

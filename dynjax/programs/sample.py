@@ -1,15 +1,18 @@
-"""Sample text from a trained language-model run or a Hugging Face checkpoint directory,
-through the KV-cache decoder.
+"""Sample text from a trained language-model run or a Hugging Face checkpoint, through the
+KV-cache decoder.
 
-    python sample.py RUN_DIR --prompt="It was a dark" [--max_new_tokens=200 --temperature=0.8
+    dynjax-sample RUN_DIR --prompt="It was a dark" [--max_new_tokens=200 --temperature=0.8
         --top_k=40 --top_p=0.95 --seed=0 --step=S]
-    python sample.py RUN_DIR --prompt_file=prompts.txt     # one prompt per line
-    python sample.py HF_DIR --prompt="The capital of France is" [--dtype=bfloat16]
+    dynjax-sample RUN_DIR --prompt_file=prompts.txt     # one prompt per line
+    dynjax-sample HF_DIR --prompt="The capital of France is" [--dtype=bfloat16]
+    dynjax-sample Qwen/Qwen3-0.6B[@REV] --prompt=...    # a repo id in the local HF cache
+    python sample.py RUN_DIR --prompt=...               # the same program, from a checkout
 
 Greedy by default (--temperature=0). Text streams to stdout as it is decoded; each prompt's
-continuation ends with a blank line. A train.py run reads and writes bytes; an HF directory
-(Llama, Qwen3, Mixtral, OLMoE, Qwen-MoE: ``dynjax.loaders.hf``) goes through its own
-tokenizer.json (special tokens added as the tokenizer defines) and stops at its
+continuation ends with a blank line. A dynjax-train run reads and writes bytes; an HF
+checkpoint (Llama, Qwen3, Mixtral, OLMoE, Qwen-MoE: ``dynjax.loaders.hf``; a repo id is
+found offline in ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``)
+goes through its own tokenizer.json (special tokens added as the tokenizer defines) and stops at its
 ``eos_token_id``. Routed families decode as ``dynjax.decoding`` does (MoD and staged MoDE
 route causally; stderr says which rule), so what is printed is what the model computes
 without seeing the future; HF MoE layers run dropless, as the checkpoints were trained.
@@ -21,6 +24,7 @@ from absl import flags, logging
 from dynjax import errors, programs
 
 PROG = "sample.py"   # the name errors are reported under (start() sets it)
+COMMAND = "sample"
 flags.DEFINE_string("prompt", None, "the prompt text")
 flags.DEFINE_string("prompt_file", None, "a text file of prompts, one per line")
 flags.DEFINE_integer("max_new_tokens", 200, "tokens (bytes) to add to each prompt")
@@ -99,8 +103,9 @@ def sample(path: str):
 def main(argv):
     logging.set_verbosity(logging.WARNING)
     if len(argv) != 2:
-        errors.exit_with_error(PROG, "give one RUN_DIR written by train.py or one HF "
-                               "checkpoint directory: python sample.py RUN_DIR --prompt=TEXT")
+        errors.exit_with_error(PROG, "give one RUN_DIR written by dynjax-train, or one HF "
+                               "checkpoint directory or cached repo id ORG/NAME: "
+                               f"{PROG} RUN_DIR --prompt=TEXT")
     errors.run_program(PROG, lambda: sample(argv[1]), (OSError, ValueError))
 
 

@@ -1,36 +1,41 @@
 """The execution scorecard: for each checkpoint, does it vary, does its function depend on
 it, and does it really execute less?
 
-    python scorecard.py --config=configs/scorecard.py --out=DIR RUN_DIR [RUN_DIR ...]
-    python scorecard.py --out=DIR --muddpythia=HF_DIR [RUN_DIR ...]
-    python scorecard.py --config=configs/scorecard_hf.py --out=DIR --hf=HF_DIR
+    dynjax-scorecard --out=DIR RUN_DIR [RUN_DIR ...]     # --config=dynjax:scorecard, the default
+    dynjax-scorecard --out=DIR --muddpythia=HF_DIR [RUN_DIR ...]
+    dynjax-scorecard --config=dynjax:scorecard_hf --out=DIR --hf=ORG/NAME
+    python scorecard.py --config=configs/scorecard.py --out=DIR RUN_DIR   # from a checkout
 
-RUN_DIR: a train.py run (language model or DynamicGate-MLP classifier) or an HF directory
-(a ported MoE or dense LLM by its config.json's model_type, else MUDDPythia). Writes DIR/scorecard.json, DIR/scorecard.md
-and DIR/scorecard_<i>.png (three panels), and each audited run's audit under DIR/<i>/audit.
-Library: ``dynjax/scorecard.py``.
+RUN_DIR: a dynjax-train run (language model or DynamicGate-MLP classifier) or an HF
+directory (a ported MoE or dense LLM by its config.json's model_type, else MUDDPythia);
+``--hf`` also takes ``ORG/NAME[@REV]`` from the local Hugging Face cache. Writes
+DIR/scorecard.json, DIR/scorecard.md and DIR/scorecard_<i>.png (three panels), and each
+audited run's audit under DIR/<i>/audit. Library: ``dynjax.scorecard`` (docs/audit.md).
 """
-
 import sys
 
 from absl import flags, logging
 from ml_collections import config_flags
 
-from dynjax import configs, errors, programs, scorecard
-from dynjax.audit import run as audit_run
-from dynjax.jsonio import command_line
+from dynjax import errors, programs
 
 PROG = "scorecard.py"   # the name errors are reported under (start() sets it)
-config_flags.DEFINE_config_file("config", configs.path("scorecard"),
-                                "configs/NAME.py or dynjax:NAME",
+COMMAND, DEFAULT_CONFIG = "scorecard", "scorecard"
+config_flags.DEFINE_config_file("config", None, "dynjax:NAME (from a checkout also "
+                                "configs/NAME.py); default dynjax:scorecard",
                                 lock_config=True)
 flags.DEFINE_string("out", None, "output directory")
 flags.DEFINE_string("muddpythia", None, "a MUDDPythia HF directory to score (after any RUN_DIR)")
-flags.DEFINE_string("hf", None, "a Hugging Face LLM directory to score (after any RUN_DIR)")
+flags.DEFINE_string("hf", None, "a Hugging Face LLM to score (after any RUN_DIR): a "
+                    "directory, or ORG/NAME[@REV] in the local Hugging Face cache")
 flags.mark_flag_as_required("out")
 
 
 def main(argv):
+    from dynjax import scorecard
+    from dynjax.audit import run as audit_run
+    from dynjax.jsonio import command_line
+
     logging.set_verbosity(logging.WARNING)
     runs = [(r, None) for r in argv[1:]]
     if flags.FLAGS.muddpythia:
@@ -39,7 +44,7 @@ def main(argv):
         runs.append((flags.FLAGS.hf, "hf"))
     if not runs:
         errors.exit_with_error(PROG, "no checkpoints given: pass RUN_DIR "
-                               "[RUN_DIR ...] written by train.py, or --muddpythia=HF_DIR / --hf=HF_DIR")
+                               "[RUN_DIR ...] written by dynjax-train, or --muddpythia=HF_DIR / --hf=HF_DIR")
     out = flags.FLAGS.out
 
     def score():

@@ -1,15 +1,21 @@
-"""Train any dynjax model: ``python train.py --config=configs/NAME.py[:ARG] --workdir=DIR``.
+"""Train any dynjax model.
 
-Language models (``configs/tiny.py:feature_gate``, MoD, MoE, MUDD, ...) and classifiers
-(``configs/dgmlp_mnist.py:dgate``, ...) alike: the config decides (dynjax/train/loop.py).
-Override any field with ``--config.train.steps=500``. Re-running the same command resumes
-from the latest checkpoint in DIR. Prints the final validation and test figures (bits per
-byte, or accuracy and RelMAC); the full evaluation is in DIR/eval.json.
+    dynjax-train --config=dynjax:tiny:feature_gate --workdir=runs/fg [--config.train.steps=500]
+    dynjax-train --config=dynjax:dgmlp_mnist:dgate --workdir=runs/mnist
+    python train.py --config=configs/tiny.py:feature_gate --workdir=runs/fg   # from a checkout
+
+Language models (``dynjax:tiny:feature_gate``, MoD, MoE, MUDD, ...) and classifiers
+(``dynjax:dgmlp_mnist:dgate``, ...) alike: the config decides. Override any field with
+``--config.train.steps=500``. Data a config needs and the data folder lacks is fetched on
+first use (``dynjax-fetch`` fetches ahead). Re-running the same command resumes from the
+latest checkpoint in the workdir. Logs one line per log step when stdout is not a terminal
+(a batch job's log file), a progress bar when it is. Prints the final validation and test
+figures (bits per byte, or accuracy and RelMAC); the full evaluation is in WORKDIR/eval.json.
 
 Exit status: 0 trained (or already finished); 2 one-line error (a bad config, missing
 data, no restorable checkpoint, a filesystem error, a diverged run, another writer);
 143 / 130 stopped by SIGTERM / SIGINT after saving a checkpoint (re-run to resume).
-docs/reliability.md has the guarantees.
+The configs: ``dynjax.configs`` (a checkout's configs/); docs/training.md, docs/reliability.md.
 """
 import sys
 
@@ -17,20 +23,24 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from dynjax import errors, programs
-from dynjax.parallel import distributed
-from dynjax.train import loop, preempt
 
 PROG = "train.py"   # the name errors are reported under (start() sets it)
-config_flags.DEFINE_config_file("config", None, "configs/NAME.py[:ARG] or dynjax:NAME[:ARG]",
-                                lock_config=True)
+COMMAND = "train"
+config_flags.DEFINE_config_file("config", None, "dynjax:NAME[:ARG] (from a checkout also "
+                                "configs/NAME.py[:ARG]); override fields with "
+                                "--config.FIELD=VALUE", lock_config=True)
 flags.DEFINE_string("workdir", None, "run directory: checkpoints, metrics.jsonl, eval.json")
-flags.DEFINE_bool("progress", True, "show a progress bar")
+flags.DEFINE_bool("progress", True, "a progress bar when stdout is a terminal, else one "
+                  "line per log step; --noprogress: the lines, never a bar")
 flags.mark_flags_as_required(["config", "workdir"])
 
-distributed.define_flags(flags)
+programs.define_distributed_flags(flags)
 
 
 def main(argv):
+    from dynjax.parallel import distributed
+    from dynjax.train import loop, preempt
+
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     # many hosts: --coordinator_address/--num_processes/--process_id or --distributed

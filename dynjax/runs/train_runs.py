@@ -19,9 +19,14 @@ from dynjax.runs.base import Target
 def read_run_config(path):
     """A run directory's config.json; an AuditError naming the fix if there is none."""
     if not pathlib.Path(path).is_dir():
+        from dynjax import programs
+        from dynjax.loaders import hub
+
+        cached = f" or a repo id in the Hugging Face cache {hub.cache_dir()}" \
+            if hub.is_repo_id(path) else ""
         raise AuditError(f"run directory {path} does not exist; train one first, e.g. "
-                         f"`python train.py --config=configs/tiny.py:feature_gate "
-                         f"--workdir={path}`, or pass an existing run directory")
+                         f"`{programs.command('train', 'tiny:feature_gate')} "
+                         f"--workdir={path}`, or pass an existing run directory{cached}")
     try:
         return rundir.read_config(path)
     except FileNotFoundError as e:
