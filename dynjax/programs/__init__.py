@@ -65,7 +65,8 @@ def start(program, prog: str):
     """Run ``program`` (a program module: ``main``, ``PROG``, its docstring as --help) under
     the name it was started by (``train.py``, ``dynjax-train``): errors are reported under it.
     ``--help`` prints :func:`help_text` before JAX or the program's library is imported; a
-    program with a ``DEFAULT_CONFIG`` gets it as ``--config`` when none is given."""
+    program with a ``DEFAULT_CONFIG`` gets it as ``--config`` when none is given; data the
+    program reads and the data folder lacks is fetched on first use (dynjax.data.fetch)."""
     global _started_as
     _started_as = program.PROG = prog
     args = sys.argv[1:]
@@ -76,6 +77,9 @@ def start(program, prog: str):
     from absl import app
 
     from dynjax import configs, errors
+    from dynjax.data import fetch
+
+    fetch.ON_DEMAND = True     # data a config needs and the data folder lacks: fetched now
 
     argv = configs.expand(prog, sys.argv)
     default = getattr(program, "DEFAULT_CONFIG", None)

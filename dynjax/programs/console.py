@@ -1,7 +1,8 @@
 """The command-line programs, as console commands (``pip install`` puts them on PATH) and
 behind the checkout's thin shells (``train.py``, ``audit.py``, ``scorecard.py``,
 ``sample.py``, ``plan.py``): each entry point applies the allocator setting
-(``dynjax._alloc``) before JAX is imported, then runs the program under its own name."""
+(``dynjax._alloc``) before JAX is imported, then runs the program under its own name.
+``dynjax-fetch`` is :mod:`dynjax.data.fetch`, which needs neither."""
 import importlib
 
 
@@ -30,3 +31,12 @@ def sample():
 
 def plan():
     _run("dynjax.programs.plan", "dynjax-plan")
+
+
+def fetch():
+    """``dynjax-fetch [GROUP ...]``: the data archives, by group (no JAX, no re-execution)."""
+    import sys
+
+    from dynjax.data import fetch as data_fetch
+
+    sys.exit(data_fetch.main(prog="dynjax-fetch"))
