@@ -3,6 +3,7 @@
     pip install -e '.[hf]'          # torch (CPU) + transformers: this script only
     python scripts/make_hf_fixtures.py [--out=tests/data/hf] [--results=results/hf_parity.json]
     python scripts/make_hf_fixtures.py --check     # parity of the committed fixtures only (no torch)
+    python scripts/make_hf_fixtures.py --only=qwen2,mistral   # build these, keep the others
 
 For every ported architecture: a random checkpoint from transformers itself (2-4 layers,
 d = 48, grouped-query attention, 8 experts, top-2 or top-4), saved with save_pretrained
@@ -41,6 +42,10 @@ ARCHS = {
                   rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0,
                                        low_freq_factor=1.0, high_freq_factor=4.0,
                                        original_max_position_embeddings=64)),
+    "qwen2": dict(num_hidden_layers=2, intermediate_size=96, use_sliding_window=False,
+                  rope_parameters=dict(rope_type="default", rope_theta=1e6)),
+    "mistral": dict(num_hidden_layers=2, intermediate_size=96, sliding_window=None,
+                    rope_parameters=dict(rope_type="default", rope_theta=1e6)),
     "qwen3": dict(num_hidden_layers=2, intermediate_size=96, tie_word_embeddings=True,
                   rope_parameters=dict(rope_type="default", rope_theta=1e6)),
     "mixtral": dict(num_hidden_layers=2, intermediate_size=24, num_local_experts=8,
@@ -152,18 +157,28 @@ def main():
     ap.add_argument("--results", default=str(ROOT / "results/hf_parity.json"))
     ap.add_argument("--check", action="store_true",
                     help="recompute the parity table of the fixtures in --out; build nothing")
+    ap.add_argument("--only", default="",
+                    help="comma-separated architectures to build (the others are kept and "
+                         "checked; the tokenizer is the committed one)")
     args = ap.parse_args()
+    only = [a for a in args.only.split(",") if a]
+    unknown = sorted(set(only) - set(ARCHS))
+    if unknown:
+        raise SystemExit(f"--only names {unknown}; choose from {sorted(ARCHS)}")
     from dynjax import jsonio
 
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = out / "tokenizer.json"
-    if not args.check:
+    if only:
+        shutil.copy(out / "llama" / "tokenizer.json", tokenizer)
+    elif not args.check:
         train_tokenizer(tokenizer)
     table = {}
     for arch in ARCHS:
-        made = {} if args.check else build(arch, out / arch, tokenizer)
-        if args.check:
+        rebuild = not args.check and (not only or arch in only)
+        made = build(arch, out / arch, tokenizer) if rebuild else {}
+        if not rebuild:
             ref = np.load(out / arch / "reference.npz")
             made = {"seed": int(ref["seed"]), "top_k_margin": float(ref["top_k_margin"])
                     if ref["router_logits"].size else None,

@@ -136,6 +136,20 @@ def test_open_target_tells_hf_directories_apart(tmp_path):
         dense.require_coefficients()
     with pytest.raises(AuditError, match="HF checkpoint directory .* does not exist"):
         open_target(tmp_path / "nope", kind="hf")
+    # a safetensors folder of another architecture does not fall through to MUDDPythia
+    import shutil
+    other = tmp_path / "falcon"
+    shutil.copytree(f"{HF}/llama", other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps(dict(config, model_type="falcon")))
+    for kind in (None, "hf"):
+        with pytest.raises(AuditError, match="model_type='falcon' is not supported; "
+                                             "supported: llama, mistral") as e:
+            open_target(other, kind=kind)
+        assert "\n" not in str(e.value) and "muddpythia" in str(e.value) or kind == "hf"
+    (other / "config.json").unlink()
+    with pytest.raises(AuditError, match="no config.json"):
+        open_target(other)
 
 
 def test_real_configs_for_the_plan():

@@ -21,7 +21,7 @@ from dynjax.parallel import sharding
 from dynjax.parallel.memory_plan import per_device_bytes, tree_bytes
 
 DATA = pathlib.Path(__file__).parent / "data" / "hf"
-ARCHS = ("llama", "qwen3", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
+ARCHS = ("llama", "qwen2", "mistral", "qwen3", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
 MOE = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
 _LOADED: dict = {}
 
@@ -37,7 +37,7 @@ def loaded(arch):
 
 
 def test_fixtures_are_small_and_mixtral_is_sharded():
-    assert sum(f.stat().st_size for f in DATA.rglob("*") if f.is_file()) <= 3_000_000
+    assert sum(f.stat().st_size for f in DATA.rglob("*") if f.is_file()) <= 4_000_000
     assert (DATA / "mixtral" / "model.safetensors.index.json").exists()
     assert len(list((DATA / "mixtral").glob("*.safetensors"))) > 1
 
@@ -248,8 +248,8 @@ def test_shape_mismatch_and_extra_tensors_are_one_line(tmp_path):
     (dict(model_type="deepseek_v3"), ("not ported yet", "MLA")),
     (dict(model_type="gpt_oss"), ("not ported yet", "attention sinks")),
     (dict(hidden_act="gelu"), ("hidden_act='gelu'", "silu")),
-    (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}),
-     ("rope_type='yarn'",)),
+    (dict(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "factor": 4.0}),
+     ("rope_type='longrope'", "yarn")),
 ])
 def test_config_refusals_are_one_line(tmp_path, changes, fragments):
     out = _copy(tmp_path)
@@ -257,6 +257,27 @@ def test_config_refusals_are_one_line(tmp_path, changes, fragments):
     with pytest.raises(ConfigError) as e:
         hf.load(str(out))
     _one_line(e, *fragments)
+
+
+def test_every_module_of_the_registry_is_an_architecture():
+    """dynjax.loaders.archs registers each module by its model_type; a missing field takes
+    the architecture's own transformers default (Qwen3: head_dim 128; Mixtral: rms_norm_eps
+    1e-5 and rope_theta 1e6; Llama: 1e-6 and 1e4)."""
+    from dynjax.loaders import archs
+
+    assert set(ARCHS) <= set(archs.SUPPORTED) == set(archs.ARCHS)
+    base = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=4)
+    qwen3 = hf.config_from_hf(dict(base, model_type="qwen3"))
+    assert qwen3.head_dim == 128 and qwen3.rms_norm_eps == 1e-6
+    mixtral = hf.config_from_hf(dict(base, model_type="mixtral", num_local_experts=4,
+                                     num_experts_per_tok=2))
+    assert (mixtral.rms_norm_eps, mixtral.rope_theta, mixtral.head_dim) == (1e-5, 1e6, 8)
+    llama = hf.config_from_hf(dict(base, model_type="llama"))
+    assert (llama.rms_norm_eps, llama.rope_theta) == (1e-6, 1e4)
+    with pytest.raises(ConfigError) as e:   # Mistral's default window is 4096
+        hf.config_from_hf(dict(base, model_type="mistral"))
+    _one_line(e, "sliding_window=4096")
 
 
 def test_sliding_window_is_refused(tmp_path):
@@ -329,7 +350,7 @@ def test_live_against_transformers(tmp_path):
 
 # ---------------------------------------------------------------------------- decoding
 
-@pytest.mark.parametrize("arch", ("llama", "olmoe", "qwen2_moe"))
+@pytest.mark.parametrize("arch", ("llama", "qwen2", "mistral", "olmoe", "qwen2_moe"))
 def test_decoding_equals_the_forward(arch):
     """prefill, token-by-token cached_forward and greedy generate through dynjax.decoding
     give the forward's logits and tokens (Llama: llama3 rotary scaling; OLMoE: full q/k

@@ -38,7 +38,11 @@ VARIANTS = ("moe", "mod", "dense")
 FIELD_TYPES = {"model_type": str, "rope_type": str, "qk_norm": str, "rms_norm_eps": float,
                "rope_theta": float, "rope_factor": float, "rope_low_freq_factor": float,
                "rope_high_freq_factor": float, "clip_qkv": float, "qkv_bias": bool,
-               "o_bias": bool, "tie_word_embeddings": bool}
+               "o_bias": bool, "tie_word_embeddings": bool, "attention": str,
+               "partial_rotary_factor": float, "rope_interleave": bool,
+               "rope_beta_fast": float, "rope_beta_slow": float, "rope_mscale": float,
+               "rope_mscale_all_dim": float, "rope_attention_factor": float,
+               "rope_truncate": bool}
 
 
 def _from_source(name: str):

@@ -1,14 +1,15 @@
-"""Production decoder LLMs (Llama, Qwen3, Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE) as one family.
+"""Production decoder LLMs (the Hugging Face ports of ``dynjax.loaders.archs``) as one family.
 
-The Hugging Face architectures these ports cover differ in a handful of switches, so one
-config (:class:`Config`) and one forward pass hold them all; ``dynjax.loaders.hf`` turns a
-checkpoint's config.json and safetensors into that config and a params pytree. Every layer
-is pre-norm: ``h += Attn(RMS h)``, then ``h += FFN(RMS h)``, where the FFN is a SwiGLU MLP
+One config (:class:`Config`) and one forward pass hold every ported architecture: the
+structural choices are named components (``dynjax.models.components``: ``attention``,
+``router``, ``experts``, ``rope_type``), looked up in their tables, and an architecture
+module (``dynjax.loaders.archs.<model_type>``) maps a checkpoint's config.json onto those
+choices and its tensor names onto the params pytree. Every layer is pre-norm: ``h += Attn(RMS h)``, then ``h += FFN(RMS h)``, where the FFN is a SwiGLU MLP
 or, in the layers ``moe_layers`` names, a Mixture-of-Experts:
 
-    p = softmax(x W_router)                      # float32; the recorded coefficient
-    w, e = top_k(p, k);  w /= sum(w) if norm_topk_prob   (Mixtral always renormalises)
-    y = sum_j w_j SwiGLU_{e_j}(x)  [+ sigmoid(x w_g) SwiGLU_shared(x)]  (Qwen2-MoE)
+    p = router.scores(x)                         # float32; the recorded coefficient
+    e, w = router.select(p)                      # e.g. softmax top-k, renormalised or not
+    y = sum_j w_j Expert_{e_j}(x)  [+ (sigmoid(x w_g)) SwiGLU_shared(x)]  (Qwen2-MoE gated)
 
 Nothing is dropped: every token reaches its k experts (``dispatch.dropless``).
 
@@ -23,11 +24,12 @@ themselves at their original positions, and each adds ``weight(r) * (a + m)``; t
 tokens pass unchanged. The router and the predictor are ``mod.Router`` and
 ``mod.Predictor`` with the same parameter names, and learn top-k membership by BCE.
 
-Coefficients: ``{"router": (layer, example, token, expert)}`` holds p for each MoE layer
-(dense layers have none), and Qwen2-MoE's ``{"shared_gate": (layer, example, token)}`` the
-shared expert's sigmoid gate; MoD layers add ``{"mod_router": (layer, example, token)}``
-(and ``"mod_predictor"`` under the predictor route). Replay recomputes the selections and
-weights from the given scores. A dense model's coefficient pytree is empty.
+Coefficients: ``{"router": (layer, example, token, expert)}`` holds the router's scores (p
+above) for each MoE layer (dense layers have none), and Qwen2-MoE's ``{"shared_gate":
+(layer, example, token)}`` the shared expert's sigmoid gate; MoD layers add
+``{"mod_router": (layer, example, token)}`` (and ``"mod_predictor"`` under the predictor
+route). Replay recomputes the selections and weights from the given scores by the router's
+own rule (its selection bias and groups included). A dense model's coefficient pytree is empty.
 
 Parameters are plain dicts (a list of per-layer dicts: dense and MoE layers differ), linear
 weights stored (in, out) so ``x @ w`` reads like the math, attention weights split into
@@ -51,7 +53,12 @@ from dynjax.coeffs import Axes
 from dynjax.models import dispatch
 from dynjax.models import mod as mod_lib
 from dynjax.models.sections import ModConfig
-from dynjax.models.transformer import Positions, causal_attention, rotary
+from dynjax.models.components import rotary as rotary_lib
+from dynjax.models.components.attention import ATTENTION
+from dynjax.models.components.experts import EXPERTS, experts_ffn, mlp_rows, swiglu
+from dynjax.models.components.norms import rms_norm
+from dynjax.models.components.routers import ROUTERS
+from dynjax.models.transformer import Positions
 
 F32 = jnp.float32
 P = jax.sharding.PartitionSpec
@@ -59,7 +66,7 @@ ROUTER_AXES = Axes(("layer", "example", "token", "expert"))
 SHARED_GATE_AXES = Axes(("layer", "example", "token"))
 MOD_AXES = Axes(("layer", "example", "token"))
 QK_NORMS = ("none", "head", "full")      # none; per head (Qwen3); over all heads (OLMoE)
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = rotary_lib.ROPE_TYPES
 MOE_DISPATCHES = ("dropless", "dense")
 MOD_ROUTES = ("topk", "router", "predictor")
 # The fields that say what a checkpoint computes (config_from_hf sets them); a conversion
@@ -67,7 +74,10 @@ MOD_ROUTES = ("topk", "router", "predictor")
 ARCHITECTURE = ("vocab_size", "hidden_size", "n_layers", "n_heads", "n_kv_heads", "head_dim",
                 "intermediate_size", "rms_norm_eps", "rope_theta", "rope_type", "rope_factor",
                 "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_position",
-                "qkv_bias", "o_bias", "qk_norm", "clip_qkv", "tie_word_embeddings")
+                "qkv_bias", "o_bias", "qk_norm", "clip_qkv", "tie_word_embeddings",
+                "attention", "partial_rotary_factor", "rope_interleave", "rope_beta_fast",
+                "rope_beta_slow", "rope_mscale", "rope_mscale_all_dim",
+                "rope_attention_factor", "rope_truncate")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +101,17 @@ class Config:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_max_position: int = 8192
+    rope_beta_fast: float = 32.0     # "yarn": the rotation band between beta_slow and
+    rope_beta_slow: float = 1.0      # beta_fast turns over the original context is ramped
+    rope_mscale: float = 0.0         # "yarn": cos/sin scale mscale(f, rope_mscale) /
+    rope_mscale_all_dim: float = 0.0  # mscale(f, rope_mscale_all_dim) when both are set
+    rope_attention_factor: float = 0.0  # "yarn": that scale given outright (0: derived)
+    rope_truncate: bool = True       # "yarn": round the ramp's ends to whole channels
+    partial_rotary_factor: float = 1.0  # the leading fraction of each head that rotates
+    rope_interleave: bool = False    # rotate pairs (2i, 2i+1) (DeepSeek), not (i, i + d/2)
+    attention: str = "gqa"           # components.attention.ATTENTION
+    router: str = "softmax_topk"     # components.routers.ROUTERS
+    experts: str = "swiglu"          # components.experts.EXPERTS
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: str = "none"
@@ -101,7 +122,8 @@ class Config:
     top_k: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False     # renormalise the k selected probabilities to sum 1
-    shared_expert_size: int = 0      # Qwen2-MoE: an always-on expert behind a sigmoid gate
+    shared_expert_size: int = 0      # an always-on expert (Qwen2-MoE, DeepSeek's shared ones)
+    shared_expert_gate: bool = True  # Qwen2-MoE: behind a sigmoid gate (a coefficient)
     moe_dispatch: str = "dropless"   # "dropless": sort by expert (dispatch.dropless);
     #                                  "dense": every expert on every token (E/k x the FLOPs)
     router_aux_loss_coef: float = 0.0  # training: Switch load balance, E sum_e f_e P_e
@@ -122,10 +144,16 @@ class Config:
         checks = [
             (self.n_heads % self.n_kv_heads == 0,
              f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}"),
-            (self.head_dim % 2 == 0, f"head_dim={self.head_dim} must be even (rotary)"),
+            (rotary_lib.rope_dim(self) % 2 == 0,
+             f"head_dim={self.head_dim} x partial_rotary_factor={self.partial_rotary_factor} "
+             "must be even (rotary)"),
             (self.qk_norm in QK_NORMS, f"qk_norm={self.qk_norm!r}; use one of {QK_NORMS}"),
             (self.rope_type in ROPE_TYPES,
              f"rope_type={self.rope_type!r}; use one of {ROPE_TYPES}"),
+            (self.attention in ATTENTION,
+             f"attention={self.attention!r}; use one of {tuple(ATTENTION)}"),
+            (self.router in ROUTERS, f"router={self.router!r}; use one of {tuple(ROUTERS)}"),
+            (self.experts in EXPERTS, f"experts={self.experts!r}; use one of {tuple(EXPERTS)}"),
             (self.dtype in ("float32", "bfloat16"),
              f"dtype={self.dtype!r}; use 'float32' or 'bfloat16'"),
             (all(0 <= i < self.n_layers for i in self.moe_layers),
@@ -175,7 +203,7 @@ def schema(cfg: Config):
     out = {}
     if cfg.moe_layers:
         out["router"] = ROUTER_AXES
-    if cfg.moe_layers and cfg.shared_expert_size:
+    if cfg.moe_layers and cfg.shared_expert_size and cfg.shared_expert_gate:
         out["shared_gate"] = SHARED_GATE_AXES
     if cfg.mod_layers:
         out["mod_router"] = MOD_AXES
@@ -197,33 +225,14 @@ def eval_routes(cfg: Config) -> dict:
 # Parameters: one table drives init, logical axes and checkpoint loading
 # --------------------------------------------------------------------------------------------
 
-def _mlp_rows(path, d, width, experts=0):
-    lead, ax = ((experts,), ("expert",)) if experts else ((), ())
-    return [(path + ("gate",), lead + (d, width), ax + ("embed", "mlp")),
-            (path + ("up",), lead + (d, width), ax + ("embed", "mlp")),
-            (path + ("down",), lead + (width, d), ax + ("mlp", "embed"))]
-
-
 def param_table(cfg: Config):
     """(path, shape, logical axes) of every parameter, in checkpoint order."""
-    D, H, KV, hd = cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    D = cfg.hidden_size
     rows = [(("embed",), (cfg.vocab_size, D), ("vocab", "embed"))]
     for i in range(cfg.n_layers):
         L = ("layers", i)
-        A = L + ("attn",)
         rows.append((L + ("input_norm",), (D,), ("embed",)))
-        for name, heads in (("q", H), ("k", KV), ("v", KV)):
-            rows.append((A + (name,), (D, heads, hd), ("embed", "heads", "kv")))
-            if cfg.qkv_bias:
-                rows.append((A + (name + "_bias",), (heads, hd), ("heads", "kv")))
-        rows.append((A + ("o",), (H, hd, D), ("heads", "kv", "embed")))
-        if cfg.o_bias:
-            rows.append((A + ("o_bias",), (D,), ("embed",)))
-        if cfg.qk_norm == "head":
-            rows += [(A + ("q_norm",), (hd,), ("kv",)), (A + ("k_norm",), (hd,), ("kv",))]
-        elif cfg.qk_norm == "full":
-            rows += [(A + ("q_norm",), (H, hd), ("heads", "kv")),
-                     (A + ("k_norm",), (KV, hd), ("heads", "kv"))]
+        rows += ATTENTION[cfg.attention].rows(cfg, L + ("attn",))
         rows.append((L + ("post_norm",), (D,), ("embed",)))
         if i in cfg.mod_layers:   # named as mod.Router's and mod.Predictor's parameters
             hid = cfg.mod_predictor_hidden
@@ -234,13 +243,15 @@ def param_table(cfg: Config):
                      (L + ("predictor", "out", "bias"), (1,), (None,))]
         if i in cfg.moe_layers:
             M = L + ("moe",)
-            rows.append((M + ("router",), (D, cfg.num_experts), ("embed", None)))
-            rows += _mlp_rows(M + ("experts",), D, cfg.moe_intermediate_size, cfg.num_experts)
+            rows += ROUTERS[cfg.router].rows(cfg, M)
+            rows += EXPERTS[cfg.experts].rows(M + ("experts",), D, cfg.moe_intermediate_size,
+                                              cfg.num_experts)
             if cfg.shared_expert_size:
-                rows += _mlp_rows(M + ("shared",), D, cfg.shared_expert_size)
-                rows.append((M + ("shared_gate",), (D, 1), ("embed", None)))
+                rows += mlp_rows(M + ("shared",), D, cfg.shared_expert_size)
+                if cfg.shared_expert_gate:
+                    rows.append((M + ("shared_gate",), (D, 1), ("embed", None)))
         else:
-            rows += _mlp_rows(L + ("mlp",), D, cfg.intermediate_size)
+            rows += mlp_rows(L + ("mlp",), D, cfg.intermediate_size)
     rows.append((("final_norm",), (D,), ("embed",)))
     if not cfg.tie_word_embeddings:
         rows.append((("lm_head",), (D, cfg.vocab_size), ("embed", "vocab")))
@@ -282,112 +293,30 @@ def logical_axes(cfg: Config):
 # Forward pass
 # --------------------------------------------------------------------------------------------
 
-def rms_norm(x, w, eps, axes=(-1,)):
-    """HF's RMSNorm: statistics in float32, the normalised value cast back, then the scale."""
-    x32 = x.astype(F32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=axes, keepdims=True) + eps)
-    return w * y.astype(x.dtype)
-
-
 def inv_frequencies(cfg: Config) -> np.ndarray:
-    """Rotary inverse frequencies (head_dim / 2,) float32, as HF's rope init computes them."""
-    inv = 1.0 / (np.float32(cfg.rope_theta) ** (
-        np.arange(0, cfg.head_dim, 2, dtype=np.float32) / np.float32(cfg.head_dim)))
-    inv = inv.astype(np.float32)
-    if cfg.rope_type == "linear":
-        return (inv / np.float32(cfg.rope_factor)).astype(np.float32)
-    if cfg.rope_type == "llama3":
-        f, lo, hi = cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
-        old = cfg.rope_original_max_position
-        wavelen = 2 * math.pi / inv
-        scaled = np.where(wavelen > old / lo, inv / f, inv)
-        smooth = (old / wavelen - lo) / (hi - lo)
-        smoothed = (1 - smooth) * scaled / f + smooth * scaled
-        medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
-        return np.where(medium, smoothed, scaled).astype(np.float32)
-    return inv
+    """Rotary inverse frequencies (``components.rotary``)."""
+    return rotary_lib.inv_frequencies(cfg)
 
 
 def positions_at(cfg: Config, index) -> Positions:
     """The core's :class:`Positions` of tokens at integer positions ``index`` (B, T)."""
-    angle = index.astype(F32)[..., None] * jnp.asarray(inv_frequencies(cfg))
-    return Positions(index.astype(jnp.int32), jnp.cos(angle), jnp.sin(angle))
+    return rotary_lib.positions_at(cfg, index)
 
 
 def project_qkv(cfg: Config, p, x, positions: Positions):
-    """Rotary queries (B, T, H, hd), keys and values (B, T, KV, hd) of x (B, T, D)."""
-    dt = cfg.compute_dtype
-
-    def proj(name):
-        y = jnp.einsum("btd,dhk->bthk", x, p[name].astype(dt))
-        return y + p[name + "_bias"].astype(dt) if cfg.qkv_bias else y
-    q, k, v = proj("q"), proj("k"), proj("v")
-    eps = cfg.rms_norm_eps
-    if cfg.qk_norm == "head":
-        q, k = rms_norm(q, p["q_norm"], eps), rms_norm(k, p["k_norm"], eps)
-    elif cfg.qk_norm == "full":
-        q = rms_norm(q, p["q_norm"], eps, axes=(-2, -1))
-        k = rms_norm(k, p["k_norm"], eps, axes=(-2, -1))
-    if cfg.clip_qkv is not None:
-        q, k, v = (jnp.clip(a, -cfg.clip_qkv, cfg.clip_qkv) for a in (q, k, v))
-    return rotary(q, positions), rotary(k, positions), v
+    """Queries and the cached keys and values of x (B, T, D): ``cfg.attention``'s."""
+    return ATTENTION[cfg.attention].project(cfg, p, x, positions)
 
 
 def attend(cfg: Config, p, q, k, v, q_pos, k_pos):
-    """GQA softmax attention of q against k, v (each kv head serves n_heads / n_kv_heads
-    consecutive query heads), then the output projection: (B, Tq, D)."""
-    group = cfg.n_heads // cfg.n_kv_heads
-    k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
-    block = cfg.attn_block if q.shape[1] == k.shape[1] else 0
-    out, _, _ = causal_attention(q, k, v, q_pos, k_pos, block)
-    y = jnp.einsum("bthk,hkd->btd", out, p["o"].astype(cfg.compute_dtype))
-    return y + p["o_bias"].astype(y.dtype) if cfg.o_bias else y
+    """Causal attention of q over k, v and the output projection (B, Tq, D)."""
+    return ATTENTION[cfg.attention].attend(cfg, p, q, k, v, q_pos, k_pos)
 
 
-def swiglu(p, x, dt):
-    """down(silu(x gate) * (x up)): every dense MLP and the shared expert."""
-    h = jax.nn.silu(x @ p["gate"].astype(dt)) * (x @ p["up"].astype(dt))
-    return h @ p["down"].astype(dt)
-
-
-def route(cfg: Config, probs):
-    """Top-k experts (.., k) and their weights (float32) from the router scores."""
-    weights, experts = jax.lax.top_k(probs, cfg.top_k)
-    if cfg.norm_topk_prob:
-        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-    return experts, weights
-
-
-def experts_ffn(cfg: Config, p, x, experts, weights):
-    """sum_j weights_j SwiGLU_{experts_j}(x) for tokens x (N, D), every route kept.
-
-    "dropless" (the default): the N k (token, expert) pairs sorted by expert, each expert's
-    SwiGLU on its own rows (``dispatch.dropless``), weighted and summed back; when the
-    sorted rows (N k plus a block of padding per expert) would outnumber the N E rows of
-    the dense form (a few tokens: decoding one token per sequence), the dense form, which
-    is then the cheaper exact one. Traced under the ``ep`` sharding rules on a mesh with
-    more than one device on the expert axis, dropless splits the experts over it and sends
-    the tokens by all-to-all (``dispatch.dropless_expert_parallel``). "dense": every expert
-    on every token, combined with zero weight where not chosen (E/k times the FLOPs)."""
-    dt = cfg.compute_dtype
-    w = {n: p[n].astype(dt) for n in ("gate", "up", "down")}
-    N, k = experts.shape
-    E = cfg.num_experts
-    if cfg.moe_dispatch == "dropless" and dispatch.sorted_rows(N * k, E) < N * E:
-        def expert_fn(w, rows, groups):
-            mm = lambda a, name: dispatch.grouped_matmul(a, w[name], groups)
-            return mm(jax.nn.silu(mm(rows, "gate")) * mm(rows, "up"), "down")
-        # each token's routes in expert order, so its k outputs are summed in the order
-        # transformers adds them (its loop over experts; the dense form's too)
-        order = jnp.argsort(experts, axis=-1)
-        experts, weights = (jnp.take_along_axis(a, order, -1) for a in (experts, weights))
-        return dispatch.dropless(x, experts, weights.astype(dt), E, expert_fn,
-                                 expert_params=w)
-    combine = jnp.sum(jax.nn.one_hot(experts, E, dtype=dt)
-                      * weights.astype(dt)[..., None], axis=-2)             # (N, E)
-    h = jax.nn.silu(jnp.einsum("nd,edf->nef", x, w["gate"])) * \
-        jnp.einsum("nd,edf->nef", x, w["up"])
-    return jnp.einsum("ne,ned->nd", combine, jnp.einsum("nef,efd->ned", h, w["down"]))
+def route(cfg: Config, scores, p=None):
+    """Top-k experts (.., k) and their float32 weights from the router scores, by
+    ``cfg.router``'s rule (``p``: the layer's MoE params, for rules with a bias)."""
+    return ROUTERS[cfg.router].select(cfg, p, scores)
 
 
 def load_balance(probs, experts):
@@ -404,16 +333,19 @@ def moe_ffn(cfg: Config, p, x, given):
     weighted load-balancing loss when ``router_aux_loss_coef`` > 0 (training)."""
     B, T, D = x.shape
     dt = cfg.compute_dtype
-    computed = {"router": jax.nn.softmax((x @ p["router"].astype(dt)).astype(F32), axis=-1)}
-    if cfg.shared_expert_size:
+    computed = {"router": ROUTERS[cfg.router].scores(cfg, p, x)}
+    gated = cfg.shared_expert_size and cfg.shared_expert_gate
+    if gated:
         computed["shared_gate"] = jax.nn.sigmoid(x @ p["shared_gate"].astype(dt))[..., 0] \
             .astype(F32)
     used = coeffs_lib.site(computed, given)
-    experts, weights = route(cfg, used["router"])
+    experts, weights = route(cfg, used["router"], p)
     y = experts_ffn(cfg, p["experts"], x.reshape(B * T, D), experts.reshape(B * T, -1),
                     weights.reshape(B * T, -1)).reshape(B, T, D)
-    if cfg.shared_expert_size:
+    if gated:
         y = y + used["shared_gate"].astype(dt)[..., None] * swiglu(p["shared"], x, dt)
+    elif cfg.shared_expert_size:
+        y = y + swiglu(p["shared"], x, dt)
     aux = {"load_balance": cfg.router_aux_loss_coef * load_balance(used["router"], experts)} \
         if cfg.router_aux_loss_coef else {}
     return y, used, aux
@@ -543,7 +475,8 @@ class LLM:
 
 def param_count(cfg: Config) -> dict:
     """Total parameters and those one token uses (k routed experts per MoE layer)."""
-    total = sum(math.prod(s) for _, s, _ in param_table(cfg))
-    idle = len(cfg.moe_layers) * (cfg.num_experts - cfg.top_k) * 3 * cfg.hidden_size * \
-        cfg.moe_intermediate_size
+    rows = param_table(cfg)
+    total = sum(math.prod(s) for _, s, _ in rows)
+    routed = sum(math.prod(s) for p, s, _ in rows if "experts" in p)
+    idle = routed // max(cfg.num_experts, 1) * (cfg.num_experts - cfg.top_k)
     return {"total": total, "active": total - idle}

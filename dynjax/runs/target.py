@@ -3,8 +3,11 @@
 The kinds, in the order they are recognised:
 
 - an HF directory whose config.json names a ported ``model_type`` (:class:`HfDir`:
-  Llama, Qwen3, Mixtral, OLMoE, Qwen2-MoE, Qwen3-MoE; :mod:`dynjax.loaders.hf`);
-- another HF directory (``*.safetensors``): MUDDPythia (:class:`MuddPythiaDir`);
+  ``dynjax.loaders.archs.SUPPORTED``; :mod:`dynjax.loaders.hf`);
+- an HF directory (``*.safetensors``) whose config.json is MUDDPythia's (model_type
+  "muddpythia", or gpt-fast style fields without a model_type): :class:`MuddPythiaDir`;
+  any other model_type, or no config.json, is refused in one line (nothing falls through
+  to a loader of another architecture);
 - a train.py run directory (``config.json`` + orbax ``checkpoints/``): a classifier run
   (:class:`ClassifierRun`, its ``model.family`` is ``gated_mlp``) or a language-model run
   (:class:`LmRun`).
@@ -19,6 +22,7 @@ import json
 from dynjax.runs import rundir
 from dynjax.loaders import hf, hub, muddpythia_hf
 from dynjax.audit.settings import AuditError
+from dynjax.errors import CheckpointError
 from dynjax.runs.base import Target
 from dynjax.runs.hf import HfDir
 from dynjax.runs.muddpythia import MuddPythiaDir
@@ -40,10 +44,31 @@ def open_target(path, kind: str | None = None, config=None, step: int | None = N
     elif hf.is_hf_dir(path):
         cls = HfDir
     elif muddpythia_hf.is_hf_dir(path):
+        _refuse_foreign(path)
         cls = MuddPythiaDir
     else:
         cls = ClassifierRun if rundir.is_classifier(read_run_config(path)) else LmRun
     return cls(path, config, step)
+
+
+MUDDPYTHIA_TYPES = ("muddpythia",)
+
+
+def _refuse_foreign(path) -> None:
+    """A safetensors folder that is not MUDDPythia's: one AuditError naming what it is."""
+    try:
+        config = hf.read_config(str(path))
+    except CheckpointError:
+        raise AuditError(f"{path} has *.safetensors but no config.json; copy the checkpoint's "
+                         "config.json beside its weights") from None
+    except (OSError, ValueError) as e:
+        raise AuditError(f"{path}/config.json cannot be read ({e}); copy the checkpoint's own "
+                         "config.json") from None
+    kind = config.get("model_type")
+    if kind in MUDDPYTHIA_TYPES or (kind is None and "n_layer" in config):
+        return
+    raise AuditError(f"{path}/config.json model_type={kind!r} is not supported; supported: "
+                     f"{', '.join((*hf.SUPPORTED, *MUDDPYTHIA_TYPES))}")
 
 
 def check_compatible(targets) -> None:

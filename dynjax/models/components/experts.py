@@ -1,0 +1,77 @@
+"""Expert MLPs (``Config.experts``) and the dropless dispatch every MoE layer shares.
+
+An expert kind is a namespace of:
+
+- ``rows(path, d, width, experts)``: its stacked parameters ((expert, ...) leading axis);
+- ``grouped(w, rows, groups)``: its MLP on rows sorted by expert (``groups``: rows per
+  expert, ``dispatch.grouped_matmul``'s convention);
+- ``dense(w, x)``: its MLP of every expert on every token, (N, E, D).
+
+"swiglu": down(silu(x gate) * (x up)), no biases (every port before gpt-oss). The same
+MLP unstacked is every dense layer and the shared experts (:func:`swiglu`).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from dynjax.models import dispatch
+
+
+def mlp_rows(path, d, width, experts=0):
+    lead, ax = ((experts,), ("expert",)) if experts else ((), ())
+    return [(path + ("gate",), lead + (d, width), ax + ("embed", "mlp")),
+            (path + ("up",), lead + (d, width), ax + ("embed", "mlp")),
+            (path + ("down",), lead + (width, d), ax + ("mlp", "embed"))]
+
+
+def swiglu(p, x, dt):
+    """down(silu(x gate) * (x up)): every dense MLP and the shared experts."""
+    h = jax.nn.silu(x @ p["gate"].astype(dt)) * (x @ p["up"].astype(dt))
+    return h @ p["down"].astype(dt)
+
+
+class SwiGLU:
+    rows = staticmethod(mlp_rows)
+
+    @staticmethod
+    def grouped(w, rows, groups):
+        mm = lambda a, name: dispatch.grouped_matmul(a, w[name], groups)
+        return mm(jax.nn.silu(mm(rows, "gate")) * mm(rows, "up"), "down")
+
+    @staticmethod
+    def dense(w, x):
+        h = jax.nn.silu(jnp.einsum("nd,edf->nef", x, w["gate"])) * \
+            jnp.einsum("nd,edf->nef", x, w["up"])
+        return jnp.einsum("nef,efd->ned", h, w["down"])
+
+
+EXPERTS = {"swiglu": SwiGLU}
+
+
+def experts_ffn(cfg, p, x, experts, weights):
+    """sum_j weights_j MLP_{experts_j}(x) for tokens x (N, D), every route kept.
+
+    "dropless" (the default): the N k (token, expert) pairs sorted by expert, each expert's
+    MLP on its own rows (``dispatch.dropless``), weighted and summed back; when the
+    sorted rows (N k plus a block of padding per expert) would outnumber the N E rows of
+    the dense form (a few tokens: decoding one token per sequence), the dense form, which
+    is then the cheaper exact one. Traced under the ``ep`` sharding rules on a mesh with
+    more than one device on the expert axis, dropless splits the experts over it and sends
+    the tokens by all-to-all (``dispatch.dropless_expert_parallel``). "dense": every expert
+    on every token, combined with zero weight where not chosen (E/k times the FLOPs)."""
+    dt = cfg.compute_dtype
+    kind = EXPERTS[cfg.experts]
+    w = {n: a.astype(dt) for n, a in p.items()}
+    N, k = experts.shape
+    E = cfg.num_experts
+    if cfg.moe_dispatch == "dropless" and dispatch.sorted_rows(N * k, E) < N * E:
+        # each token's routes in expert order, so its k outputs are summed in the order
+        # transformers adds them (its loop over experts; the dense form's too)
+        order = jnp.argsort(experts, axis=-1)
+        experts, weights = (jnp.take_along_axis(a, order, -1) for a in (experts, weights))
+        return dispatch.dropless(x, experts, weights.astype(dt), E, kind.grouped,
+                                 expert_params=w)
+    combine = jnp.sum(jax.nn.one_hot(experts, E, dtype=dt)
+                      * weights.astype(dt)[..., None], axis=-2)             # (N, E)
+    return jnp.einsum("ne,ned->nd", combine, kind.dense(w, x))
