@@ -216,6 +216,18 @@ def test_each_tensor_goes_to_its_device_shard():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
 
 
+def test_no_shard_stays_mapped_or_open():
+    """Streaming: after the load no shard is memory-mapped (whose touched pages would count
+    in host memory beside the params) or open."""
+    d = str(DATA / "hf" / "mixtral")
+    _, params = hf.load(d)
+    jax.block_until_ready(params)
+    maps = open("/proc/self/maps").read()
+    fds = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+           if os.path.exists(f"/proc/self/fd/{fd}")]
+    assert d not in maps and not any(d in f for f in fds)
+
+
 def test_place_casts_and_shards():
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     got = tensors.place(a, ml_dtypes.bfloat16)
@@ -262,12 +274,19 @@ def _index_lies(d):
     return f
 
 
+def _damaged_config(d):
+    f = d / "config.json"
+    f.write_bytes(f.read_bytes()[:40])
+    return f
+
+
 @pytest.mark.parametrize("damage, match", [
     (_truncate_shard, "is cut short: its header describes"),
     (_truncate_index, "is damaged \\(not valid JSON"),
     (_foreign_shard, "is not a safetensors file"),
     (_cut_header, "is cut short: its header alone needs"),
-    (_index_lies, "which does not hold it")])
+    (_index_lies, "which does not hold it"),
+    (_damaged_config, "is damaged \\(not valid JSON")])
 def test_broken_files_are_one_line_naming_the_file(tmp_path, damage, match):
     d = _copy(DATA / "hf" / "mixtral", tmp_path / "mixtral")
     f = damage(d)
