@@ -43,6 +43,8 @@ _DSV3 = dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432,
              num_experts_per_tok=8, first_k_dense_replace=3, q_lora_rank=1536,
              kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
              n_group=8, topk_group=4, tie_word_embeddings=False)
+_DOCUMENTED = ("transformers 5.25's configuration defaults for the model_type, which its "
+               "docstring names as this checkpoint's")
 # name -> (model_type, config fields (None: transformers' defaults, which are that
 # checkpoint's), how the checkpoint ships, where the fields come from)
 PUBLISHED = {
@@ -75,18 +77,11 @@ PUBLISHED = {
         "fp8", "its config.json (text part), copied by hand"),
     "deepseek-ai/DeepSeek-V3": ("deepseek_v3", _DSV3, "fp8",
                                 "its config.json, copied by hand (its MTP layer not counted)"),
-    "deepseek-ai/DeepSeek-V3.2-Exp": ("deepseek_v32", None, "fp8",
-                                      "transformers 5.25's DeepseekV32Config defaults, "
-                                      "documented as this checkpoint's"),
-    "deepseek-ai/DeepSeek-V4-Flash-Base": ("deepseek_v4", None, "fp8",
-                                           "transformers 5.25's DeepseekV4Config defaults, "
-                                           "documented as this checkpoint's"),
-    "Qwen/Qwen3-Next-80B-A3B-Instruct": ("qwen3_next", None, "bf16",
-                                         "transformers 5.25's Qwen3NextConfig defaults, "
-                                         "documented as this checkpoint's"),
+    "deepseek-ai/DeepSeek-V3.2-Exp": ("deepseek_v32", None, "fp8", _DOCUMENTED),
+    "deepseek-ai/DeepSeek-V4-Flash-Base": ("deepseek_v4", None, "fp8", _DOCUMENTED),
+    "Qwen/Qwen3-Next-80B-A3B-Instruct": ("qwen3_next", None, "bf16", _DOCUMENTED),
     "Qwen/Qwen3.5-35B-A3B": ("qwen3_5_moe_text", None, "bf16",
-                             "transformers 5.25's Qwen3_5MoeTextConfig defaults, documented "
-                             "as this checkpoint's (text model; vision tower not counted)"),
+                             _DOCUMENTED + " (text model; vision tower not counted)"),
     "google/gemma-4-26B-A4B-it": ("gemma4_text", dict(
         vocab_size=262144, hidden_size=2816, intermediate_size=2112, num_hidden_layers=30,
         num_attention_heads=16, num_key_value_heads=8, head_dim=256, global_head_dim=512,
