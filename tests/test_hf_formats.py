@@ -164,6 +164,21 @@ def test_mtp_layers_and_towers_are_skipped_with_one_line(tmp_path, capsys):
     assert "multi-token prediction: 3" in err[0] and "vision/audio tower: 2" in err[0]
 
 
+def test_which_names_a_text_forward_skips():
+    v3 = {"num_hidden_layers": 61, "num_nextn_predict_layers": 1}
+    wrapper = {"model_type": "qwen3_5_moe", "text_config": {"num_hidden_layers": 40,
+                                                            "mtp_num_hidden_layers": 1}}
+    skip = tensors.unused_by_text
+    assert skip("model.layers.61.eh_proj.weight", v3) == "multi-token prediction"
+    assert skip("model.layers.60.mlp.gate.weight", v3) is None
+    assert skip("model.layers.61.eh_proj.weight", {"num_hidden_layers": 61}) is None
+    assert skip("model.layers.40.self_attn.q_proj.weight", wrapper) == "multi-token prediction"
+    assert skip("mtp.layers.0.mlp.gate.weight", wrapper) == "multi-token prediction"
+    assert skip("model.visual.blocks.0.attn.qkv.weight", wrapper) == "vision/audio tower"
+    assert skip("model.language_model.layers.0.mlp.gate.weight", wrapper) is None
+    assert skip("lm_head.weight", wrapper) is None
+
+
 def test_a_needed_tensor_that_is_missing_is_still_one_line(tmp_path):
     from safetensors.numpy import load_file, save_file
 

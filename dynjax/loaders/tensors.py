@@ -269,8 +269,9 @@ def resolve_dtype(hf: Mapping, dtype=None) -> tuple[str, str]:
 # The checkpoint's tensors
 # --------------------------------------------------------------------------------------------
 
-def _mtp_layers(hf: Mapping) -> int:
-    return max([int(hf.get(k) or 0) for k in _MTP_COUNT_FIELDS] + [0])
+def _text(hf: Mapping) -> Mapping:
+    """config.json's text model fields (a multimodal wrapper keeps them in text_config)."""
+    return {**hf, **(hf.get("text_config") or {})}
 
 
 def unused_by_text(name: str, hf: Mapping | None) -> str | None:
@@ -281,8 +282,9 @@ def unused_by_text(name: str, hf: Mapping | None) -> str | None:
     if bare.startswith("mtp.") or bare.startswith("mtp_"):
         return "multi-token prediction"
     m = _LAYER.match(name)
-    if m and hf is not None and _mtp_layers(hf) and int(m.group(1)) >= int(
-            hf.get("num_hidden_layers", 1 << 30)):
+    text = _text(hf or {})
+    if m and any(text.get(k) for k in _MTP_COUNT_FIELDS) and int(m.group(1)) >= int(
+            text.get("num_hidden_layers", 1 << 30)):
         return "multi-token prediction"
     return None
 
