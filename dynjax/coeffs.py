@@ -20,6 +20,8 @@ Axis vocabulary (use these names, so generic interventions understand a new fami
 - ``unit``    a hidden unit or block of units (DynamicGate-MLP)
 - ``expert``  an expert (MoE routing values)
 - ``head``    an attention or DeltaNet head (gated attention, DeltaNet beta and decay)
+- ``hc``      a hyper-connection residual stream written (DeepSeek-V4's mHC pre/post/comb)
+- ``hc_in``   a hyper-connection residual stream read (mHC comb's rows)
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-AXIS_NAMES = ("layer", "example", "token", "stream", "source", "unit", "expert", "head")
+AXIS_NAMES = ("layer", "example", "token", "stream", "source", "unit", "expert", "head",
+              "hc", "hc_in")
 
 Coeffs = Any  # a pytree of arrays
 Schema = Any  # a pytree of Axes with the structure of Coeffs

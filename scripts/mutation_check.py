@@ -660,6 +660,25 @@ MUTANTS = (
            "if True:",
            ("tests/test_fetch.py::test_a_program_fetches_a_missing_group_on_first_use",),
            "a program fetches a missing data group on first use"),
+    # --- DeepSeek-V4 (issue 47): dynjax/models/components/hyper.py ---
+    Mutant("mhc_sinkhorn_iters_off_by_one", "dynjax/models/components/hyper.py",
+           "return jax.lax.fori_loop(0, iters - 1, one, m)",
+           "return jax.lax.fori_loop(0, iters, one, m)",
+           ("tests/test_deepseek_v4.py::test_hyper_connection_equals_transformers",),
+           "mHC's comb is Sinkhorn with hc_sinkhorn_iters iterations (columns first)"),
+    Mutant("mhc_comb_not_doubly_stochastic", "dynjax/models/components/hyper.py",
+           '"comb": sinkhorn(comb, dims.sinkhorn_iters, dims.eps)}', '"comb": comb}',
+           ("tests/test_deepseek_v4.py::test_comb_is_doubly_stochastic",),
+           "mHC's comb is projected onto doubly stochastic matrices"),
+    Mutant("mhc_comb_transposed", "dynjax/models/components/hyper.py",
+           'jnp.einsum("btjk,btjd->btkd", comb.astype(dt), h)',
+           'jnp.einsum("btkj,btjd->btkd", comb.astype(dt), h)',
+           ("tests/test_deepseek_v4.py::test_hyper_connection_equals_transformers",),
+           "stream k receives sum_j comb[j, k] h[j] (comb read transposed)"),
+    Mutant("mhc_site_bypassed", "dynjax/models/components/hyper.py",
+           "used = coeffs_lib.site(weights(dims, p, h), given)", "used = weights(dims, p, h)",
+           ("tests/test_deepseek_v4.py::test_sites_record_and_replay_bitwise",),
+           "replayed mHC pre/post/comb are the ones the layer uses"),
 )
 
 def copy_tree(dest: pathlib.Path) -> None:

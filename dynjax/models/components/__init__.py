@@ -7,7 +7,9 @@ Each module holds one kind of piece and a table of its named choices, written on
 - :mod:`.attention`: token mixers (``Config.attention``: ``ATTENTION``);
 - :mod:`.routers`: how an MoE layer picks and weighs its experts (``Config.router``:
   ``ROUTERS``);
-- :mod:`.experts`: the expert MLPs and their dispatch (``Config.experts``: ``EXPERTS``).
+- :mod:`.experts`: the expert MLPs and their dispatch (``Config.experts``: ``EXPERTS``);
+- :mod:`.hyper`: manifold-constrained hyper-connections (DeepSeek-V4's mHC residual streams,
+  pre/post/comb coefficient sites).
 
 An architecture port (``dynjax.loaders.archs``) names its choices in the config it
 returns; :mod:`dynjax.models.llm` looks each one up in its table and never branches on a
