@@ -72,12 +72,13 @@ def runtime() -> dict:
 
     import jax
 
+    from dynjax.jsonio import versions
     info = _cpuinfo()
     flags = f" {info.get('flags', '')}"
     return {"malloc": os.environ.get(_APPLIED) or os.environ.get("DYNJAX_MALLOC", DEFAULT),
             **{name: os.environ.get(name, "") for name in
                ("GLIBC_TUNABLES", "LD_PRELOAD", "XLA_FLAGS", "JAX_PLATFORMS")},
-            "jax": jax.__version__, "backend": jax.default_backend(),
+            **versions(), "jax": jax.__version__, "backend": jax.default_backend(),
             "cpu": info.get("model name") or platform.processor(),
             "avx512": " avx512f" in flags, "amx": " amx_tile" in flags,
             # a VM's model string hides which CPU it is; these tell two machines apart

@@ -18,6 +18,7 @@ import errno
 import json
 import os
 import pathlib
+import re
 import shlex
 import sys
 import tempfile
@@ -82,18 +83,79 @@ def write_json_atomic(path, obj, **dumps) -> None:
     write_text_atomic(path, json.dumps(to_python(obj), **dumps))
 
 
+# An absolute local path inside a string: starts at a "/" that follows no word character,
+# ":", "/" or "." (so "runs/x", "./x" and "https://host/x" are left alone).
+_ABS_PATH = re.compile(r"(?<![\w:/.~-])/[^\s,;:'\"`()<>|=]+")
+
+
+def portable_path(path) -> str:
+    """How a results file names a path: relative to the working directory when inside it
+    (``runs/fca/feature_gate_s0``), else by its name alone (a run is known by its folder's
+    name), never as this machine's absolute path. URIs (``gs://...``) and relative paths
+    stay as they are."""
+    text = os.fspath(path)
+    if not is_local(text) or not os.path.isabs(text):
+        return text
+    rel = os.path.relpath(text)
+    return rel if rel != ".." and not rel.startswith(".." + os.sep) else \
+        (os.path.basename(os.path.normpath(text)) or text)
+
+
+def portable(obj):
+    """``obj`` (a JSON-like tree) with every absolute local path inside a string (or a key)
+    made :func:`portable_path`: what a results JSON or report may hold."""
+    if isinstance(obj, dict):
+        return {portable(k): portable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [portable(v) for v in obj]
+    if isinstance(obj, str) and "/" in obj:
+        return _ABS_PATH.sub(lambda m: portable_path(m.group(0)), obj)
+    return obj
+
+
+def versions() -> dict:
+    """What made a results file: dynjax's version, the commit (``git describe --always
+    --dirty`` when dynjax runs from a git checkout, else "unknown") and jax's version (read
+    from its metadata: this module does not import JAX)."""
+    import subprocess
+    from importlib import metadata
+
+    from dynjax import __version__
+    root = pathlib.Path(__file__).resolve().parents[1]
+    commit = "unknown"
+    if (root / ".git").exists():
+        try:
+            commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=root,
+                                    capture_output=True, text=True, timeout=10,
+                                    check=True).stdout.strip() or "unknown"
+        except (OSError, subprocess.SubprocessError):
+            pass
+    try:
+        jax_version = metadata.version("jax")
+    except metadata.PackageNotFoundError:
+        jax_version = "unknown"
+    return {"dynjax": __version__, "commit": commit, "jax": jax_version}
+
+
+def stamp() -> dict:
+    """``command`` and ``versions`` for the top of a results JSON."""
+    return {"command": command_line(), "versions": versions()}
+
+
 def command_line() -> str:
     """How this program was started, as a user retypes it from the directory it ran in: the
     command a results file names. ``python -m PKG.MOD ARGS`` when started with ``-m`` (kept
     across dynjax._alloc's re-execution), ``dynjax-NAME ARGS`` for an installed console
     command, else ``python PATH ARGS``; shell-quoted. A main run in-process under another
-    program (a test sets ``sys.argv``) is named by that argv."""
+    program (a test sets ``sys.argv``) is named by that argv. Absolute paths in it are
+    made :func:`portable_path` (a results file holds no machine path)."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     started_with_m = spec is not None and sys.argv[0] == spec.origin
+    args = portable(sys.argv[1:])   # paths as the results file may name them
     if not started_with_m and os.path.basename(sys.argv[0]).startswith("dynjax-"):
-        return shlex.join([os.path.basename(sys.argv[0])] + sys.argv[1:])
-    program = ["-m", spec.name] if started_with_m else [os.path.relpath(sys.argv[0])]
-    return "python " + shlex.join(program + sys.argv[1:])
+        return shlex.join([os.path.basename(sys.argv[0])] + args)
+    program = ["-m", spec.name] if started_with_m else [portable_path(sys.argv[0])]
+    return "python " + shlex.join(program + args)
 
 
 def publish_json(result, out=None, indent: int = 1) -> None:

@@ -63,7 +63,7 @@ def main():
               f"{plan['flops_all_experts']:.3g} all experts; "
               f"{plan['minutes_at_4e14']['active']:.1f} min / "
               f"{plan['minutes_at_4e14']['all_experts']:.1f} min at 4e14 FLOP/s")
-    jsonio.write_json_atomic(args.out, {"command": jsonio.command_line(), "settings": {
+    jsonio.write_json_atomic(args.out, {**jsonio.stamp(), "settings": {
         "calibration": n_calib, "evaluation": n_eval, "seq_len": T,
         "reassignments": settings.reassignments, "conditions": list(settings.conditions),
         "dtype": "bfloat16", "assumed_flops_per_second": RATE}, "models": rows})

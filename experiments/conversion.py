@@ -43,7 +43,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dynjax.jsonio import command_line, write_json_atomic, write_text_atomic  # noqa: E402
+from dynjax.figures import save, styled  # noqa: E402
+from dynjax.jsonio import stamp, write_json_atomic, write_text_atomic  # noqa: E402
 
 KINDS = {"dense": "configs/mod_tiny.py:dense", "mod": "configs/mod_tiny.py:mod",
          "moe": "configs/moe_tiny.py:moe"}
@@ -183,12 +184,13 @@ def headline(test: dict) -> float:
     return test["bpb"]
 
 
-def figure(result: dict, out: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+@styled
+def plot(result: dict):
+    """Test bits/byte against total training FLOPs, one line per way of getting there."""
+    from matplotlib.figure import Figure
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = fig.subplots()
     groups = {"dense": ["dense", "dense_on_mod_5", "dense_on_mod_10"],
               "dense (MoE budget)": ["dense", "dense_on_moe_5", "dense_on_moe_10"],
               "MoD converted": ["mod_conv_5", "mod_conv_10"], "MoD from scratch": ["mod_scratch"],
@@ -203,10 +205,8 @@ def figure(result: dict, out: Path) -> None:
     ax.set_xlabel("total training FLOPs (TFLOP, compiled train steps)")
     ax.set_ylabel("test bits/byte (causal headline route)")
     ax.set_title(f"dense -> MoD / MoE at the tiny size, seeds {result['seeds']}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    for ext in ("png", "svg"):
-        fig.savefig(out / f"bpb_vs_flops.{ext}", dpi=120)
+    ax.legend()
+    return fig
 
 
 def table(result: dict) -> str:
@@ -308,7 +308,7 @@ def main():
     budget_ref = {"mod_conv_5": "dense_on_mod_5", "mod_conv_10": "dense_on_mod_10",
                   "mod_scratch": "dense_on_mod_10", "moe_up_5": "dense_on_moe_5",
                   "moe_up_10": "dense_on_moe_10", "moe_scratch": "dense_on_moe_10"}
-    result = {"command": command_line(), "dense_steps": args.dense_steps, "seeds": seeds,
+    result = {**stamp(), "dense_steps": args.dense_steps, "seeds": seeds,
               "cont_lr": args.cont_lr, "train_step_flops": flops,
               "flops_counted": "XLA cost analysis of the compiled train step, unrolled layers",
               "router_ablation_before_training": router_ablation(runs, seeds[0]),
@@ -337,7 +337,7 @@ def main():
     text = table(result) + (f"\nNot finished when tabulated: {', '.join(unfinished)}.\n"
                             if unfinished else "")
     write_text_atomic(out / "table.md", f"Command: `{result['command']}`\n\n" + text)
-    figure(result, out)
+    save(plot(result), out / "bpb_vs_flops.png")
     print(text)
 
 

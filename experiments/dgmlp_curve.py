@@ -20,7 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dynjax.jsonio import atomic_write, write_json_atomic, write_text_atomic
+from dynjax.figures import save, styled  # noqa: E402
+from dynjax.jsonio import write_json_atomic, write_text_atomic
 
 CONFIGS = {"mnist": "configs/dgmlp_mnist.py", "fashion_mnist": "configs/dgmlp_fashion.py",
            "pbmc68k": "configs/dgmlp_pbmc.py"}
@@ -92,13 +93,13 @@ def table(points, dataset: str) -> str:
     return "\n".join(rows) + "\n"
 
 
-def plot(points, dataset: str, path: Path) -> None:
-    import matplotlib
+@styled
+def plot(points, dataset: str):
+    """Test accuracy against RelMAC (log), every method, the dense model's 95% CI a band."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.0, 3.8))
+    fig = Figure(figsize=(7.6, 3.9), layout="constrained")
+    ax = fig.subplots()
     for p in (p for p in points if p["method"] == "dense"):  # what test-set noise allows
         lo, hi = accuracy_ci(p["accuracy"], p["examples"])
         ax.axhspan(100 * lo, 100 * hi, color="0.9", zorder=0, label="dense, 95% CI")
@@ -109,7 +110,7 @@ def plot(points, dataset: str, path: Path) -> None:
         if method == "dgate":
             for p in pts:
                 ax.annotate(f"{p['lambda_g']:g}", (p["relmac"], 100 * p["accuracy"]),
-                            textcoords="offset points", xytext=(3, 4), fontsize=7)
+                            textcoords="offset points", xytext=(3, 4), fontsize=8)
     for method, marker in (("dense", "k*"), ("dropout", "D"), ("moe", "^"), ("rigl", "v"),
                            ("dgate_rigl", "P")):
         for p in (p for p in points if p["method"] == method):
@@ -118,13 +119,10 @@ def plot(points, dataset: str, path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("RelMAC (MACs executed / dense MACs; log scale)")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title(f"{dataset}: accuracy vs compute (labels: λ_g)", fontsize=10)
+    ax.set_title(f"{dataset}: accuracy vs compute (labels: λ_g)")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    atomic_write(path, lambda f: fig.savefig(f, dpi=150, format="png"))
-    atomic_write(path.with_suffix(".svg"), lambda f: fig.savefig(f, format="svg"))  # vector twin
-    plt.close(fig)
+    fig.legend(loc="outside right upper")
+    return fig
 
 
 def main(argv=None):
@@ -158,7 +156,7 @@ def main(argv=None):
     write_json_atomic(out.with_suffix(".json"), dict(dataset=args.dataset, points=points),
                       sort_keys=False)
     write_text_atomic(out.with_suffix(".md"), md)
-    plot(points, args.dataset, out.with_suffix(".png"))
+    save(plot(points, args.dataset), out.with_suffix(".png"), dpi=150)
     print(md)
     print(f"wrote {out}.png, .json, .md")
 

@@ -57,6 +57,9 @@ import shlex
 import sys
 import time
 
+from dynjax.figures import fit, save, styled  # noqa: E402
+from dynjax.jsonio import portable, versions  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 SEEDS = (0, 1, 2)
@@ -567,76 +570,108 @@ def ratios(rows) -> list:
     return out
 
 
+# each condition its colour and its marker (legible in grey print); sizes by fill and line
+CONDITION_STYLE = dict(zip(CONDITIONS, zip(("C0", "C1", "C2", "C3", "C4", "C5"),
+                                           ("o", "s", "^", "D", "v", "P"))))
+SIZE_STYLE = {"tiny": dict(linestyle="-", filled=True), "large": dict(linestyle="--",
+                                                                       filled=False)}
+
+
+def _interval(values, key_lo="ci_low", key_hi="ci_high", scale=1.0):
+    """(estimates, lower and upper error lengths) of ``values`` (rows with an estimate and
+    CI ends; a missing end draws no whisker)."""
+    est = [scale * v["estimate"] if v.get("estimate") is not None else float("nan")
+           for v in values]
+    lo = [e - scale * v[key_lo] if v.get(key_lo) is not None else 0.0
+          for e, v in zip(est, values)]
+    hi = [scale * v[key_hi] - e if v.get(key_hi) is not None else 0.0
+          for e, v in zip(est, values)]
+    return est, lo, hi
+
+
+def _tokens_axis(ax, tokens) -> None:
+    ax.set_xscale("log")
+    ax.set_xticks(sorted(set(tokens)), [f"{t / 1e6:.1f}M" for t in sorted(set(tokens))])
+    ax.minorticks_off()
+    ax.set_xlabel("training tokens")
+    fit(ax, "x", tokens, margin=0.08)
+
+
+@styled
 def plot_family(data: dict, variant: str):
-    """ΔNLL of each condition (log scale) and static retention against training tokens,
-    one line per size (markers), the paper's values as dotted reference lines."""
+    """ΔNLL of each condition (symlog) and static retention against training tokens: a
+    condition is a colour and a marker, a size a fill and a line style, the paper's values
+    dotted lines ending in the condition's hollow marker; one legend below both panels."""
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
     from dynjax.audit.report import dnll_axis
-    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    fig = Figure(figsize=(12, 5.6), layout="constrained")
     ax, ax_r = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     paper = data["paper"][variant]
-    colors = dict(zip(CONDITIONS, ("C0", "C1", "C2", "C3", "C4", "C5")))
-    markers = {"tiny": "o", "large": "s"}
     rows = [r for r in data["rows"] if r["variant"] == variant and r["audit"]]
+    partial = [r for r in data["rows"] if r["variant"] == variant and not r["audit"]
+               and r.get("seed_audits")]
+    dnll_axis(ax, "y", "ΔNLL vs Correct (nats/token, 95% CI)")
     if not rows:
         ax.text(0.5, 0.5, "no audited row yet", transform=ax.transAxes, ha="center")
-    for size, marker in markers.items():
+    ys, rets, tokens = [], [], [r["tokens"] for r in rows + partial]
+    for size, st in SIZE_STYLE.items():
         pts = sorted((r for r in rows if r["size"] == size), key=lambda r: r["tokens"])
         if not pts:
             continue
         x = [r["tokens"] for r in pts]
-        for c in CONDITIONS:
+        for c, (color, marker) in CONDITION_STYLE.items():
             cs = [r["audit"]["conditions"].get(c) or {} for r in pts]
-            y = [v.get("estimate") for v in cs]
-            if all(v is None for v in y):
+            if all(v.get("estimate") is None for v in cs):
                 continue
-            # the audit's ΔNLL scale (symlog): a non-positive estimate is drawn where it is
-            ys = [v if v is not None else float("nan") for v in y]
-            lo = [ys[i] - (v["ci_low"] if v.get("ci_low") is not None else ys[i])
-                  for i, v in enumerate(cs)]
-            hi = [(v["ci_high"] if v.get("ci_high") is not None else ys[i]) - ys[i]
-                  for i, v in enumerate(cs)]
-            # cross+shuffle lies within 2% of token shuffle: dashed and hollow, so both show
-            both = c == "cross_shuffle"
-            ax.errorbar(x, ys, yerr=[lo, hi], marker=marker, color=colors[c], capsize=3,
-                        linestyle="--" if both else "-", mfc="none" if both else colors[c],
-                        label=f"{c.replace('_', ' ')} ({size})")
-        ret = [r["audit"]["retention"] for r in pts]
-        ax_r.errorbar(x, [100 * v["estimate"] for v in ret], yerr=[
-            [100 * (v["estimate"] - (v["ci_low"] if v["ci_low"] is not None else v["estimate"]))
-             for v in ret],
-            [100 * ((v["ci_high"] if v["ci_high"] is not None else v["estimate"]) - v["estimate"])
-             for v in ret]], marker=marker, color="k", capsize=3, label=size)
-    # a row not yet complete: each audited seed alone, hollow and unconnected
-    for r in data["rows"]:
-        if r["variant"] != variant or r["audit"] or not r.get("seed_audits"):
-            continue
-        marker = markers[r["size"]]
+            y, lo, hi = _interval(cs)
+            ys += [y, [a - b for a, b in zip(y, lo)], [a + b for a, b in zip(y, hi)]]
+            ax.errorbar(x, y, yerr=[lo, hi], marker=marker, color=color, capsize=3,
+                        linestyle=st["linestyle"], mfc=color if st["filled"] else "white")
+        y, lo, hi = _interval([r["audit"]["retention"] for r in pts], scale=100)
+        rets += [y, [a - b for a, b in zip(y, lo)], [a + b for a, b in zip(y, hi)]]
+        ax_r.errorbar(x, y, yerr=[lo, hi], marker="o", color="k", capsize=3,
+                      linestyle=st["linestyle"], mfc="k" if st["filled"] else "white")
+    for r in partial:   # a row not yet complete: each audited seed alone, unconnected
         for a in r["seed_audits"].values():
-            for c in CONDITIONS:
-                if (a["conditions"].get(c) or {}).get("estimate") is not None:
-                    ax.plot(r["tokens"], a["conditions"][c]["estimate"], marker=marker,
-                            mfc="none", color=colors[c], linestyle="none")
-            ax_r.plot(r["tokens"], 100 * a["retention"]["estimate"], marker=marker,
-                      mfc="none", color="k", linestyle="none")
-        label = f"{r['size']}: {len(r['seed_audits'])} of {len(SEEDS)} seeds, one marker each"
-        ax.plot([], [], marker=marker, mfc="none", color="k", linestyle="none", label=label)
-        ax_r.plot([], [], marker=marker, mfc="none", color="k", linestyle="none", label=label)
+            for c, (color, marker) in CONDITION_STYLE.items():
+                v = (a["conditions"].get(c) or {}).get("estimate")
+                if v is not None:
+                    ys.append([v])
+                    ax.plot(r["tokens"], v, marker=marker, mfc="none", color=color,
+                            linestyle="none", alpha=0.6)
+            rets.append([100 * a["retention"]["estimate"]])
+            ax_r.plot(r["tokens"], rets[-1][0], marker="o", mfc="none", color="k",
+                      linestyle="none", alpha=0.6)
+    refs = ax.get_yaxis_transform()   # x in axes fractions, y in data
     for c, v in paper["conditions"].items():
-        ax.axhline(v, color=colors[c], linestyle=":", linewidth=1)
-    ax.axhline(0.002, color="grey", linestyle="--", linewidth=1,
-               label="criterion: static < 0.002")
-    ax.set(xscale="log", xlabel="training tokens",
-           title=f"{FAMILIES[variant][1]}: dotted = {paper['model']} (paper)")
-    dnll_axis(ax, "y", "ΔNLL vs Correct (nats/token)")
-    ax.legend(fontsize=6, ncol=2)
-    ax_r.axhline(100 * paper["retention"], color="k", linestyle=":",
-                 label=f"{paper['model']} (paper)")
-    ax_r.axhline(95, color="grey", linestyle="--", label="criterion: > 95%")
-    ax_r.set(xscale="log", xlabel="training tokens", ylabel="static retention (%)",
-             title="static profile's retention of the gap")
-    ax_r.legend(fontsize=7)
+        color, marker = CONDITION_STYLE[c]
+        ax.plot([0.0, 0.96], [v, v], color=color, linestyle=":", linewidth=1, transform=refs)
+        ax.plot([0.96], [v], marker=marker, color=color, mfc="white", transform=refs)
+    ax.axhline(0.002, color="grey", linestyle="-.", linewidth=1)
+    fit(ax, "y", ys, include=[*paper["conditions"].values(), 0.002, 0.0])
+    _tokens_axis(ax, tokens)
+    ax.set_title(f"{FAMILIES[variant][1]}: ΔNLL per condition")
+    ax_r.axhline(100 * paper["retention"], color="k", linestyle=":")
+    ax_r.axhline(95, color="grey", linestyle="-.")
+    fit(ax_r, "y", rets, include=[100 * paper["retention"], 95])
+    _tokens_axis(ax_r, tokens)
+    ax_r.set(ylabel="static retention (%, 95% CI)", title="static profile's retention of the gap")
+    labels = _labels(data["rows"], variant)
+    handles = [Line2D([], [], color=color, marker=marker, label=label)
+               for (color, marker), label in zip(CONDITION_STYLE.values(), labels)]
+    handles += [Line2D([], [], color="k", marker="o", linestyle=st["linestyle"],
+                       mfc="k" if st["filled"] else "white", label=f"{size} model")
+                for size, st in SIZE_STYLE.items() if any(r["size"] == size for r in rows)]
+    if partial:
+        handles.append(Line2D([], [], color="k", marker="o", mfc="none", linestyle="none",
+                              alpha=0.6, label="one seed of a row not yet complete"))
+    handles += [Line2D([], [], color="k", linestyle=":", marker="o", mfc="white",
+                       label=f"{paper['model']} (paper): dotted; on the left, its marker"),
+                Line2D([], [], color="grey", linestyle="-.",
+                       label="criteria: static ΔNLL < 0.002, retention > 95%")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=4)
     return fig
 
 
@@ -646,7 +681,7 @@ def write_report(runs: pathlib.Path, out: pathlib.Path, argv, carry: bool = True
     ``out`` holds more of are carried forward (``carry_forward``)."""
     import tempfile
 
-    from dynjax.audit.report import _move_into_place, _save_fig
+    from dynjax.audit.report import _move_into_place
     from dynjax.jsonio import write_json_atomic
 
     if not runs.is_dir():
@@ -657,16 +692,17 @@ def write_report(runs: pathlib.Path, out: pathlib.Path, argv, carry: bool = True
     if not any(r["test_bpb"] for r in data["rows"]):
         raise SystemExit(f"fca_sweep.py: error: no finished run under {runs} yet; run the "
                          "sweep first (`--plan` lists what is left)")
-    command = "python experiments/fca_sweep.py " + shlex.join(argv)
-    data = dict(data, command=command, generated=time.strftime("%Y-%m-%d %H:%M:%S"),
-                ratios=ratios(data["rows"]))
+    command = portable("python experiments/fca_sweep.py " + shlex.join(argv))
+    data = portable(dict(data, command=command, versions=versions(),
+                         generated=time.strftime("%Y-%m-%d %H:%M:%S"),
+                         ratios=ratios(data["rows"])))   # no absolute machine path
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     tmp.chmod(0o755)
     write_json_atomic(tmp / "results.json", data)
     (tmp / "table.md").write_text(render_table(data, command))
     for variant, name in (("feature_gate", "featuregate.png"), ("mudd", "mudd.png")):
-        _save_fig(plot_family(data, variant), tmp / name)
+        save(plot_family(data, variant), tmp / name)
     if out.is_dir():   # what the report does not write (README.md, archive/) stays
         import shutil
         for entry in out.iterdir():

@@ -16,11 +16,11 @@ reexec(__name__)
 import argparse
 from pathlib import Path
 
-from dynjax.audit.report import _save_fig  # noqa: E402
 from dynjax.data import text  # noqa: E402
+from dynjax.figures import save, styled  # noqa: E402
 from dynjax.measure import update_removal  # noqa: E402
 from dynjax.runs import rundir  # noqa: E402
-from dynjax.jsonio import command_line, write_json_atomic  # noqa: E402
+from dynjax.jsonio import portable_path, stamp, write_json_atomic  # noqa: E402
 
 
 def curves_of(run_dir: str, n_windows: int) -> dict:
@@ -30,26 +30,31 @@ def curves_of(run_dir: str, n_windows: int) -> dict:
     windows = text.eval_windows(splits["test"], dc.seq_len, n_windows)
     taus = update_removal.gate_quantile_taus(model, params, windows)
     out = update_removal.skipping_curves(model, params, windows, taus)
-    return {"run": run_dir, "model": f"{model.cfg.family}/{model.cfg.variant}", **out}
+    return {"run": portable_path(run_dir), "model": f"{model.cfg.family}/{model.cfg.variant}", **out}
 
 
-def plot(results: list):
+@styled
+def plot(results: list, windows: int | None = None):
+    """Test bits/byte against the fraction of updates removed, per checkpoint: thresholding
+    the gate (solid, circles) and truncating depth (dashed, squares), on a linear axis."""
     from matplotlib.figure import Figure
-    fig = Figure(figsize=(6.5, 4.2))
+    fig = Figure(figsize=(6.8, 4.4), layout="constrained")
     ax = fig.subplots()
     for i, r in enumerate(results):
         color = f"C{i}"
         th = r["threshold"]
         ax.plot([p["removed"] for p in th], [p["bpb"] for p in th], "o-", color=color,
-                label=f"{r['model']}: gate < tau removed")
+                label=f"{r['model']}: updates with gate < τ removed")
         tr = r["truncate"]
         ax.plot([p["removed"] for p in tr], [p["bpb"] for p in tr], "s--", color=color,
-                alpha=0.6, label=f"{r['model']}: first K blocks kept")
+                mfc="white", label=f"{r['model']}: only the first K blocks kept")
     ax.set_xlabel("fraction of (layer, token) updates removed")
     ax.set_ylabel("test bits/byte")
-    ax.set_yscale("log")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+    ax.set_xlim(-0.03, 1.03)
+    ax.set_title("Removing residual updates after training"
+                 + (f" ({windows} test windows)" if windows else ""))
+    ax.grid(alpha=0.3)
+    ax.legend()
     return fig
 
 
@@ -63,11 +68,11 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "skipping.json", {
-        "command": command_line(),
+        **stamp(),
         "windows": args.windows, "checkpoints": results,
         "note": "removing an update saves nothing here: a FeatureGate's gate is known only "
                 "after its block ran (its features read the block's attention)"})
-    _save_fig(plot(results), out / "skipping.png")
+    save(plot(results, args.windows), out / "skipping.png")
     for r in results:
         print(f"{r['run']} ({r['model']}): plain {r['plain_bpb']:.4f} bits/byte")
         print("  gate < tau removed: " + ", ".join(

@@ -39,7 +39,7 @@ from dynjax.measure import lm_execution, routing  # noqa: E402
 from dynjax.models import build  # noqa: E402
 from dynjax.runs import rundir  # noqa: E402
 from dynjax.train.lm import init_state, make_optimizer, make_train_step  # noqa: E402
-from dynjax.jsonio import command_line, write_json_atomic  # noqa: E402
+from dynjax.jsonio import stamp, write_json_atomic  # noqa: E402
 
 ARMS = {"dense": ("dense", {}),
         "mod": ("mod", {}),
@@ -118,7 +118,7 @@ def main():
                 r["minus_dense_per_seed"] = [m - d for m, d in
                                              zip(r["bpb"], table["dense"]["forward"]["bpb"])]
     result = {
-        "command": command_line(),
+        **stamp(),
         "train_step_flops": flops, "flops_counted": "compiled train step, unrolled layers",
         "steps": steps, "total_train_flops": {a: flops[a] * steps[a] for a in arms},
         "seeds": seeds, "test_bpb": table,

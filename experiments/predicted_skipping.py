@@ -35,7 +35,7 @@ from dynjax.measure import skip_predictors as ps  # noqa: E402
 from dynjax.measure.lm_execution import analytic_forward_flops  # noqa: E402
 from dynjax.models import build, mod  # noqa: E402
 from dynjax.models.transformer import next_token_nll  # noqa: E402
-from dynjax.jsonio import command_line, write_json_atomic  # noqa: E402
+from dynjax.jsonio import portable_path, stamp, write_json_atomic  # noqa: E402
 
 REMOVE = (0.05, 0.1, 0.25, 0.5)  # fractions of recorded gates below tau
 
@@ -68,7 +68,7 @@ def mod_arm(run_dir, windows):
     cfg = mod.decode_config(model.cfg, "predictor").replace(
                               mod_decode_slots=mod.capacity(model.cfg, T))
     arm = build(cfg)
-    return arm, params, {"run": run_dir, "slots": cfg.mod.decode_slots,
+    return arm, params, {"run": portable_path(run_dir), "slots": cfg.mod.decode_slots,
                          "bpb": bpb_of(arm, params, windows),
                          "flops": analytic_forward_flops(cfg, 1, T)["total"]}
 
@@ -157,8 +157,8 @@ def main():
     mod_point["decode_ratio"] = decode["mod"]["median_s"] / decode["plain"]["median_s"]
     mod_point["flops_ratio"] = mod_point["flops"] / dense_flops
     out = {
-        "command": command_line(),
-        "run": args.run, "test_windows": args.windows, "fit_windows": args.fit_windows,
+        **stamp(),
+        "run": portable_path(args.run), "test_windows": args.windows, "fit_windows": args.fit_windows,
         "predictor": {"hidden": hidden, "steps": args.steps, "capacity_quantile":
                       args.quantile},
         "plain": {"bpb": curves["plain_bpb"], "flops": dense_flops},

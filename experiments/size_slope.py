@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 import fca_sweep as sweep  # noqa: E402
 
-from dynjax.jsonio import command_line, publish_json  # noqa: E402
+from dynjax.jsonio import portable_path, publish_json, stamp  # noqa: E402
 
 PAPER_SIZE = {"feature_gate": 76e6, "mudd": 1.4e9}   # FeatureGate 76M, MUDDPythia-1.4B
 CONDITIONS = ("cross_input", "token_shuffle", "layer_position_mean", "static_profile")
@@ -104,7 +104,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     results = json.loads(pathlib.Path(args.results).read_text())
     params = {v: {s: parameters(v, s) for s, _ in POINTS} for v in ("feature_gate", "mudd")}
-    res = {"command": command_line(), "source": args.results, "parameters": params,
+    res = {**stamp(), "source": portable_path(args.results), "parameters": params,
            "note": __doc__.split("\n\n", 2)[2].strip(), "slopes": slopes(results, params)}
     publish_json(res, args.out, indent=2)
 

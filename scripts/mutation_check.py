@@ -679,6 +679,25 @@ MUTANTS = (
            "used = coeffs_lib.site(weights(dims, p, h), given)", "used = weights(dims, p, h)",
            ("tests/test_deepseek_v4.py::test_sites_record_and_replay_bitwise",),
            "replayed mHC pre/post/comb are the ones the layer uses"),
+    # --- figures a paper takes as they are, results without machine paths (issue 49) ---
+    Mutant("delta_nll_axis_left_to_autoscale", "dynjax/audit/report.py",   # the old order
+           '    dnll_axis(ax, "x", f"ΔNLL vs Correct (nats, {level:.0%} CI)\\nunit of inference: "\n'
+           '                       f"{results[\'unit\']}")\n'
+           '    style.dot_ci(ax, [r.get("label") or _label(n) for n, r in rows], est, lo, hi)\n'
+           '    style.fit(ax, "x", [est, lo, hi], include=[0.0])\n',
+           '    style.dot_ci(ax, [r.get("label") or _label(n) for n, r in rows], est, lo, hi)\n'
+           '    dnll_axis(ax, "x", f"ΔNLL vs Correct (nats, {level:.0%} CI)\\nunit of inference: "\n'
+           '                       f"{results[\'unit\']}")\n',
+           ("tests/test_figures.py::test_every_figure_holds_its_data_and_reads[main/delta_nll.png]",),
+           "every ΔNLL whisker lies inside the axes (symlog autoscale clipped GlobalMean's)"),
+    Mutant("audit_writes_the_absolute_run_dir", "dynjax/audit/report.py",
+           "        clean = portable(to_jsonable(results))", "        clean = to_jsonable(results)",
+           ("tests/test_results_files.py::test_an_audit_report_names_its_run_without_a_machine_path",),
+           "an audit's results.json and report.md name runs without this machine's paths"),
+    Mutant("execution_rounds_inverted", "dynjax/measure/latency.py",
+           "return [a / b for a, b in zip(", "return [b / a for a, b in zip(",
+           ("tests/test_scorecard.py::test_structured_panel_counts_open_blocks_and_both_programs",),
+           "the execution panel records each timing round's model/baseline ratio"),
 )
 
 def copy_tree(dest: pathlib.Path) -> None:

@@ -85,8 +85,8 @@ def test_order_resume_and_report(tmp_path):
     out = tmp_path / "out"
     sweep.main([f"--runs={runs}", "--report", f"--out={out}"])
     assert sorted(p.name for p in out.iterdir()) == [
-        "featuregate.png", "featuregate.svg", "mudd.png", "mudd.svg", "results.json",
-        "table.md"]
+        "featuregate.pdf", "featuregate.png", "featuregate.svg", "mudd.pdf", "mudd.png",
+        "mudd.svg", "results.json", "table.md"]
     data = json.loads((out / "results.json").read_text())
     assert data["command"].startswith("python experiments/fca_sweep.py --runs=")
     assert data["ratios"] == [{"size": "tiny", "steps": 400, "ratio": pytest.approx(
@@ -178,7 +178,7 @@ def test_report_carries_forward_rows_whose_runs_are_gone(tmp_path):
     assert by_name["tiny_feature_gate_400"]["audit"]["conditions"]["cross_input"][
         "estimate"] == 0.01
     assert by_name["tiny_feature_gate_400"]["carried"]["command"] == \
-        f"python experiments/fca_sweep.py --runs={old} --report --out={out}"
+        f"python experiments/fca_sweep.py --runs={old.name} --report --out={out.name}"
     assert by_name["tiny_mudd_400"]["test_bpb"] == {"0": 2.4}
     assert "carried" not in by_name["tiny_mudd_400"]
     assert by_name["tiny_mudd_400"]["seed_audits"]["0"]["conditions"]["cross_input"][
@@ -187,7 +187,7 @@ def test_report_carries_forward_rows_whose_runs_are_gone(tmp_path):
     assert "| tiny | feature_gate | 400 | 1,638,400 | 2.6000 | 2.6000 | 2.6000 | 2.6000 | " \
            "cpu (cpu) † |" in md
     assert "| tiny | mudd | 400 | 1,638,400 | 2.4000 | — | — | 2.4000 | cpu (cpu) |" in md
-    assert f"(`python experiments/fca_sweep.py --runs={old} --report --out={out}`)" in md
+    assert f"(`python experiments/fca_sweep.py --runs={old.name} --report --out={out.name}`)" in md
     assert md.count("†") == 3                 # two rows of the FeatureGate run, one footnote
     assert "## Seeds audited, their row not yet complete" in md
     assert "| MUDD | tiny | 400 | 0 | 2.4000 | +0.3 [+0, +0.6] |" in md

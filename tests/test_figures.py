@@ -1,14 +1,21 @@
-"""Figures a paper can use (issue 33): every plot under results/ re-rendered from its JSON
-with axis labels, a colorbar label, the model's block numbers, the run's name (not a path)
-in titles, one ΔNLL scale, a sentence for an empty panel, and no two text boxes overlapping."""
+"""Figures a paper can use (issues 33, 49): every plot under results/ re-rendered from its
+JSON (scripts/figures.py, the one regeneration command) with axis labels, a colorbar label,
+the model's block numbers, the run's name (not a path) in titles, one ΔNLL scale, a sentence
+for an empty panel, no two text boxes overlapping, every artist's data inside its axes (no
+whisker clipped at the edge), titles no smaller than tick labels, and SVG and PDF twins that
+keep text as text."""
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import pathlib
 
+import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import LineCollection, PathCollection
+from matplotlib.figure import Figure
 
 from dynjax.audit import report
 from dynjax.scorecard import report as card_report
@@ -17,6 +24,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 AUDITS = sorted(p for p in (ROOT / "results").rglob("results.json")
                 if "conditions" in json.loads(p.read_text()))
 CARDS = sorted((ROOT / "results").rglob("scorecard.json"))
+_spec = importlib.util.spec_from_file_location("figures_script", ROOT / "scripts/figures.py")
+FIGURES = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(FIGURES)
+ALL = FIGURES.figures(ROOT / "results")
 
 
 def texts(fig):
@@ -40,6 +51,90 @@ def texts(fig):
     return out
 
 
+def _inside(points, box, name, what, pad=1.5):
+    """Every finite display point of ``points`` (N, 2) lies in ``box`` (+ ``pad`` pixels)."""
+    pts = np.asarray(points, float).reshape(-1, 2)
+    pts = pts[np.isfinite(pts).all(axis=1)]
+    out = pts[(pts[:, 0] < box.x0 - pad) | (pts[:, 0] > box.x1 + pad)
+              | (pts[:, 1] < box.y0 - pad) | (pts[:, 1] > box.y1 + pad)]
+    assert out.size == 0, (f"{name}: {what} drawn outside its axes (clipped): "
+                           f"{out[:3].round(1).tolist()} not in {np.round(box.extents, 1)}")
+
+
+def assert_data_inside(fig, name):
+    """Lines, markers, error bars, scatter points, patches (bars, bands), images and texts of
+    every axes lie inside that axes: nothing is cut off by the axis limits."""
+    FigureCanvasAgg(fig).draw()
+    r = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        box = ax.get_window_extent(r)
+        for line in ax.lines:
+            xy = line.get_transform().transform(np.asarray(line.get_xydata(), float))
+            _inside(xy, box, name, f"line {line.get_label()!r}")
+            if line.get_marker() not in (None, "", "None", " ") and len(xy):
+                rad = line.get_markersize() * fig.dpi / 72 / 2
+                for dx, dy in ((rad, 0), (-rad, 0), (0, rad), (0, -rad)):
+                    _inside(xy + [dx, dy], box, name, f"marker of {line.get_label()!r}")
+        for coll in ax.collections:
+            if isinstance(coll, LineCollection):   # error-bar whiskers
+                for seg in coll.get_segments():
+                    _inside(coll.get_transform().transform(seg), box, name, "error bar")
+            elif isinstance(coll, PathCollection):
+                _inside(coll.get_offset_transform().transform(coll.get_offsets()), box, name,
+                        "scatter point")
+        for patch in ax.patches:
+            e = patch.get_window_extent(r)
+            _inside([[e.x0, e.y0], [e.x1, e.y1]], box, name, f"patch {patch.get_label()!r}")
+        for im in ax.images:
+            e = im.get_window_extent(r)
+            _inside([[e.x0, e.y0], [e.x1, e.y1]], box, name, "image")
+        for t in ax.texts:
+            if t.get_visible() and t.get_text().strip():
+                e = t.get_window_extent(r)
+                _inside([[e.x0, e.y0], [e.x1, e.y1]], box, name, f"text {t.get_text()!r}")
+
+
+def assert_titles_not_smaller_than_ticks(fig, name):
+    for ax in fig.axes:
+        if not ax.axison or not ax.get_title():
+            continue
+        ticks = [t.get_fontsize() for t in ax.get_xticklabels() + ax.get_yticklabels()]
+        assert ax.title.get_fontsize() >= max(ticks, default=0), (name, ax.get_title())
+
+
+@pytest.mark.parametrize("png,draw", ALL, ids=[str(p.relative_to(ROOT / "results"))
+                                               for p, _ in ALL])
+def test_every_figure_holds_its_data_and_reads(png, draw):
+    """Each figure scripts/figures.py draws: data inside the axes, no text overlap or text cut
+    off at the edge, titles at least as large as tick labels."""
+    fig = draw()
+    assert_data_inside(fig, png.name)
+    assert_no_overlap(fig, png.name)
+    assert_titles_not_smaller_than_ticks(fig, png.name)
+
+
+def test_the_extent_check_fails_on_a_clipped_whisker():
+    """The check is not vacuous: a whisker past the axis limit, or a point, is caught."""
+    fig = Figure()
+    ax = fig.add_subplot()
+    ax.errorbar([1.0, 2.0], [0, 1], xerr=[[0.1, 0.1], [0.1, 1.5]], fmt="o")
+    ax.set_xlim(0, 3)
+    with pytest.raises(AssertionError, match="outside its axes"):
+        assert_data_inside(fig, "clipped")
+    ax.set_xlim(0, 4)
+    assert_data_inside(fig, "fits")
+    ax.plot([5.0], [0.5], "o")
+    with pytest.raises(AssertionError, match="outside its axes"):
+        assert_data_inside(fig, "point")
+
+
+def test_regeneration_finds_every_figure_under_results():
+    """One command redraws every figure: each PNG under results/ has a data file that
+    scripts/figures.py recognises, and nothing it draws lacks a committed PNG."""
+    drawn = {p for p, _ in ALL}
+    assert drawn == set((ROOT / "results").rglob("*.png"))
+
+
 def assert_no_overlap(fig, name):
     boxes = texts(fig)
     for (a, ba), (b, bb) in itertools.combinations(boxes, 2):
@@ -53,8 +148,7 @@ def assert_no_overlap(fig, name):
 @pytest.mark.parametrize("path", AUDITS, ids=lambda p: str(p.relative_to(ROOT / "results")))
 def test_audit_figures_are_labelled_and_do_not_overlap(path):
     results = json.loads(path.read_text())
-    for name, fig in report.figures(results):
-        assert_no_overlap(fig, name)
+    for name, fig in report.figures(results):   # drawn and checked for overlap above
         ax = fig.axes[0]
         assert ax.get_xlabel() and ax.get_ylabel() or name == "delta_nll.png"
         assert "/" not in ax.get_title().split(":")[0], "a path in the title"
@@ -82,7 +176,6 @@ def test_mod_heatmap_numbers_blocks_as_the_model():
 def test_scorecard_figures_do_not_overlap_and_say_when_a_panel_is_empty(path):
     for card in json.loads(path.read_text())["cards"]:
         fig = card_report.plot(card)
-        assert_no_overlap(fig, card["run"])
         assert "/" not in fig._suptitle.get_text().split(" (")[0]
         if "dependence" in card:
             assert fig.axes[1].get_xscale() == "symlog"
@@ -93,7 +186,10 @@ def test_scorecard_figures_do_not_overlap_and_say_when_a_panel_is_empty(path):
     assert md.count("Forward measured:") == len(json.loads(path.read_text())["cards"])
 
 
-def test_every_png_under_results_has_a_vector_twin():
+def test_every_png_under_results_has_svg_and_pdf_twins_with_text_as_text():
     missing = [str(p.relative_to(ROOT)) for p in (ROOT / "results").rglob("*.png")
-               if not (p.with_suffix(".svg").exists() or p.with_suffix(".pdf").exists())]
+               for ext in (".svg", ".pdf") if not p.with_suffix(ext).exists()]
     assert missing == []
+    for png in (ROOT / "results").rglob("*.png"):
+        assert "<text" in png.with_suffix(".svg").read_text(), png   # svg.fonttype none
+        assert b"/Type3" not in png.with_suffix(".pdf").read_bytes(), png   # pdf.fonttype 42

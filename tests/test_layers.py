@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "dynjax"
 # here (package.module) sits in its own layer, not its package's: models.predicted_skip runs
 # a FeatureGate model on the decoder's KV caches, parallel.memory_plan sizes a training run,
 # runs.rundir and runs.integrity read and check the run directories that train writes.
-LAYERS = (("coeffs", "jsonio", "_alloc"), ("data",), ("errors",), ("parallel",),
+LAYERS = (("coeffs", "jsonio", "_alloc", "figures"), ("data",), ("errors",), ("parallel",),
           ("models",), ("loaders", "decoding", "models.predicted_skip"), ("measure",),
           ("runs.rundir", "runs.integrity"), ("train",),
           ("audit", "parallel.memory_plan", "runs", "configs"), ("scorecard",), ("programs",))

@@ -128,3 +128,81 @@ def test_every_benchmark_result_names_its_runtime(path):
         assert len(rt.get("why", "")) > 20, f"{path}: runtime not recorded and no reason given"
     else:
         assert {"GLIBC_TUNABLES", "XLA_FLAGS", "malloc", "cpu", "jax"} <= set(rt), path
+
+
+# An absolute path of the machine that made a file: its work, scratch or users' folders
+# (/work, /tmp, /home, /root, macOS /Users), not preceded by a word character, ":" or "/"
+# (a URL's path, "runs/x", "nats/token" pass; a docs example such as --data_dir=/data/tfds
+# or a shared /mnt/shared is an instruction, not a trace of this machine).
+MACHINE_PATH = re.compile(r"(?<![\w:/.~-])/(?:work|tmp|home|root|Users)/[^\s\"'`)]*")
+TEXT_SUFFIXES = {".json", ".md", ".txt", ".csv", ".svg", ".jsonl", ".yaml", ".toml"}
+
+
+def machine_paths(text: str) -> list[str]:
+    return MACHINE_PATH.findall(text)
+
+
+def test_no_absolute_machine_path_under_results_or_docs():
+    """Results and docs name runs relative to the working directory or by name (what
+    dynjax.jsonio.portable writes), never by the absolute path of the machine that made
+    them."""
+    found = []
+    for top in ("results", "docs"):
+        for p in sorted(pathlib.Path(ROOT, top).rglob("*")):
+            if p.is_file() and p.suffix in TEXT_SUFFIXES:
+                found += [f"{p.relative_to(ROOT)}: {m}" for m in machine_paths(p.read_text())]
+    assert found == [], "\n".join(found[:20])
+
+
+def test_the_machine_path_check_and_the_writers_agree(tmp_path, monkeypatch):
+    """The check catches what a writer used to write, lets URLs and relative paths pass, and
+    a results writer makes absolute paths portable: relative inside the working directory,
+    the name outside it."""
+    from dynjax.jsonio import portable
+
+    assert machine_paths('"run_dir": "/tmp/r2", "x": "/home/u/runs/a"') == \
+        ["/tmp/r2", "/home/u/runs/a"]
+    assert machine_paths("https://huggingface.co/work/x runs/fca/s0 nats/token") == []
+    monkeypatch.chdir(tmp_path)
+    cmd = f"audit.py --out={tmp_path}/results/a --checkpoints=/work/runs/s0,/work/runs/s1"
+    assert portable({"run_dir": "/work/runs/mod_s0", "command": cmd, "n": 1.5}) == {
+        "run_dir": "mod_s0", "command": "audit.py --out=results/a --checkpoints=s0,s1",
+        "n": 1.5}
+
+
+def test_results_writers_record_dynjax_version_and_commit():
+    """Every results JSON the programs write carries dynjax's version and the commit beside
+    jax's (``jsonio.versions``: ``git describe`` in a checkout)."""
+    import subprocess
+
+    import jax
+
+    import dynjax
+    from dynjax._alloc import runtime
+    from dynjax.jsonio import stamp, versions
+
+    v = versions()
+    described = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+    assert v == {"dynjax": dynjax.__version__, "commit": described or "unknown",
+                 "jax": jax.__version__}
+    assert stamp()["versions"] == v and runtime()["commit"] == v["commit"]
+
+
+def test_an_audit_report_names_its_run_without_a_machine_path(tmp_path):
+    """write_report turns the absolute run_dir a target reports into a portable name, in
+    results.json and report.md alike (the title takes the run's name)."""
+    from dynjax.audit.report import write_report
+
+    row = {"estimate": 0.01, "ci_low": 0.005, "ci_high": 0.02, "p": 0.01, "p_holm": 0.02}
+    results = {"title": "t", "unit": "window", "replay": {"exact": True, "max_abs_dlogit": 0.0},
+               "conditions": {"cross_input": row},
+               "meta": {"checkpoints": [{"run_dir": "/work/runs/fca/feature_gate_s0",
+                                         "note": "read from /home/u/runs/fca/feature_gate_s0"}],
+                        "command": "python audit.py --checkpoints=/tmp/r2"}}
+    out = write_report(results, tmp_path / "audit")
+    text = (out / "results.json").read_text() + (out / "report.md").read_text()
+    assert machine_paths(text) == []
+    meta = json.loads((out / "results.json").read_text())["meta"]
+    assert meta["checkpoints"][0]["run_dir"] == "feature_gate_s0"
+    assert meta["command"] == "python audit.py --checkpoints=r2"

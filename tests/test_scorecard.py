@@ -40,6 +40,9 @@ def test_structured_panel_counts_open_blocks_and_both_programs():
         lambda p, x: structured_forward(cfg, p, x), params, x1)["flops"] / dense
     assert st["flops_ratio_compiled"] < 1 < ex["flops_ratio_compiled"]
     assert set(st["latency"]) == set(ex["latency"]) == {"forward_b1"}
+    for row in (ex["latency"]["forward_b1"], st["latency"]["forward_b1"]):
+        # each round's model/dense ratio is recorded; one round: it is the ratio of medians
+        assert row["ratio_rounds"] == [row["seconds"] / row["dense_seconds"]] == [row["ratio"]]
 
 
 def test_execution_verdict_takes_the_faster_program():

@@ -18,10 +18,11 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from dynjax import figures as style
 from dynjax.audit.interventions import REGISTRY
-from dynjax.jsonio import atomic_write, write_json_atomic, write_text_atomic
+from dynjax.jsonio import portable, write_json_atomic, write_text_atomic
 
-PLOTS = ("delta_nll.png", "coeff_heatmap.png", "depth_profile.png")   # each with an .svg twin
+PLOTS = ("delta_nll.png", "coeff_heatmap.png", "depth_profile.png")   # with .svg, .pdf twins
 
 # One ΔNLL axis for the audit, the scorecard and the FCA sweep: symmetric log, linear within
 # ±DNLL_LINTHRESH nats, so a negative or zero estimate is drawn where it is, not clipped.
@@ -231,26 +232,27 @@ def _title(results: dict, what: str) -> str:
     return f"{name}: {what}" if name else what
 
 
+@style.styled
 def plot_delta_nll(results: dict) -> Figure:
+    """Each condition's ΔNLL and its interval as a dot and whisker on the symlog axis, the
+    axis fitted to the whiskers."""
     rows = [(n, r) for n, r in results["conditions"].items() if n != "correct"]
     est = np.array([_nan(r["estimate"]) for _, r in rows])
     lo = np.array([_nan(r.get("ci_low")) for _, r in rows])
     hi = np.array([_nan(r.get("ci_high")) for _, r in rows])
-    err = np.stack([np.where(np.isfinite(lo), est - lo, 0), np.where(np.isfinite(hi), hi - est, 0)])
     fig = Figure(figsize=(8, 0.5 * len(rows) + 2.4), layout="constrained")
     ax = fig.add_subplot()
-    y = np.arange(len(rows))
-    ax.errorbar(est, y, xerr=err, fmt="o", capsize=3)
-    ax.set_yticks(y, [r.get("label") or _label(n) for n, r in rows])
-    ax.invert_yaxis()
     level = (rows[0][1].get("level") or 0.95) if rows else 0.95
     dnll_axis(ax, "x", f"ΔNLL vs Correct (nats, {level:.0%} CI)\nunit of inference: "
                        f"{results['unit']}")
+    style.dot_ci(ax, [r.get("label") or _label(n) for n, r in rows], est, lo, hi)
+    style.fit(ax, "x", [est, lo, hi], include=[0.0])
     ax.tick_params(axis="x", labelrotation=30)
-    ax.set_title(_title(results, "functional dependence"), fontsize=9)
+    ax.set_title(_title(results, "functional dependence"))
     return fig
 
 
+@style.styled
 def plot_heatmap(results: dict) -> Figure:
     """Layer x position mean of the coefficient, rows numbered as the model's blocks."""
     heat = np.asarray(results["profiles"]["heatmap"], dtype=np.float64)
@@ -263,11 +265,12 @@ def plot_heatmap(results: dict) -> Figure:
     ax.set_ylabel("block (model's numbering)")
     ax.set_yticks(np.arange(len(blocks)), [str(b) for b in blocks])
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_title(_title(results, "coefficient per block and position"), fontsize=9)
+    ax.set_title(_title(results, "coefficient per block and position"))
     fig.colorbar(im, ax=ax).set_label(f"{what}\nmean over examples", fontsize=8)
     return fig
 
 
+@style.styled
 def plot_depth_profile(results: dict) -> Figure:
     """LayerMean (the static profile per block) against GlobalMean."""
     profiles = results["profiles"]
@@ -280,8 +283,8 @@ def plot_depth_profile(results: dict) -> Figure:
     ax.axhline(float(profiles["global_mean"]), color="k", ls="--", label="GlobalMean")
     ax.set_xlabel("block (model's numbering)")
     ax.set_ylabel(coefficient_label(results).replace(" (", "\n("), fontsize=8)
-    ax.set_title(_title(results, "depth profile of the coefficient"), fontsize=9)
-    ax.legend(fontsize=8)
+    ax.set_title(_title(results, "depth profile of the coefficient"))
+    ax.legend()
     return fig
 
 
@@ -289,24 +292,23 @@ def _nan(v):
     return np.nan if v is None else float(v)
 
 
-def _save_fig(fig: Figure, path: Path) -> None:
-    """The PNG and its vector twin (``.svg`` beside it), each written atomically."""
-    path = Path(path)
-    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120))
-    atomic_write(path.with_suffix(".svg"), lambda f: fig.savefig(f, format="svg"))
+def plotters(results: dict) -> list:
+    """(file name, plotting function) of every plot ``results`` has data for."""
+    out = [("delta_nll.png", plot_delta_nll)]
+    if results.get("profiles"):
+        out += [("coeff_heatmap.png", plot_heatmap), ("depth_profile.png", plot_depth_profile)]
+    return out
 
 
 def figures(results: dict) -> list:
     """(file name, figure) of every plot ``results`` has data for."""
-    figs = [("delta_nll.png", plot_delta_nll(results))]
-    if results.get("profiles"):
-        figs += [("coeff_heatmap.png", plot_heatmap(results)),
-                 ("depth_profile.png", plot_depth_profile(results))]
-    return figs
+    return [(name, fn(results)) for name, fn in plotters(results)]
 
 
 def write_report(results: dict, out_dir, overwrite: bool = True) -> Path:
-    """Write report.md, results.json and the plots to ``out_dir`` as one atomic unit."""
+    """Write report.md, results.json and the plots to ``out_dir`` as one atomic unit, with
+    every absolute path made ``jsonio.portable`` (relative to the working directory, or a
+    name)."""
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.exists() and not overwrite:
@@ -314,12 +316,12 @@ def write_report(results: dict, out_dir, overwrite: bool = True) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         tmp.chmod(0o755)
-        clean = to_jsonable(results)
+        clean = portable(to_jsonable(results))   # no absolute machine path in a result
         write_json_atomic(tmp / "results.json", clean, indent=2, sort_keys=False,
                           allow_nan=False)
         plots = []
         for name, fig in figures(clean):
-            _save_fig(fig, tmp / name)
+            style.save(fig, tmp / name)
             plots.append(name)
         write_text_atomic(tmp / "report.md", render_markdown(clean, plots))
         _move_into_place(tmp, out)

@@ -11,6 +11,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from dynjax import jsonio
 from dynjax.audit import interventions, stats
 from dynjax.audit.settings import (LM, AuditError, Settings, Task, not_applicable_row,
                                    reassignment_keys)
@@ -180,7 +181,8 @@ def assemble_results(title: str, checkpoints: Sequence[dict], infos: Sequence[di
                   "prng_impl": str(jax.config.jax_default_prng_impl),
                   "key_data": np.asarray(jax.random.key_data(keys)),
                   "bootstrap_seed": settings.stats_seed},
-        "versions": {"jax": jax.__version__, "backend": jax.default_backend(),
+        "versions": {**jsonio.versions(), "jax": jax.__version__,
+                     "backend": jax.default_backend(),
                      "device": jax.devices()[0].device_kind},
     }
     profiles = _pooled_profiles([(c.get("profiles"), 1) for c in checkpoints])

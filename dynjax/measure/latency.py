@@ -23,8 +23,9 @@ from dynjax import decoding
 def paired_times(timers: dict, repeats: int) -> dict:
     """Seconds of each zero-argument function in ``timers`` (name -> fn), measured in
     ``repeats`` interleaved rounds after one warm-up call each: name -> {"median_s",
-    "min_s", "repeats"}. The minimum is the better estimate of a call's own cost where other
-    processes add delays (a shared CPU); the median is what a user waits, typically."""
+    "min_s", "repeats", "times_s"} (``times_s``: each round's seconds, in order). The minimum
+    is the better estimate of a call's own cost where other processes add delays (a shared
+    CPU); the median is what a user waits, typically."""
     for fn in timers.values():
         jax.block_until_ready(fn())  # warm-up (compiles)
     times = {name: [] for name in timers}
@@ -33,8 +34,15 @@ def paired_times(timers: dict, repeats: int) -> dict:
             t0 = time.perf_counter()
             jax.block_until_ready(fn())
             times[name].append(time.perf_counter() - t0)
-    return {name: {"median_s": statistics.median(t), "min_s": min(t), "repeats": len(t)}
-            for name, t in times.items()}
+    return {name: {"median_s": statistics.median(t), "min_s": min(t), "repeats": len(t),
+                   "times_s": t} for name, t in times.items()}
+
+
+def round_ratios(times: dict, name: str, baseline: str) -> list:
+    """``name``'s seconds over ``baseline``'s in each round of one ``paired_times`` run: the
+    two took turns, so a round's ratio shares that moment's load; their spread says how far
+    a median ratio is from 1 by chance."""
+    return [a / b for a, b in zip(times[name]["times_s"], times[baseline]["times_s"])]
 
 
 def paired_medians(timers: dict, repeats: int) -> dict:

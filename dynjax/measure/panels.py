@@ -53,24 +53,30 @@ def execution_panel(cfg: ModelConfig, params, windows, batches=(1, 8), repeats: 
     timers = {}
     for who, (c, p) in {"model": (cfg, params), "dense": (twin_cfg, twin_params)}.items():
         timers.update({f"{who}/{k}": f for k, f in latency.model_timers(c, p, T, batches).items()})
-    med = latency.paired_medians(timers, repeats)
+    times = latency.paired_times(timers, repeats)
+    med = {k: t["median_s"] for k, t in times.items()}
     mine = {k.split("/", 1)[1]: v for k, v in med.items() if k.startswith("model/")}
     rate = latency.rates(mine, T)
     for name, s in mine.items():
         out["latency"][name] = {"seconds": s, "dense_seconds": med[f"dense/{name}"],
-                                "ratio": s / med[f"dense/{name}"], "tokens_per_s": rate[name]}
+                                "ratio": s / med[f"dense/{name}"], "tokens_per_s": rate[name],
+                                "ratio_rounds": latency.round_ratios(
+                                    times, f"model/{name}", f"dense/{name}")}
     return out
 
 
-def _latency_rows(med: dict, program: str, baseline: str, batches, per_call) -> dict:
-    """``forward_b{b}`` rows of ``program`` against ``baseline`` from paired medians keyed
-    ``{who}/forward_b{b}``; ``per_call(b)`` is (items per call, what an item is)."""
+def _latency_rows(times: dict, program: str, baseline: str, batches, per_call) -> dict:
+    """``forward_b{b}`` rows of ``program`` against ``baseline`` from ``paired_times`` keyed
+    ``{who}/forward_b{b}`` (medians, and each round's ratio); ``per_call(b)`` is (items per
+    call, what an item is)."""
     rows = {}
     for b in batches:
-        s, base = med[f"{program}/forward_b{b}"], med[f"{baseline}/forward_b{b}"]
+        name, ref = f"{program}/forward_b{b}", f"{baseline}/forward_b{b}"
+        s, base = times[name]["median_s"], times[ref]["median_s"]
         n, item = per_call(b)
         rows[f"forward_b{b}"] = {"seconds": s, "dense_seconds": base, "ratio": s / base,
-                                 f"{item}_per_s": n / s}
+                                 f"{item}_per_s": n / s,
+                                 "ratio_rounds": latency.round_ratios(times, name, ref)}
     return rows
 
 
@@ -84,13 +90,13 @@ def classifier_execution_panel(model, params, x, settings: dict, batches=(1, 8),
     units = mlp_execution.open_units(model, params, jnp.asarray(x), settings)
     analytic = mlp_execution.analytic_flops(cfg, units)
     compiled = mlp_execution.compiled_flops(cfg, params, settings)
-    med = latency.paired_medians(mlp_execution.timers(cfg, params, x, settings, batches),
+    times = latency.paired_times(mlp_execution.timers(cfg, params, x, settings, batches),
                                  repeats)
 
     def program(name):
         return {"flops_ratio_compiled": compiled[name] / compiled["dense"],
                 "flops_ratio_analytic": analytic[name] / analytic["dense"],
-                "latency": _latency_rows(med, name, "dense", batches, lambda b: (b, "examples"))}
+                "latency": _latency_rows(times, name, "dense", batches, lambda b: (b, "examples"))}
     out = {"kind": "units", **program("model"), "relmac": units["relmac"],
            "open_units_per_example": units["open_units_per_example"], "units": units["units"],
            "executed_fraction": units["executed_fraction"],
@@ -118,7 +124,7 @@ def muddpythia_execution_panel(cfg, params, windows, batches=(1, 8), repeats: in
         for b in batches:
             tokens = jnp.asarray(windows[:b])
             timers[f"{name}/forward_b{b}"] = lambda f=jitted, t=tokens: f(params, t)
-    med = latency.paired_medians(timers, repeats)
+    times = latency.paired_times(timers, repeats)
     return {"kind": "mixing", "executed_blocks_per_token": float(cfg.n_layer),
             "n_layers": cfg.n_layer, "executed_fraction": 1.0,
             "flops_ratio_compiled": compiled["model"] / compiled["static"],
@@ -127,7 +133,7 @@ def muddpythia_execution_panel(cfg, params, windows, batches=(1, 8), repeats: in
             "compiled_flops": compiled,
             "dense_twin": "the same weights with static mixing (dense_bs only, no DA MLP)",
             "baseline": "static mixing",
-            "latency": _latency_rows(med, "model", "static", batches,
+            "latency": _latency_rows(times, "model", "static", batches,
                                      lambda b: (b * T, "tokens")),
             "load_average": latency.load_average()}
 
@@ -217,11 +223,11 @@ def moe_execution_panel(cfg, params, windows, batches=(1, 8), repeats: int = 5) 
         for b in batches:
             tokens = jnp.asarray(windows[:b])
             timers[f"{who}/forward_b{b}"] = lambda f=f, p=p, t=tokens: f(p, t)
-    med = latency.paired_medians(timers, repeats)
-    rows = _latency_rows(med, "model", "dense", batches, lambda b: (b * T, "tokens"))
+    times = latency.paired_times(timers, repeats)
+    rows = _latency_rows(times, "model", "dense", batches, lambda b: (b * T, "tokens"))
     for b in batches:
         rows[f"forward_b{b}"]["model_flops_per_s"] = b * analytic["model"] / \
-            med[f"model/forward_b{b}"]
+            times[f"model/forward_b{b}"]["median_s"]
     flops_ratio = analytic["model"] / analytic["dense"]
     return {"kind": "experts", "n_layers": cfg.n_layers, "moe_layers": list(cfg.moe_layers),
             "num_experts": cfg.num_experts, "top_k": cfg.top_k,

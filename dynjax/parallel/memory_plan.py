@@ -165,7 +165,7 @@ def main(argv):
     from absl import flags, logging
 
     from dynjax import errors
-    from dynjax.jsonio import check_writable, command_line, write_json_atomic
+    from dynjax.jsonio import check_writable, stamp, write_json_atomic
 
     del argv
     logging.set_verbosity(logging.WARNING)  # no "Unable to initialize backend" notes
@@ -184,7 +184,7 @@ def main(argv):
     result["fits"] = fits(result["total"], memory)
     result["fits_no_remat"] = fits(result["total_no_remat"], memory)
     result["fits_remat"] = fits(result["total_remat"], memory)
-    result["command"] = command_line()
+    result.update(stamp())
     print(describe(result, memory))
     if f.out:
         pathlib.Path(f.out).absolute().parent.mkdir(parents=True, exist_ok=True)
