@@ -44,7 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dynjax.figures import save, styled  # noqa: E402
-from dynjax.jsonio import stamp, write_json_atomic, write_text_atomic  # noqa: E402
+from dynjax.jsonio import portable, stamp, write_json_atomic, write_text_atomic  # noqa: E402
 
 KINDS = {"dense": "configs/mod_tiny.py:dense", "mod": "configs/mod_tiny.py:mod",
          "moe": "configs/moe_tiny.py:moe"}
@@ -333,7 +333,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     if args.analyse:
         result["analysis"] = analyse(runs, out, seeds)
-    write_json_atomic(out / "conversion.json", result)
+    write_json_atomic(out / "conversion.json", portable(result))
     text = table(result) + (f"\nNot finished when tabulated: {', '.join(unfinished)}.\n"
                             if unfinished else "")
     write_text_atomic(out / "table.md", f"Command: `{result['command']}`\n\n" + text)

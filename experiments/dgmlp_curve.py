@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from dynjax.figures import save, styled  # noqa: E402
-from dynjax.jsonio import write_json_atomic, write_text_atomic
+from dynjax.jsonio import stamp, write_json_atomic, write_text_atomic
 
 CONFIGS = {"mnist": "configs/dgmlp_mnist.py", "fashion_mnist": "configs/dgmlp_fashion.py",
            "pbmc68k": "configs/dgmlp_pbmc.py"}
@@ -153,8 +153,8 @@ def main(argv=None):
     points = collect(runs_dir, runs)
     out.parent.mkdir(parents=True, exist_ok=True)
     md = table(points, args.dataset)
-    write_json_atomic(out.with_suffix(".json"), dict(dataset=args.dataset, points=points),
-                      sort_keys=False)
+    write_json_atomic(out.with_suffix(".json"),
+                      dict(**stamp(), dataset=args.dataset, points=points), sort_keys=False)
     write_text_atomic(out.with_suffix(".md"), md)
     save(plot(points, args.dataset), out.with_suffix(".png"), dpi=150)
     print(md)

@@ -183,7 +183,7 @@ def main():
                   f"{c['active_params'] / 1e9:6.2f}B active, {row['bf16_GiB']:7.1f} GiB bf16, "
                   f"{row['shipped_GiB']:7.1f} GiB as shipped ({quant})", flush=True)
     jsonio.write_json_atomic(args.out, {
-        "command": jsonio.command_line(),
+        **jsonio.stamp(),
         "transformers": getattr(transformers, "__version__", None),
         "gpu_memory_GiB": {k: v / GIB for k, v in GPUS.items()}, "models": rows})
 

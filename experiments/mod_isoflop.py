@@ -39,7 +39,7 @@ from dynjax.measure import lm_execution, routing  # noqa: E402
 from dynjax.models import build  # noqa: E402
 from dynjax.runs import rundir  # noqa: E402
 from dynjax.train.lm import init_state, make_optimizer, make_train_step  # noqa: E402
-from dynjax.jsonio import stamp, write_json_atomic  # noqa: E402
+from dynjax.jsonio import portable, stamp, write_json_atomic  # noqa: E402
 
 ARMS = {"dense": ("dense", {}),
         "mod": ("mod", {}),
@@ -127,7 +127,7 @@ def main():
                              for a in arms if a != "dense"},
         "routing": {a: [routing_of(runs / f"{a}_s{s}", args.routing_windows) for s in seeds]
                     for a in arms if a != "dense"}}
-    write_json_atomic(Path(args.out), result)
+    write_json_atomic(Path(args.out), portable(result))
     print("train-step FLOPs relative to dense: "
           + ", ".join(f"{a} {flops[a] / flops['dense']:.3f} ({steps[a]} steps)" for a in arms))
     print("\n| arm | routing | causal | test bits/byte per seed | mean | minus dense |")

@@ -13,7 +13,7 @@ import json
 from dynjax.data import text
 from dynjax.measure import routing
 from dynjax.runs import rundir
-from dynjax.jsonio import write_json_atomic
+from dynjax.jsonio import portable_path, stamp, write_json_atomic
 
 
 def main():
@@ -28,7 +28,7 @@ def main():
     dc = config.data
     splits = text.load_splits(dc.source, dc.get("path"), dc.get("tfds_name"), dc.get("data_dir"))
     windows = text.eval_windows(splits["test"], dc.seq_len, args.windows)
-    report = {"run": args.run_dir, "windows": len(windows),
+    report = {**stamp(), "run": portable_path(args.run_dir), "windows": len(windows),
               **routing.routing_report(model, params, windows)}
     print(json.dumps(report, indent=1))
     if args.out:

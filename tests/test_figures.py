@@ -193,3 +193,21 @@ def test_every_png_under_results_has_svg_and_pdf_twins_with_text_as_text():
     for png in (ROOT / "results").rglob("*.png"):
         assert "<text" in png.with_suffix(".svg").read_text(), png   # svg.fonttype none
         assert b"/Type3" not in png.with_suffix(".pdf").read_bytes(), png   # pdf.fonttype 42
+
+
+def test_execution_panel_draws_each_ratio_with_its_spread_over_rounds():
+    """A card whose latency rows record their rounds' ratios gets a whisker over each row's
+    range, inside the axes, on a log axis with the band around 1."""
+    card = json.loads((ROOT / "results/scorecard/scorecard.json").read_text())["cards"][0]
+    spans = {}
+    for name, row in card["execution"]["latency"].items():
+        row["ratio_rounds"] = [row["ratio"] * 0.8, row["ratio"], row["ratio"] * 1.3]
+        spans[name] = (row["ratio"] * 0.8, row["ratio"] * 1.3)
+    fig = card_report.plot(card)
+    assert_data_inside(fig, "rounds")
+    ax = fig.axes[2]
+    assert ax.get_xscale() == "log" and "range over rounds" in ax.get_xlabel()
+    drawn = sorted(tuple(sorted(seg[:, 0])) for c in ax.collections
+                   if isinstance(c, LineCollection) for seg in c.get_segments()
+                   if seg[0, 0] != seg[1, 0])
+    np.testing.assert_allclose(drawn, sorted(spans.values()), rtol=1e-12)
