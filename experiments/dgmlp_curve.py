@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dynjax.figures import save, styled  # noqa: E402
+from dynjax.figures import plain_log_ticks, save, styled  # noqa: E402
 from dynjax.jsonio import stamp, write_json_atomic, write_text_atomic
 
 CONFIGS = {"mnist": "configs/dgmlp_mnist.py", "fashion_mnist": "configs/dgmlp_fashion.py",
@@ -117,6 +117,7 @@ def plot(points, dataset: str):
             ax.plot([p["relmac"]], [100 * p["accuracy"]], marker, label=LABELS[method], ms=7,
                     zorder=5 if method == "dense" else 3)
     ax.set_xscale("log")
+    plain_log_ticks(ax, "x")   # 0.1, 0.2, 0.5, 1 rather than 10^-1
     ax.set_xlabel("RelMAC (MACs executed / dense MACs; log scale)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(f"{dataset}: accuracy vs compute (labels: λ_g)")
