@@ -5,6 +5,9 @@ installed, the same program is the ``dynjax-train`` command.
 """
 from dynjax._alloc import reexec  # the allocator setting, before JAX starts: dynjax/_alloc.py
 reexec(__name__)
+if __name__ == "__main__":   # signals handled from the start, before JAX is imported
+    from dynjax.train import preempt
+    preempt.from_the_start()
 from dynjax.programs import train  # noqa: E402
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import sys
 
 from dynjax.data.text import DataError
@@ -92,15 +93,33 @@ def exit_with_error(prog: str, message) -> None:
     os._exit(EXIT_USAGE)
 
 
-def run_program(prog: str, fn, errors: tuple = (), os_hint: str = ""):
-    """``fn()``; a user error (:data:`USER_ERRORS` or ``errors``) or a filesystem error
-    (``OSError``, followed by ``os_hint``) exits via :func:`exit_with_error`."""
+def missing_package(e: ImportError) -> str | None:
+    """A remote path's missing filesystem package (etils/fsspec: "Please install gcsfs to
+    access Google Storage") as one line naming what to install; None for any other
+    ImportError (a bug: it keeps its traceback)."""
+    m = re.search(r"[Ii]nstall ([A-Za-z][A-Za-z0-9_.-]*) to access", str(e))
+    if not m:
+        return None
+    return (f"{e}: a gs:// (or other remote) path needs the {m.group(1)} package; "
+            f"pip install {m.group(1)} (and its credentials), or use a local path")
+
+
+def run_program(prog: str, fn, errors: tuple = (), os_hint=""):
+    """``fn()``; a user error (:data:`USER_ERRORS` or ``errors``), a filesystem error
+    (``OSError``, followed by ``os_hint``: a string, or a function of nothing that returns
+    it when the error happens) or a remote path's missing package exits via
+    :func:`exit_with_error`."""
     try:
         return fn()
     except (*USER_ERRORS, *errors) as e:
         exit_with_error(prog, e)
     except OSError as e:
-        exit_with_error(prog, describe_os_error(e, os_hint))
+        exit_with_error(prog, describe_os_error(e, os_hint() if callable(os_hint) else os_hint))
+    except ImportError as e:
+        line = missing_package(e)
+        if line is None:
+            raise
+        exit_with_error(prog, line)
 
 
 def flags_parser(prog: str):

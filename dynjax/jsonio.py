@@ -67,6 +67,9 @@ def atomic_write(path, write: Callable) -> None:
             os.fchmod(f.fileno(), 0o644)
             write(f)
         os.replace(tmp, path)
+    except OSError as e:   # named by the file meant, not the temp file
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror, str(path)) from None
     except BaseException:
         pathlib.Path(tmp).unlink(missing_ok=True)
         raise

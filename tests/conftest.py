@@ -40,6 +40,16 @@ def make_config():
     return tiny_config
 
 
+@pytest.fixture(scope="session")
+def faults_base(tmp_path_factory):
+    """A finished 6-step tiny run (checkpoints 3 and 6) and its evaluation, trained once for
+    the fault suites (tests/test_faults*.py), which copy it before damaging it."""
+    from dynjax.train import loop
+
+    run = tmp_path_factory.mktemp("faults_base") / "run"
+    return run, loop.train(tiny_config(), str(run), progress=False)
+
+
 class MemoryGCS(MemoryFileSystem):
     """fsspec's in-memory filesystem under the gs:// protocol, naming paths as gcsfs does
     (``bucket/key``, the protocol stripped)."""

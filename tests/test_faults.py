@@ -59,10 +59,9 @@ def _saved(run):
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
+def base(faults_base):
     """A finished 6-step run (checkpoints 3 and 6), copied by the cases that damage one."""
-    run = tmp_path_factory.mktemp("base") / "run"
-    return run, loop.train(tiny_config(), str(run), progress=False)
+    return faults_base
 
 
 def _copy(base, tmp_path):
@@ -344,7 +343,9 @@ def test_a_full_disk_is_one_line_and_loses_nothing(tmp_path):
         line = _one_line(out.stderr, "train.py: error: ")
         assert line.startswith(f"train.py: error: cannot write {disk}/run/checkpoints: No space "
                                "left on device (saving checkpoint step ") and \
-            "(errno 28, ENOSPC)" in line and "it resumes from the newest complete" in line
+            "(errno 28, ENOSPC)" in line and line.endswith(
+            "then re-run the same command (no checkpoint was saved yet: it starts the run "
+            "from the beginning)")
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr[-3000:]
         assert rundir.steps(disk / "run") == []          # only orbax's *-tmp folder
         assert (disk / "run" / "config.json").exists()

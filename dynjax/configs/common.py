@@ -30,9 +30,10 @@ def base(variant: str) -> ml_collections.ConfigDict:
         steps=1000, batch_size=32, lr=3e-3, warmup_steps=100, min_lr_ratio=0.1,
         weight_decay=0.1, clip_norm=1.0, b1=0.9, b2=0.95,
         log_every=50, eval_every=500, ckpt_every=500, keep_checkpoints=2,
-        skip_nonfinite=False, spike_factor=3.0, allow_changes=False))
+        skip_nonfinite=False, max_skipped_in_a_row=20, spike_factor=3.0, allow_changes=False))
     # skip_nonfinite: skip (and count) a step whose loss or gradient is not finite instead
-    # of stopping; spike_factor: warn when a logged loss is this many times the running
+    # of stopping (stopped when more than max_skipped_in_a_row in a row, or every step since
+    # the last save, were skipped); clip_norm: 0 is no clipping; spike_factor: warn when a logged loss is this many times the running
     # median (0: off); allow_changes: accept changed train.* fields on resume (recorded in
     # RUN/config_history.jsonl). docs/reliability.md
     # init_from: start from another run's params, DIR or DIR:STEP (dynjax/train/convert.py:

@@ -33,7 +33,7 @@ import tarfile
 
 import numpy as np
 
-from dynjax.jsonio import read_json
+from dynjax.jsonio import atomic_write, read_json
 
 SPLITS = ("train", "validation", "test")
 FRACTIONS = (0.90, 0.05, 0.05)
@@ -216,16 +216,14 @@ def load_splits(source: str = "embedded", path: str | None = None,
 
 
 def _write_cache(cache: pathlib.Path, splits):
+    """Each file through a uniquely named temp file: runs that start together on a fresh
+    cache (a job array) each write the same bytes, and none replaces another's temp file."""
     cache.mkdir(parents=True, exist_ok=True)
     manifest = {}
     for s, arr in splits.items():
-        tmp = cache / f".{s}.bin.tmp"
-        tmp.write_bytes(arr.tobytes())
-        os.replace(tmp, cache / f"{s}.bin")
+        atomic_write(cache / f"{s}.bin", lambda f, arr=arr: f.write(arr.tobytes()))
         manifest[s] = {"bytes": int(arr.size), "sha256": hashlib.sha256(arr.tobytes()).hexdigest()}
-    tmp = cache / ".manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, cache / "manifest.json")
+    atomic_write(cache / "manifest.json", lambda f: f.write(json.dumps(manifest, indent=1).encode()))
 
 
 def _read_cache(cache: pathlib.Path, manifest):

@@ -103,6 +103,9 @@ class ModelConfig:
             raise ValueError(f"model.dtype={self.dtype!r}; use 'float32' or 'bfloat16'")
         if self.n_layers < 1:
             raise ValueError(f"model.n_layers={self.n_layers} must be at least 1")
+        if not self.rope_base > 0:   # 0 gives 0 ** 0 and 0 ** -x: NaN angles, a NaN loss
+            raise ValueError(f"model.rope_base={self.rope_base} must be positive (the rotary "
+                             "base; the usual value is 10000)")
         if self.attn_impl not in ATTN_IMPLS:
             raise ValueError(f"model.attn_impl={self.attn_impl!r}; use one of {ATTN_IMPLS}")
         if self.attn_block < 0:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 import jax
 import numpy as np
@@ -61,19 +62,41 @@ def initialize(coordinator_address=None, num_processes=None, process_id=None,
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     kwargs = {} if auto else dict(coordinator_address=coordinator_address,
                                   num_processes=num_processes, process_id=process_id)
+    where = ("the cluster's coordinator" if auto else
+             f"{num_processes} processes at {coordinator_address}")
+    print(f"waiting for {where} (timeout {timeout_s} s)", file=sys.stderr, flush=True)
+    # JAX's own timeout aborts the process with a C++ stack after minutes of silence: ours
+    # comes first and is one line (os._exit: the runtime's threads are stuck in the wait)
+    watchdog = threading.Timer(timeout_s, _timed_out, args=(where, timeout_s))
+    watchdog.daemon = True
+    watchdog.start()
     try:
-        jax.distributed.initialize(**kwargs, initialization_timeout=timeout_s)
+        jax.distributed.initialize(**kwargs, initialization_timeout=timeout_s + GRACE_S)
     except (RuntimeError, ValueError) as e:   # jaxlib raises XlaRuntimeError (a RuntimeError)
         why = " ".join(str(e).split())[:300]
         raise ConfigError(f"jax.distributed.initialize failed ({why}); check that every "
                           "process got the same --coordinator_address and --num_processes, "
                           "distinct --process_id values, and that process 0 is reachable")
+    finally:
+        watchdog.cancel()
     if not auto and jax.process_count() != num_processes:
         raise ConfigError(f"--num_processes={num_processes} but the runtime reports "
                           f"{jax.process_count()} processes")
     if not is_main():
         quiet_others()
     return True
+
+
+GRACE_S = 30   # JAX's own timeout, after ours
+
+
+def _timed_out(where: str, timeout_s: int) -> None:
+    from dynjax.errors import exit_with_error
+
+    exit_with_error(sys.argv[0].rsplit("/", 1)[-1] or "dynjax", (
+        f"timed out after {timeout_s} s waiting for {where}: start every process (the same "
+        "--coordinator_address and --num_processes, each its own --process_id), check that "
+        "process 0's address is reachable from this host, and run again"))
 
 
 def _cpu_only() -> bool:

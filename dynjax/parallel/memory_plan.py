@@ -107,6 +107,7 @@ def plan(config, mesh_sizes: dict, rules) -> dict:
     specs = model.logical_axes(jnp.zeros((1, config.data.seq_len), jnp.int32))
     opt_specs = optax.tree_map_params(tx, lambda _, s: s, abstract["opt_state"], specs,
                                       transform_non_params=lambda _: None)
+    sharding.check_divisible(abstract["params"], specs, mesh_sizes, rules)  # never "fits"
     n_data = mesh_sizes["data"] * mesh_sizes["fsdp"]
     batch = config.train.batch_size
     if batch % n_data:

@@ -124,3 +124,25 @@ def check_batch(batch_size: int, mesh: Mesh, field: str = "train.batch_size"):
         raise ValueError(f"{field}={batch_size} is not divisible by the {n} data-parallel "
                          f"devices (mesh data x fsdp = {mesh.shape['data']} x "
                          f"{mesh.shape['fsdp']}); set {field} to a multiple of {n}")
+
+
+def check_divisible(shapes, logical_specs, mesh_sizes: dict, rules=DEFAULT_RULES,
+                    where: str = "parameter") -> None:
+    """A ValueError naming the first array of ``shapes`` whose sharded dimension the mesh
+    does not divide (JAX's IndivisibleError, raised only at the first step, as one line)."""
+    rules = [tuple(r) for r in rules]
+    flat_specs = jax.tree_util.tree_leaves(
+        logical_specs, is_leaf=lambda s: isinstance(s, P) or s is None)
+    flat = jax.tree_util.tree_flatten_with_path(shapes)[0]
+    for (path, x), spec in zip(flat, flat_specs):
+        mesh_axes = tuple(nn.logical_to_mesh_axes(spec, rules)) if spec is not None else ()
+        for dim, axes in zip(x.shape, mesh_axes):
+            axes = tuple(a for a in (axes if isinstance(axes, tuple) else (axes,)) if a)
+            n = math.prod(mesh_sizes[a] for a in axes)
+            if n > 1 and dim % n:
+                named = " x ".join(f"{a}={mesh_sizes[a]}" for a in axes)
+                raise ValueError(
+                    f"{where} {jax.tree_util.keystr(path)} has a dimension of {dim}, which "
+                    f"the mesh's {named} does not divide (its {spec} is sharded over "
+                    f"{', '.join(axes)}): choose mesh sizes that divide the model's "
+                    "dimensions, or another sharding.preset")

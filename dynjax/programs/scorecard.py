@@ -34,7 +34,7 @@ flags.mark_flag_as_required("out")
 def main(argv):
     from dynjax import scorecard
     from dynjax.audit import run as audit_run
-    from dynjax.jsonio import command_line
+    from dynjax.jsonio import check_writable, command_line
 
     logging.set_verbosity(logging.WARNING)
     runs = [(r, None) for r in argv[1:]]
@@ -48,6 +48,7 @@ def main(argv):
     out = flags.FLAGS.out
 
     def score():
+        check_writable(out, "--out")   # before any audit is computed
         cards = [scorecard.score(r, flags.FLAGS.config, f"{out}/{i}", kind=kind)
                  for i, (r, kind) in enumerate(runs)]
         scorecard.write(cards, out, command_line())

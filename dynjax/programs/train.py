@@ -14,7 +14,9 @@ figures (bits per byte, or accuracy and RelMAC); the full evaluation is in WORKD
 
 Exit status: 0 trained (or already finished); 2 one-line error (a bad config, missing
 data, no restorable checkpoint, a filesystem error, a diverged run, another writer);
-143 / 130 stopped by SIGTERM / SIGINT after saving a checkpoint (re-run to resume).
+128 + the signal (143 SIGTERM, 130 SIGINT, 129 SIGHUP, 138 SIGUSR1) stopped by it after
+saving a checkpoint (re-run to resume), after the final evaluation when it came during
+it, or at once when it came before training began.
 The configs: ``dynjax.configs`` (a checkout's configs/); docs/training.md, docs/reliability.md.
 """
 import sys
@@ -49,8 +51,7 @@ def main(argv):
     try:
         result = errors.run_program(PROG, lambda: loop.train(
             flags.FLAGS.config, flags.FLAGS.workdir, progress=flags.FLAGS.progress),
-            os_hint="then re-run the same command: it resumes from the newest complete "
-                    "checkpoint")
+            os_hint=lambda: _resume_hint(flags.FLAGS.workdir))
     except preempt.Preempted as stopped:   # SIGTERM/SIGINT: saved, then stopped
         print(f"{PROG}: {stopped}", file=sys.stderr)
         sys.exit(preempt.exit_status(stopped.signum))
@@ -58,6 +59,23 @@ def main(argv):
         print(line)
 
 
+def _resume_hint(workdir) -> str:
+    """What re-running does after a filesystem error: resume, or start (nothing saved)."""
+    from dynjax.jsonio import is_local
+    from dynjax.runs import rundir
+
+    try:
+        saved = rundir.steps(workdir) if is_local(workdir) else [1]
+    except OSError:
+        saved = []
+    return ("then re-run the same command: it resumes from the newest complete checkpoint"
+            if saved else "then re-run the same command (no checkpoint was saved yet: it "
+            "starts the run from the beginning)")
+
+
 def start(prog: str = "train.py"):
     """The program under the name it was started by (``train.py``, ``dynjax-train``)."""
+    from dynjax.train import preempt
+
+    preempt.from_the_start()   # train.py did it before importing JAX; dynjax-train here
     programs.start(sys.modules[__name__], prog)

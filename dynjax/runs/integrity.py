@@ -1,7 +1,9 @@
 """Is a checkpoint what was saved, and is it finite? Per-array digests, computed on device.
 
-At every save the trainer records, beside the checkpoint (``checkpoints/S/`` + :data:`FILE`),
-each array's digest; every restore (resume, and the audit's parameters-only read) computes
+At every save the trainer records each array's digest inside the checkpoint, in orbax's step
+metadata (``checkpoints/S/_CHECKPOINT_METADATA``, key :data:`KEY`), which orbax writes into
+the step's temporary directory before it renames it into place: a checkpoint and its digests
+are committed together, so no kill can leave one without the other. Every restore (resume, and the audit's parameters-only read) computes
 the digests of what it read and compares. A bit flipped in a checkpoint file (on disk, in a
 copy) that orbax reads without complaint is caught here.
 
@@ -12,8 +14,10 @@ so it is the same on any mesh, process count or device, and it runs where the ar
 the second. It guards against damage, not against tampering. The same pass reports whether
 every floating-point entry is finite, which is how a non-finite state is never saved.
 
-A checkpoint without the file (written before dynjax recorded digests, or cut off between
-orbax's commit and the digest write) restores unverified.
+A checkpoint without readable digests (written by a dynjax that kept them in a separate
+:data:`FILE` and was killed between orbax's commit and that write, or whose metadata file
+was damaged) cannot be verified: resume prefers an older verified checkpoint, and a restore
+of an unverified one says so (:data:`UNVERIFIED`); see dynjax/train/checkpoint.py.
 """
 from __future__ import annotations
 
@@ -24,7 +28,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-FILE = "dynjax_integrity.json"
+KEY = "dynjax_integrity"               # in orbax's step metadata (custom_metadata)
+FILE = "dynjax_integrity.json"         # where older dynjax kept it, after orbax's commit
+METADATA = "_CHECKPOINT_METADATA"      # orbax's step metadata file
+UNVERIFIED = ("it has no readable digests (a save cut off before they were recorded, or a "
+              "damaged _CHECKPOINT_METADATA), so a changed bit would go unnoticed")
 _MIX = np.uint32(2654435761)   # Knuth's multiplicative constant (odd)
 
 
@@ -70,20 +78,24 @@ def digest(tree) -> tuple[dict[str, str], list[str]]:
     return sums, bad
 
 
-def write(step_dir, sums: dict[str, str]) -> None:
-    from dynjax.jsonio import write_json_atomic
-
-    write_json_atomic(pathlib.Path(step_dir) / FILE, {"version": 1, "arrays": sums})
+def metadata(sums: dict[str, str]) -> dict:
+    """The ``custom_metadata`` of orbax's save that records ``sums`` in the checkpoint."""
+    return {KEY: {"version": 1, "arrays": sums}}
 
 
 def recorded(step_dir) -> dict[str, str] | None:
-    """The digests saved with a checkpoint, or None if it has none (or they do not parse:
-    then the checkpoint is no longer known to be whole, and restores unverified)."""
-    path = pathlib.Path(step_dir) / FILE
-    try:
-        return json.loads(path.read_text())["arrays"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    """The digests saved with a checkpoint (its step metadata, or an older dynjax's
+    :data:`FILE`), or None if it has none that parse: then it cannot be verified."""
+    step_dir = pathlib.Path(step_dir)
+    for read in (lambda: json.loads((step_dir / METADATA).read_text())["custom_metadata"][KEY],
+                 lambda: json.loads((step_dir / FILE).read_text())):
+        try:
+            arrays = read()["arrays"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(arrays, dict) and arrays:
+            return arrays
+    return None
 
 
 def check(step_dir, tree) -> str | None:

@@ -8,7 +8,8 @@ A run directory (written by ``train.py``) holds::
     metrics.jsonl    one record per logged step or evaluation
     eval.json        the final validation and test evaluation
     config_history.jsonl   train.* changes accepted on resume (train.allow_changes)
-    checkpoints/S/dynjax_integrity.json   each array's checksum (verified on restore)
+    checkpoints/S/_CHECKPOINT_METADATA    orbax's, with each array's checksum (verified on
+                                          restore; dynjax.runs.integrity)
 
 Reading parameters restores only the ``params`` subtree (orbax partial restore), so
 opening a run needs its model, not its optimizer: a RigL or pruned run opens like any
@@ -218,7 +219,15 @@ def restore_params(run_dir, abstract_params, step: int):
     except Exception as e:  # noqa: BLE001  orbax/tensorstore raise many types for bad files
         bad = why(e)
     if bad is None:
+        if integrity.recorded(path.parent) is None:
+            print(f"warning: checkpoint step {step} of run {run_dir} has no readable digests: "
+                  f"restored unverified ({integrity.UNVERIFIED})", file=sys.stderr)
         return params
+    if "not compatible with the stored shape" in bad:   # not damage: another model
+        raise CheckpointError(
+            f"checkpoint step {step} of run {run_dir} does not match config.json's model "
+            f"({bad}): config.json was changed after training; restore it from a copy (the "
+            "checkpoint is not damaged, and re-running train.py would not help)")
     raise CheckpointError(
         f"checkpoint step {step} of run {run_dir} cannot be restored ({bad}); re-run "
         f"its train.py command with --workdir={run_dir}: it moves the damaged step "
@@ -245,6 +254,9 @@ def load(run_dir, step=None, splits=None) -> Run:
     step = (saved[-1] if saved else None) if step is None else int(step)
     if step is None:
         raise FileNotFoundError(f"no checkpoint under {run_dir}/{CHECKPOINTS}; train it first")
+    if step not in saved:
+        raise CheckpointError(f"run {run_dir} has no checkpoint step {step} (saved: "
+                              f"{', '.join(map(str, saved)) or 'none'}); pass one of them")
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     x = example_input(config, model)
     abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),

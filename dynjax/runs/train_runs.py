@@ -67,9 +67,9 @@ class _TrainRun(Target):
             raise AuditError(str(e)) from None
         family, variant = rundir.family_variant(self.config)
         extra = self._extra(run.step)
-        eval_path = self.path / rundir.EVAL
-        if eval_path.exists():
-            extra["train_eval"] = json.loads(eval_path.read_text())
+        train_eval = rundir.read_eval(self.path)   # a damaged one: one line naming it
+        if train_eval is not None:
+            extra["train_eval"] = train_eval
         return {"params": run.params, "step": int(run.step), "extra": extra,
                 "info": {"step": int(run.step), "seed": int(self.config.seed),
                          "family": family, "variant": variant}}

@@ -11,7 +11,8 @@ disk (orbax's ``RESOURCE_EXHAUSTED ... os_error_code='28'``) or any filesystem e
 A checkpoint can still be damaged after it was written (a disk that filled, a copy cut
 short, a file deleted by hand, a flipped bit: its digests no longer match; or it is
 non-finite, written before this guard existed). Resuming (:func:`restore_newest`) then falls back to the
-newest checkpoint that restores and moves each newer one that does not into
+newest verified checkpoint that restores and moves each newer one that does not (or
+that has no readable digests) into
 ``RUN/unrestorable_checkpoints/`` (kept, not deleted), saying which and why; opening a run
 for the audit (:func:`dynjax.runs.rundir.load`) stops with a
 :class:`~dynjax.errors.CheckpointError` naming the run, the step and the fix.
@@ -77,9 +78,9 @@ def save(mngr: ocp.CheckpointManager, step: int, state, force=False) -> bool:
     folder = pathlib.Path(mngr.directory)
     try:
         with rundir.guarded_read():   # a failed write's I/O threads print tracebacks to fd 2
-            saved = mngr.save(step, args=ocp.args.StandardSave(state), force=True)
-            if saved and jax.process_index() == 0:
-                integrity.write(folder / str(step), sums)
+            # the digests go into the step's metadata, committed with the arrays
+            saved = mngr.save(step, args=ocp.args.StandardSave(state), force=True,
+                              custom_metadata=integrity.metadata(sums))
     except OSError:
         raise
     except Exception as e:  # noqa: BLE001  tensorstore reports a full disk as a ValueError
@@ -119,35 +120,57 @@ def try_restore(mngr: ocp.CheckpointManager, abstract_state, step: int):
 
 
 def restore_newest(mngr: ocp.CheckpointManager, abstract_state, run_dir, log=None):
-    """Restore the newest checkpoint of ``run_dir`` that restores.
+    """Restore the newest checkpoint of ``run_dir`` that restores and is verified.
 
     Each newer step that fails is moved to ``RUN/unrestorable_checkpoints/STEP`` (so the
     run continues from the older one and saves that step again) and named in a warning with
-    the reason. If no step restores, nothing is moved and a CheckpointError says why.
+    the reason; so is a newer step without readable digests (it cannot be verified: an
+    older verified one is preferred). Only when no verified step restores is an unverified
+    one restored, with a warning. If no step restores, nothing is moved and a
+    CheckpointError says why.
     """
     log = log or (lambda line: print(line, file=sys.stderr))
-    failed = []
+    folder = pathlib.Path(mngr.directory)
+    failed, unverified = [], []
     for step in sorted(mngr.all_steps(), reverse=True):
+        if integrity.recorded(folder / str(step)) is None:
+            unverified.append(step)
+            continue
         state, why = try_restore(mngr, abstract_state, step)
         if state is None:
             failed.append((step, why))
             continue
-        for bad, why in failed:
-            if jax.process_index() == 0:   # one process moves the shared directory
-                dest = _set_aside(run_dir, bad)
-                log(f"warning: checkpoint step {bad} of {run_dir} cannot be restored ({why}); "
-                    f"moved it to {dest} and resumed from step {step}, the newest that restores")
-        if failed:
-            if jax.process_count() > 1:
-                from jax.experimental import multihost_utils
-                multihost_utils.sync_global_devices("dynjax_set_aside")
-            mngr.reload()
-        return state
+        return _resumed(mngr, run_dir, state, step,
+                        failed + [(s, integrity.UNVERIFIED) for s in unverified], log)
+    for step in unverified:                    # newest first
+        state, why = try_restore(mngr, abstract_state, step)
+        if state is None:
+            failed.append((step, why))
+            continue
+        if jax.process_index() == 0:
+            log(f"warning: checkpoint step {step} of {run_dir} has no readable digests: "
+                "restored unverified (no older verified checkpoint restores)")
+        return _resumed(mngr, run_dir, state, step, [f for f in failed if f[0] > step], log)
     raise CheckpointError(
         f"no checkpoint of {run_dir} can be restored ("
-        + "; ".join(f"step {s}: {why}" for s, why in failed)
+        + "; ".join(f"step {s}: {why}" for s, why in sorted(failed, reverse=True))
         + f"); delete {pathlib.Path(run_dir) / 'checkpoints'} and {run_dir}/metrics.jsonl "
         "to train the run from the start")
+
+
+def _resumed(mngr, run_dir, state, step: int, failed, log):
+    """``state`` (restored from ``step``), after moving each newer ``failed`` step aside."""
+    for bad, why in sorted(failed, reverse=True):
+        if jax.process_index() == 0:   # one process moves the shared directory
+            dest = _set_aside(run_dir, bad)
+            log(f"warning: checkpoint step {bad} of {run_dir} cannot be restored ({why}); "
+                f"moved it to {dest} and resumed from step {step}, the newest that restores")
+    if failed:
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+            multihost_utils.sync_global_devices("dynjax_set_aside")
+        mngr.reload()
+    return state
 
 
 def _set_aside(run_dir, step: int) -> pathlib.Path:
@@ -191,16 +214,20 @@ def check_same_run(run_dir, config, keys=None) -> list[str]:
 
 def effective_train(run_dir, original: dict) -> dict:
     """The ``train`` fields the run trains with now: config.json's, or the last accepted
-    change's (``config_history.jsonl``)."""
+    change's (``config_history.jsonl``). A torn last line (a kill during the append) is
+    dropped with a warning: the change it recorded is not in force."""
     from dynjax.train.metrics import read_records
 
-    history = read_records(epath.Path(run_dir) / HISTORY)
+    history = read_records(epath.Path(run_dir) / HISTORY,
+                           warn=lambda line: print(line, file=sys.stderr))
     return history[-1]["train"] if history else original
 
 
 def record_changes(run_dir, step: int, changes: list[str], config) -> None:
     """Append accepted ``train.*`` changes (and the ``train`` fields now in force) to
-    ``RUN/config_history.jsonl``."""
+    ``RUN/config_history.jsonl``; the loop calls it once the first checkpoint under them is
+    saved, so the record never holds a change no checkpoint was trained with. ``step``: the
+    resumed step, from which the changes are in force."""
     from dynjax.train.metrics import append_line
 
     append_line(epath.Path(run_dir) / HISTORY,

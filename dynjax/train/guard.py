@@ -2,20 +2,29 @@
 its updates skipped), never saved, and a loss that explodes is said out loud.
 
 :func:`guarded_step` wraps a task's jitted train step in one more jitted program that also
-carries a small device-side record ``{"first_bad": step or -1, "skipped": count}``: a step
+carries a small device-side record ``{"first_bad": step or -1, "skipped": count, "streak":
+consecutive bad steps up to now}``: a step
 is bad when its loss or its gradient norm (hence some gradient) is not finite. Nothing
 is read back per step; the loop reads the record where it already syncs (a logged step)
 and always before a checkpoint save. With ``train.skip_nonfinite`` a bad step keeps the
 previous parameters and optimizer state (only the step counter advances, so the next batch
-is the one an uninterrupted run would read) and is counted instead.
+is the one an uninterrupted run would read) and is counted instead. Skipping is not
+training: the loop stops (one line, nothing saved) when more than
+``train.max_skipped_in_a_row`` steps in a row were skipped, or when every step since the
+last save was (the checkpoint would hold the same state, and a run that never trains must
+not end as if it had).
 
 The spike warning compares each logged loss with the median of the last
 :data:`SPIKE_WINDOW` logged losses: ``train.spike_factor`` times that median or more (and
-the median is positive) prints one warning line; 0 turns it off.
+the median is positive) prints one warning line; 0 turns it off. On resume the window is
+seeded from the losses metrics.jsonl keeps, so a spike right after a resume is seen. A loss
+:data:`CHANCE_MARGIN` times a uniform guess's (ln vocabulary, ln classes) or more is
+said once too: such a model predicts worse than chance.
 """
 from __future__ import annotations
 
 import collections
+import math
 import statistics
 
 import jax
@@ -23,13 +32,15 @@ import jax.numpy as jnp
 
 SPIKE_WINDOW = 20
 DEFAULT_SPIKE_FACTOR = 3.0
+MAX_SKIPPED_IN_A_ROW = 20   # train.max_skipped_in_a_row's default
+CHANCE_MARGIN = 1.25        # an initial loss sits near ln(vocab); this far above it is not
 
 
 def init_record(sharding=None):
     """The record before the first step. ``sharding``: where the step's output record lives
     (replicated over the task's mesh); placed there from the start, the second step's
     record has the first's type and the guarded step compiles once, not twice."""
-    record = {"first_bad": jnp.int32(-1), "skipped": jnp.int32(0)}
+    record = {"first_bad": jnp.int32(-1), "skipped": jnp.int32(0), "streak": jnp.int32(0)}
     return record if sharding is None else jax.device_put(record, sharding)
 
 
@@ -50,7 +61,8 @@ def guarded_step(step_fn, skip_nonfinite: bool, compiler_options=None):
                 lambda n, o: jnp.where(finite, n, o), keep, old)}
         first = jnp.where((record["first_bad"] < 0) & ~finite, state["step"] + 1,
                           record["first_bad"])
-        record = {"first_bad": first, "skipped": record["skipped"] + (~finite).astype(jnp.int32)}
+        record = {"first_bad": first, "skipped": record["skipped"] + (~finite).astype(jnp.int32),
+                  "streak": jnp.where(finite, 0, record["streak"] + 1)}
         return new, record, metrics
 
     return jax.jit(step, donate_argnums=(0, 1), compiler_options=compiler_options)
@@ -59,9 +71,17 @@ def guarded_step(step_fn, skip_nonfinite: bool, compiler_options=None):
 class SpikeWatch:
     """Warns when a logged loss is ``factor`` times the running median or more."""
 
-    def __init__(self, factor: float, log):
-        self.factor, self.log = factor, log
+    def __init__(self, factor: float, log, chance: float | None = None):
+        self.factor, self.log, self.chance = factor, log, chance
         self.recent = collections.deque(maxlen=SPIKE_WINDOW)
+        self.said_chance = False
+
+    def seed(self, records) -> None:
+        """The logged losses of ``records`` (metrics.jsonl's, kept on resume), oldest first."""
+        for r in records:
+            loss = r.get("loss", r.get("ce")) if "split" not in r else None
+            if isinstance(loss, (int, float)) and math.isfinite(loss):
+                self.recent.append(float(loss))
 
     def see(self, step: int, loss: float) -> None:
         if self.factor > 0 and len(self.recent) >= 3:
@@ -72,5 +92,11 @@ class SpikeWatch:
                          f"{len(self.recent)} logged steps (train.spike_factor="
                          f"{self.factor:g}); lower train.lr or raise train.warmup_steps if it "
                          "does not come back down")
+        if (self.chance and not self.said_chance and math.isfinite(loss)
+                and loss >= CHANCE_MARGIN * self.chance):
+            self.said_chance = True
+            self.log(f"warning: loss {loss:.4g} at step {step} is {loss / self.chance:.2f}x "
+                     f"a uniform guess's {self.chance:.4g}: the model predicts worse than "
+                     "chance; lower train.lr (or train.clip_norm) if it does not come down")
         if loss == loss and abs(loss) != float("inf"):
             self.recent.append(loss)

@@ -8,6 +8,8 @@ metrics and config fields come from :mod:`dynjax.train.families`.
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -81,7 +83,9 @@ class Task:
         self.abstract = abstract = jax.eval_shape(
             lambda: init_state(config, self.model, jax.random.key(0)))
         dummy = jnp.zeros((1, config.data.seq_len), jnp.int32)
-        p_shard = sharding.param_shardings(self.model.logical_axes(dummy), mesh, rules)
+        specs = self.model.logical_axes(dummy)
+        sharding.check_divisible(abstract["params"], specs, dict(mesh.shape), rules)
+        p_shard = sharding.param_shardings(specs, mesh, rules)
         rep = sharding.replicated(mesh)
         self.state_shardings = {
             "step": rep, "params": p_shard,
@@ -90,6 +94,11 @@ class Task:
         self.rows = sharding.batch_sharding(mesh)
         self.hooks = families.hooks_of(config.model.family)
         self.evaluator = Evaluator(self.model.cfg, config.eval.get("route"), mesh=mesh)
+
+    @property
+    def chance_loss(self) -> float:
+        """A uniform guess's loss (nats): above it the model predicts worse than chance."""
+        return math.log(self.model.cfg.vocab_size)
 
     def load_data(self):
         dc = self.config.data

@@ -102,6 +102,11 @@ def _train(task, config, source, run_dir, changes, stop, progress: bool, main: b
     mngr = checkpoint.manager(run_dir, tc.ckpt_every, tc.keep_checkpoints)
     state = _initial_state(task, mngr, run_dir, main, source)
     start = int(state["step"])
+    if start > tc.steps:
+        raise errors.ConfigError(
+            f"{run_dir} is at step {start}, past train.steps={tc.steps}: resume it with "
+            f"--config.train.steps={start} or more (and --config.train.allow_changes=true), "
+            "or use a new --workdir")
     finished = _finished(run_dir, start, tc.steps)
     if finished is not None:
         if main:
@@ -109,11 +114,10 @@ def _train(task, config, source, run_dir, changes, stop, progress: bool, main: b
                   "nothing to do; raise --config.train.steps (with "
                   "--config.train.allow_changes=true) to train it further")
         return finished
-    if changes and main:
-        checkpoint.record_changes(run_dir, start, changes, config)
+    if changes and main:   # recorded with the first checkpoint saved under them (_save)
         print(f"note: {run_dir} resumes at step {start} with changed train settings "
-              f"({'; '.join(changes)}), recorded in {run_dir / checkpoint.HISTORY}",
-              file=sys.stderr)
+              f"({'; '.join(changes)}), recorded in {run_dir / checkpoint.HISTORY} with the "
+              "first checkpoint saved under them", file=sys.stderr)
     n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(state["params"]))
     skip = bool(tc.get("skip_nonfinite", False))
     step_fn = guard.guarded_step(task.train_step(top_level=False), skip, _compiler_options(task))
@@ -128,7 +132,10 @@ def _train(task, config, source, run_dir, changes, stop, progress: bool, main: b
     bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, disable=not progress,
                desc=task.desc(n_params), mininterval=2)
     spikes = guard.SpikeWatch(tc.get("spike_factor", guard.DEFAULT_SPIKE_FACTOR),
-                              log=lambda line: print(line, file=sys.stderr))
+                              log=lambda line: print(line, file=sys.stderr),
+                              chance=getattr(task, "chance_loss", None))
+    spikes.seed(writer.jsonl.kept or [])   # a spike right after a resume is one too
+    saved = _Saved(start, changes if main else [])
     t_last, step_last = time.perf_counter(), start
     for step in bar:
         state, record, metrics = step_fn(state, record, *task.batch(step))
@@ -143,7 +150,7 @@ def _train(task, config, source, run_dir, changes, stop, progress: bool, main: b
         logged = done % tc.log_every == 0 or done == tc.steps
         saving = checkpoint.will_save(mngr, done, force=done == tc.steps or stopping)
         if logged or saving:   # the guard is read where the loop syncs anyway
-            skipped = _check_finite(record, skip, mngr, run_dir)
+            skipped = _check_finite(record, skip, mngr, run_dir, tc, done, saving, saved)
         if logged:
             metrics = jax.device_get(metrics)
             now = time.perf_counter()
@@ -165,6 +172,7 @@ def _train(task, config, source, run_dir, changes, stop, progress: bool, main: b
             writer.flush()    # the TensorBoard events, at log points only
         if saving:
             _save(mngr, done, state, run_dir)
+            saved.now(done, skipped, run_dir, config)
         if stopping:
             break
     mngr.wait_until_finished()
@@ -172,9 +180,11 @@ def _train(task, config, source, run_dir, changes, stop, progress: bool, main: b
     if stop.signum is not None:   # the step stopped at (or the last step) was saved above
         raise preempt.Preempted(stop.signum, int(state["step"]), run_dir)
 
+    stop.phase = preempt.FINAL   # a signal from here on: finish the evaluation, then stop
     result = {"step": int(state["step"]), "params": n_params}
     for split in ("validation", "test"):
         result[split] = task.evaluate(state, split, result["step"])
+        _check_evaluation(result, split, mngr, run_dir)
         writer.write({"step": result["step"], "split": split, **result[split]})
         line = task.describe(result[split])
         if progress and line:
@@ -183,6 +193,8 @@ def _train(task, config, source, run_dir, changes, stop, progress: bool, main: b
     task.finish(state, result)
     if main:
         write_json_atomic(run_dir / rundir.EVAL, result)
+    if stop.signum is not None:
+        raise preempt.Preempted(stop.signum, result["step"], run_dir, finished=True)
     return result
 
 
@@ -192,14 +204,52 @@ def _compiler_options(task):
     return hooks.compiler_options(jax.default_backend()) if hooks is not None else None
 
 
-def _check_finite(record, skip: bool, mngr, run_dir) -> int:
+class _Saved:
+    """The last save's step and skipped count, and the train changes not yet recorded
+    (config_history.jsonl holds a change only once a checkpoint was saved under it)."""
+
+    def __init__(self, step: int, changes: list[str]):
+        self.start = self.step = step
+        self.skipped, self.changes = 0, changes
+
+    def now(self, step: int, skipped: int, run_dir, config) -> None:
+        self.step, self.skipped = step, skipped
+        if self.changes:   # in force from the resumed step
+            checkpoint.record_changes(run_dir, self.start, self.changes, config)
+            self.changes = []
+
+
+def _check_finite(record, skip: bool, mngr, run_dir, tc, done: int, saving: bool,
+                  saved: _Saved) -> int:
     """Stop (NonFiniteError) if a step since the last check was non-finite, unless ``skip``;
-    returns the number of skipped steps."""
+    with ``skip``, stop when too many steps in a row were skipped, or (before a save) every
+    step since the last save was. Returns the number of skipped steps."""
     record = jax.device_get(record)
     bad = int(record["first_bad"])
     if bad >= 0 and not skip:
-        _diverged(f"step {bad} has a non-finite loss or gradient", mngr, run_dir)
-    return int(record["skipped"])
+        _diverged(f"step {bad} has a non-finite loss or gradient", mngr, run_dir, bad, tc)
+    skipped, streak = int(record["skipped"]), int(record["streak"])
+    limit = tc.get("max_skipped_in_a_row", guard.MAX_SKIPPED_IN_A_ROW)
+    if skip and streak > limit:
+        _diverged(f"steps {done - streak + 1}-{done} were all non-finite and skipped (more "
+                  f"than train.max_skipped_in_a_row={limit})", mngr, run_dir, bad, tc)
+    if skip and saving and skipped - saved.skipped == done - saved.step > 0:
+        _diverged(f"every step since {'the start' if saved.step == 0 else f'step {saved.step}'}"
+                  f" ({saved.step + 1}-{done}) was non-finite and skipped: nothing was trained",
+                  mngr, run_dir, bad, tc)
+    return skipped
+
+
+def _check_evaluation(result: dict, split: str, mngr, run_dir) -> None:
+    """A non-finite figure never goes into eval.json: the run stops naming it."""
+    bad = [k for k, v in result[split].items()
+           if isinstance(v, float) and not np.isfinite(v)]
+    if bad:
+        raise errors.NonFiniteError(
+            f"the final {split} evaluation of step {result['step']} is non-finite "
+            f"({split}.{bad[0]}={result[split][bad[0]]}); eval.json was not written. The "
+            f"checkpoint is finite ({run_dir}/checkpoints/{result['step']}): check eval.* "
+            "(e.g. eval.batch_size, the model's dtype), or train with a lower train.lr")
 
 
 def _save(mngr, step: int, state, run_dir) -> None:
@@ -209,10 +259,16 @@ def _save(mngr, step: int, state, run_dir) -> None:
         _diverged(f"the state after step {step} has {e}", mngr, run_dir)
 
 
-def _diverged(what: str, mngr, run_dir):
+def _diverged(what: str, mngr, run_dir, bad: int = -1, tc=None):
     last = mngr.latest_step()
     newest = (f"the newest checkpoint, step {last}, is finite" if last is not None
               else "no checkpoint was saved yet")
+    if bad == 1 and tc is not None and tc.warmup_steps > 0:
+        # step 1's learning rate is 0 under warm-up: the model or the data, not the optimizer
+        raise errors.NonFiniteError(
+            f"training diverged: {what}; nothing was saved. Step 1 is non-finite before any "
+            "update (its learning rate is 0 under warm-up): the model config or the data "
+            "give a non-finite loss; check model.* (e.g. model.rope_base, model.dtype)")
     raise errors.NonFiniteError(
         f"training diverged: {what}; nothing non-finite was saved ({newest}: "
         f"{run_dir}/checkpoints). Lower train.lr or train.clip_norm, or raise "

@@ -57,6 +57,8 @@ def append_line(path, record: dict) -> None:
     try:
         while data:
             data = data[os.write(fd, data):]
+    except OSError as e:   # os.write's error names no file (a full disk): name it
+        raise OSError(e.errno, e.strerror, os.fspath(path)) from None
     finally:
         os.close(fd)
 

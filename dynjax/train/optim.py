@@ -19,10 +19,11 @@ def learning_rate(tc, step: int) -> float:
 
 
 def make_optimizer(tc) -> optax.GradientTransformation:
-    """AdamW with linear warm-up then cosine decay, after global-norm clipping.
+    """AdamW with linear warm-up then cosine decay, after global-norm clipping
+    (``train.clip_norm``; 0 turns clipping off: a norm clipped to 0 would train nothing).
     Weight decay applies to matrices only (not norms, gates or biases)."""
     return optax.chain(
-        optax.clip_by_global_norm(tc.clip_norm),
+        optax.clip_by_global_norm(tc.clip_norm) if tc.clip_norm > 0 else optax.identity(),
         optax.adamw(schedule(tc), b1=tc.b1, b2=tc.b2, eps=tc.get("eps", 1e-8),
                     weight_decay=tc.weight_decay,
                     mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)))
@@ -44,7 +45,7 @@ def check_train_config(tc) -> None:
     if not tc.get("eps", 1e-8) > 0:
         raise ValueError(f"train.eps={tc.eps} must be positive (Adam's denominator guard)")
     if not tc.clip_norm >= 0:
-        raise ValueError(f"train.clip_norm={tc.clip_norm} must be >= 0")
+        raise ValueError(f"train.clip_norm={tc.clip_norm} must be >= 0 (0: no clipping)")
     if not tc.weight_decay >= 0:
         raise ValueError(f"train.weight_decay={tc.weight_decay} must be >= 0")
     if not 0 <= tc.min_lr_ratio <= 1:
@@ -52,6 +53,8 @@ def check_train_config(tc) -> None:
     if not 0 <= tc.warmup_steps <= tc.steps:
         raise ValueError(f"train.warmup_steps={tc.warmup_steps} must be in [0, "
                          f"train.steps={tc.steps}]")
+    if not tc.get("max_skipped_in_a_row", 0) >= 0:
+        raise ValueError(f"train.max_skipped_in_a_row={tc.max_skipped_in_a_row} must be >= 0")
     if not tc.get("spike_factor", 0) >= 0:
         raise ValueError(f"train.spike_factor={tc.spike_factor} must be >= 0 (0: no "
                          "loss-spike warning)")

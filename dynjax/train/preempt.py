@@ -1,5 +1,7 @@
-"""Preemption: SIGTERM (what Slurm, Kubernetes and TPU maintenance send) and SIGINT (Ctrl-C)
-stop a run at the next step boundary, after a checkpoint of that step, instead of killing it.
+"""Preemption: SIGTERM (what Slurm, Kubernetes and TPU maintenance send), SIGINT (Ctrl-C),
+SIGHUP (a closed terminal or ssh session) and SIGUSR1 (Slurm's ``--signal=USR1@90``
+warning) stop a run at the next step boundary, after a checkpoint of that step, instead of
+killing it.
 
 While :class:`StopOnSignal` is active the first signal only sets a flag (and says so on
 stderr); the loop reads the flag once per step (a Python bool: no device sync), saves that
@@ -16,6 +18,13 @@ wakeup file descriptor (:func:`signal.set_wakeup_fd`, written by the C-level han
 moment a signal arrives). The watcher prints the lines and makes the second signal's exit;
 the Python-level handler only sets the flag the loop reads.
 
+``train.py`` installs the handlers when it starts (:func:`from_the_start`), before it
+imports JAX: a signal before training begins (imports, compilation, restore) exits at once
+with the same status (there is nothing to save; Python's own SIGINT handler used to raise a
+KeyboardInterrupt that a JAX callback swallowed, and the run trained to the end). During
+the final evaluation a signal lets it finish (eval.json is written) and the run then exits
+with the signal's status.
+
 On many processes each one must receive the signal (Slurm and Kubernetes signal every
 task); the handlers are installed only on the main thread.
 """
@@ -26,7 +35,11 @@ import signal
 import sys
 import threading
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+# what the first signal does in each phase: TRAIN and FINAL let the loop stop (after a save;
+# after the final evaluation), any other phase exits at once (nothing to save)
+IDLE, TRAIN, FINAL = "idle", "train", "final"
+_installed = None   # the StopOnSignal from_the_start() installed, if any
 
 
 def exit_status(signum: int) -> int:
@@ -36,18 +49,21 @@ def exit_status(signum: int) -> int:
 class Preempted(Exception):
     """The run stopped on a signal after saving ``step``; re-running the command resumes."""
 
-    def __init__(self, signum: int, step: int, run_dir):
+    def __init__(self, signum: int, step: int, run_dir, finished: bool = False):
         self.signum, self.step, self.run_dir = signum, step, run_dir
-        super().__init__(f"stopped by {signal.Signals(signum).name} at step {step}: saved "
-                         f"checkpoint {step} in {run_dir}/checkpoints; re-run the same command "
-                         "to resume from it")
+        name = signal.Signals(signum).name
+        super().__init__(
+            f"stopped by {name} after the final evaluation of step {step}: the run is "
+            f"finished ({run_dir}/eval.json written)" if finished else
+            f"stopped by {name} at step {step}: saved checkpoint {step} in {run_dir}/"
+            "checkpoints; re-run the same command to resume from it")
 
 
 class StopOnSignal:
     """Context manager: ``.signum`` is the first signal received (None until then)."""
 
-    def __init__(self, log=None):
-        self.signum = None
+    def __init__(self, log=None, phase: str = TRAIN):
+        self.signum, self.phase, self.outer = None, phase, None
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         self._old = {}
         self._old_wakeup = None
@@ -67,10 +83,20 @@ class StopOnSignal:
                         continue
                     seen += 1
                     name = signal.Signals(signum).name
-                    if seen == 1:
+                    if seen == 1 and self.phase == TRAIN:
                         self.log(f"train.py: {name} received: saving a checkpoint at the end "
                                  "of this step, then stopping (send it again to exit at once)")
                         continue
+                    if seen == 1 and self.phase == FINAL:
+                        self.log(f"train.py: {name} received during the final evaluation: "
+                                 "finishing it (the last step is saved), then stopping (send "
+                                 "it again to exit at once)")
+                        continue
+                    if seen == 1:
+                        self.log(f"train.py: {name} received: exiting (not training: nothing "
+                                 "to save)")
+                        sys.stdout.flush()
+                        os._exit(exit_status(signum))
                     self.log(f"train.py: {name} again: exiting at once without saving (the "
                              "newest checkpoint on disk is complete; re-run the same command "
                              "to resume)")
@@ -80,6 +106,10 @@ class StopOnSignal:
             os.close(read_fd)
 
     def __enter__(self):
+        if _installed is not None and _installed is not self:   # train.py's, from its start
+            self.outer = _installed
+            _installed.signum, _installed.phase = None, self.phase
+            return _installed
         if threading.current_thread() is not threading.main_thread():
             return self
         read_fd, self._write_fd = os.pipe()
@@ -92,6 +122,9 @@ class StopOnSignal:
         return self
 
     def __exit__(self, *exc):
+        if self.outer is not None:
+            self.outer.phase, self.outer = IDLE, None
+            return False
         for s, old in self._old.items():
             signal.signal(s, old)
         self._old.clear()
@@ -100,3 +133,13 @@ class StopOnSignal:
             os.close(self._write_fd)   # the watcher reads what is left, then EOF, and ends
             self._write_fd = None
         return False
+
+
+def from_the_start() -> StopOnSignal:
+    """Install the handlers for the whole program (``train.py`` calls it first thing): until
+    the loop arms them, the first signal exits at once; the loop's :class:`StopOnSignal`
+    then uses these. Idempotent."""
+    global _installed
+    if _installed is None:
+        _installed = StopOnSignal(phase=IDLE).__enter__()
+    return _installed

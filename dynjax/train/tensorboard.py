@@ -184,7 +184,11 @@ class EventWriter:
     def flush(self) -> None:
         if self._writer is None:
             return
-        self._writer.flush()
+        try:
+            self._writer.flush()
+        except OSError as e:   # a full disk: named by the event file, not "(unnamed path)"
+            raise OSError(e.errno, e.strerror, e.filename or os.fspath(
+                self.dir / "events.out.tfevents.*")) from None
         if not is_local(self.dir) and self._bytes > ROTATE_BYTES:
             self._open()
 
