@@ -150,6 +150,7 @@ def test_clip_norm_zero_is_no_clipping():
     params = {"w": jnp.ones((4, 4)), "b": jnp.zeros(4)}
     grads = {"w": jnp.full((4, 4), 30.0), "b": jnp.full(4, -7.0)}
     tc = tiny_config().train
+    tc.warmup_steps = 0                   # the first update's learning rate is train.lr
 
     def update(clip_norm):
         tc.clip_norm = clip_norm
@@ -160,8 +161,7 @@ def test_clip_norm_zero_is_no_clipping():
                         mask=lambda p: jax.tree.map(lambda x: x.ndim >= 2, p))
     unclipped = adamw.update(grads, adamw.init(params), params)[0]
     chex.assert_trees_all_equal(update(0.0), unclipped)
-    assert not np.allclose(update(1e-3)["b"], 0) and float(optax.tree_utils.tree_norm(
-        update(0.0))) > 0
+    assert np.all(np.abs(np.asarray(update(0.0)["b"])) > 0.5 * tc.lr)   # b is not decayed
 
 
 def test_the_spike_window_is_seeded_and_worse_than_chance_is_said():
