@@ -184,7 +184,7 @@ def _train(task, config, source, run_dir, changes, stop, progress: bool, main: b
     result = {"step": int(state["step"]), "params": n_params}
     for split in ("validation", "test"):
         result[split] = task.evaluate(state, split, result["step"])
-        _check_evaluation(result, split, mngr, run_dir)
+        _check_evaluation(result, split, run_dir)
         writer.write({"step": result["step"], "split": split, **result[split]})
         line = task.describe(result[split])
         if progress and line:
@@ -240,10 +240,10 @@ def _check_finite(record, skip: bool, mngr, run_dir, tc, done: int, saving: bool
     return skipped
 
 
-def _check_evaluation(result: dict, split: str, mngr, run_dir) -> None:
+def _check_evaluation(result: dict, split: str, run_dir) -> None:
     """A non-finite figure never goes into eval.json: the run stops naming it."""
     bad = [k for k, v in result[split].items()
-           if isinstance(v, float) and not np.isfinite(v)]
+           if isinstance(v, (float, np.floating)) and not np.isfinite(v)]
     if bad:
         raise errors.NonFiniteError(
             f"the final {split} evaluation of step {result['step']} is non-finite "
