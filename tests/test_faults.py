@@ -123,16 +123,25 @@ def test_a_non_finite_state_is_never_saved(tmp_path, monkeypatch):
 
 
 def test_skip_nonfinite_skips_and_counts(tmp_path, monkeypatch):
-    """Steps 4-6 diverge: each update is skipped, so step 6 holds step 3's parameters and
-    optimizer state bit for bit; the log counts the skipped steps."""
-    monkeypatch.setattr(loop, "task_of", lambda config: _diverging(4, 6))
+    """Steps 3-4 diverge: each update is skipped (parameters and optimizer state kept: the
+    optimizer's count lags the step by the skipped steps, and nothing non-finite is saved),
+    and the log counts them. (Skipping every step since the last save stops the run:
+    tests/test_faults_edges.py.)"""
+    monkeypatch.setattr(loop, "task_of", lambda config: _diverging(3, 4))
     c = tiny_config()
     c.train.skip_nonfinite = True
     result = loop.train(c, str(tmp_path), progress=False)
     assert result["step"] == 6 and np.isfinite(result["test"]["nll"])
-    chex.assert_trees_all_equal(_params(tmp_path, 6), _params(tmp_path, 3))
+    mngr = checkpoint.manager(tmp_path, 3, 2)
+    task = lm.Task(tiny_config())
+    target = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                          task.abstract, task.state_shardings)
+    counts = {step: {int(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(
+        checkpoint.restore(mngr, target, step)["opt_state"]) if "count" in str(path)}
+        for step in (3, 6)}
+    assert counts == {3: {2}, 6: {4}}                   # steps 3 and 4 made no update
     logged = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "split" not in r]
-    assert [(r["step"], r["skipped_nonfinite"]) for r in logged] == [(2, 0), (4, 1), (6, 3)]
+    assert [(r["step"], r["skipped_nonfinite"]) for r in logged] == [(2, 0), (4, 2), (6, 2)]
 
 
 def test_a_non_finite_checkpoint_from_before_the_guard_is_set_aside(base, tmp_path, capsys):
@@ -147,7 +156,8 @@ def test_a_non_finite_checkpoint_from_before_the_guard_is_set_aside(base, tmp_pa
     state = checkpoint.restore(mngr, target, 6)
     state["params"] = jax.tree.map(lambda p: p * jnp.nan, state["params"])
     mngr.delete(6)
-    mngr.save(6, args=checkpoint.ocp.args.StandardSave(state), force=True)  # the old save
+    mngr.save(6, args=checkpoint.ocp.args.StandardSave(state), force=True,  # the old save
+              custom_metadata=integrity.metadata(integrity.digest(state)[0]))   # (digests)
     with pytest.raises(errors.CheckpointError, match=r"checkpoint step 6 of run .* cannot be "
                        r"restored \(non-finite values in \['params'\]"):
         rundir.load_params(run)

@@ -273,4 +273,6 @@ def _diverged(what: str, mngr, run_dir, bad: int = -1, tc=None):
         f"training diverged: {what}; nothing non-finite was saved ({newest}: "
         f"{run_dir}/checkpoints). Lower train.lr or train.clip_norm, or raise "
         "train.warmup_steps, and re-run with --config.train.allow_changes=true (it resumes "
-        "from that checkpoint); or skip such steps with --config.train.skip_nonfinite=true")
+        "from that checkpoint)" + ("" if tc is not None and tc.get("skip_nonfinite", False)
+                                   else "; or skip such steps with "
+                                   "--config.train.skip_nonfinite=true"))
