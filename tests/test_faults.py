@@ -145,8 +145,9 @@ def test_skip_nonfinite_skips_and_counts(tmp_path, monkeypatch):
 
 
 def test_a_non_finite_checkpoint_from_before_the_guard_is_set_aside(base, tmp_path, capsys):
-    """A run written before the guard holds a NaN step 6: resume moves it aside and
-    retrains from step 3 (bitwise the finished run); the audit's loader names it."""
+    """A run written before the guard holds a NaN step 6 (its digests match: only the
+    finite check can tell): resume moves it aside and retrains from step 3 (bitwise the
+    finished run); the audit's loader names it."""
     run = _copy(base, tmp_path)
     (run / "eval.json").unlink()
     mngr = checkpoint.manager(run, 3, 2)
