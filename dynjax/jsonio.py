@@ -91,14 +91,21 @@ def write_json_atomic(path, obj, **dumps) -> None:
 _ABS_PATH = re.compile(r"(?<![\w:/.~-])/[^\s,;:'\"`()<>|=]+")
 
 
+_HF_SNAPSHOT = re.compile(r"models--(.+?)--([^/]+)/snapshots/([^/]+)/?$")
+
+
 def portable_path(path) -> str:
     """How a results file names a path: relative to the working directory when inside it
-    (``runs/fca/feature_gate_s0``), else by its name alone (a run is known by its folder's
-    name), never as this machine's absolute path. URIs (``gs://...``) and relative paths
-    stay as they are."""
+    (``runs/fca/feature_gate_s0``), a Hugging Face cache snapshot by its repo id and commit
+    (``ORG/NAME@COMMIT``, what ``dynjax.loaders.hub`` resolves), else by its name alone (a
+    run is known by its folder's name), never as this machine's absolute path. URIs
+    (``gs://...``) and relative paths stay as they are."""
     text = os.fspath(path)
     if not is_local(text) or not os.path.isabs(text):
         return text
+    hub = _HF_SNAPSHOT.search(text)
+    if hub:
+        return f"{hub[1]}/{hub[2]}@{hub[3]}"
     rel = os.path.relpath(text)
     return rel if rel != ".." and not rel.startswith(".." + os.sep) else \
         (os.path.basename(os.path.normpath(text)) or text)

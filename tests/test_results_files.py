@@ -168,6 +168,9 @@ def test_the_machine_path_check_and_the_writers_agree(tmp_path, monkeypatch):
     assert portable({"run_dir": "/work/runs/mod_s0", "command": cmd, "n": 1.5}) == {
         "run_dir": "mod_s0", "command": "audit.py --out=results/a --checkpoints=s0,s1",
         "n": 1.5}
+    snap = "/root/.cache/huggingface/hub/models--allenai--OLMoE-1B-7B-0924/snapshots/abc123"
+    assert portable(f"dynjax-sample {snap} --prompt=x") == \
+        "dynjax-sample allenai/OLMoE-1B-7B-0924@abc123 --prompt=x"   # the repo id, retypeable
 
 
 def test_results_writers_record_dynjax_version_and_commit():
