@@ -22,6 +22,7 @@ Axis vocabulary (use these names, so generic interventions understand a new fami
 - ``head``    an attention or DeltaNet head (gated attention, DeltaNet beta and decay)
 - ``hc``      a hyper-connection residual stream written (DeepSeek-V4's mHC pre/post/comb)
 - ``hc_in``   a hyper-connection residual stream read (mHC comb's rows)
+- ``key``     a key a query scores (the sparse-attention indexers' compressed entries)
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 AXIS_NAMES = ("layer", "example", "token", "stream", "source", "unit", "expert", "head",
-              "hc", "hc_in")
+              "hc", "hc_in", "key")
 
 Coeffs = Any  # a pytree of arrays
 Schema = Any  # a pytree of Axes with the structure of Coeffs

@@ -102,13 +102,168 @@ def build() -> dict:
         assert min(clamped) > 0.05, f"the clamp binds too rarely {clamped}; rescale"
         out.update({"mlp.gate": mlp.gate_proj.weight, "mlp.up": mlp.up_proj.weight,
                     "mlp.down": mlp.down_proj.weight, "mlp.x": xm, "mlp.y": mlp(xm)})
+        out.update(v32_indexer())
     return {k: np.asarray(v.detach().numpy()) for k, v in out.items()}
+
+
+def v32_indexer() -> dict:
+    """``idx.*``: DeepSeek-V3.2's ``DeepseekV32Indexer`` (4 heads of 12, rotary on the first
+    8 channels) on x (2, 11, 16) and a q residual (2, 11, 10): its top-3 under the causal
+    mask (``idx.top3``) and its full ranking of every key with nothing masked
+    (``idx.rank``), with the rotary table ``idx.cos``/``idx.sin`` it was given."""
+    import torch
+    from transformers.models.deepseek_v32 import modeling_deepseek_v32 as m
+    from transformers.models.deepseek_v32.configuration_deepseek_v32 import DeepseekV32Config
+
+    cfg = DeepseekV32Config(hidden_size=16, q_lora_rank=10, qk_rope_head_dim=8,
+                            index_n_heads=4, index_head_dim=12, index_topk=3,
+                            num_attention_heads=2, qk_nope_head_dim=8, v_head_dim=8,
+                            kv_lora_rank=8)
+    mod = m.DeepseekV32Indexer(cfg, 0).float()
+    for lin in (mod.wq_b, mod.wk, mod.weights_proj):
+        lin.weight.copy_(torch.randn_like(lin.weight) * 0.7)
+    mod.k_norm.weight.copy_(1 + 0.3 * torch.randn(12))
+    mod.k_norm.bias.copy_(0.3 * torch.randn(12))
+    B, T = 2, 11
+    x, q_res = torch.randn(B, T, 16), torch.randn(B, T, 10)
+    pos = torch.arange(T)[None].expand(B, -1)
+    cos, sin = m.DeepseekV32RotaryEmbedding(cfg)(x, pos)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()[None].expand(B, -1, -1)
+    top3 = mod(x, q_res, (cos, sin), causal, pos)
+    mod.index_topk = T
+    rank = mod(x, q_res, (cos, sin), torch.ones(B, T, T, dtype=torch.bool), pos)
+    out = {"idx.q_b": mod.wq_b.weight, "idx.k": mod.wk.weight, "idx.k_norm": mod.k_norm.weight,
+           "idx.k_norm_bias": mod.k_norm.bias, "idx.weights": mod.weights_proj.weight,
+           "idx.x": x, "idx.q_res": q_res, "idx.cos": cos, "idx.sin": sin, "idx.top3": top3,
+           "idx.rank": rank}
+    return out
+
+
+MODEL = dict(vocab_size=64, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+             head_dim=16, q_lora_rank=16, partial_rotary_factor=0.5, n_routed_experts=8,
+             num_experts_per_tok=2, moe_intermediate_size=12,
+             layer_types=["heavily_compressed_attention", "compressed_sparse_attention",
+                          "sliding_attention", "compressed_sparse_attention"],
+             mlp_layer_types=["hash_moe", "hash_moe", "moe", "moe"],
+             compress_rates={"compressed_sparse_attention": 4,
+                             "heavily_compressed_attention": 8},
+             sliding_window=6, o_groups=2, o_lora_rank=8, index_n_heads=2, index_head_dim=12,
+             index_topk=2, hc_mult=4, swiglu_limit=1.0, initializer_range=0.15,
+             rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                              "original_max_position_embeddings": 16,
+                              "beta_fast": 32, "beta_slow": 1})
+BATCH, SEQ_LEN, PROMPT, NEW = 2, 20, 9, 8
+MIN_MARGIN = 1e-3
+
+
+def topk_margin(scores, k):
+    """The smallest gap between the k-th and (k+1)-th finite score of any row (inf: none)."""
+    import torch
+    s = torch.sort(scores, dim=-1, descending=True).values
+    gap = s[..., k - 1] - s[..., k]
+    gap = gap[torch.isfinite(gap)]
+    return float(gap.min()) if gap.numel() else float("inf")
+
+
+def build_model(out: pathlib.Path) -> dict:
+    """A tiny random DeepseekV4ForCausalLM (HCA, CSA, sliding, CSA layers; two hash-routed
+    layers) saved with its config; reference.npz: input ids, logits, each MoE layer's expert
+    indices, each CSA layer's indexer selection (-1: none), a greedy continuation."""
+    import torch
+    import transformers
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as m
+
+    cfg = transformers.DeepseekV4Config(**MODEL)
+    cfg._attn_implementation = "eager"
+    for seed in range(20):
+        torch.manual_seed(seed)
+        model = transformers.DeepseekV4ForCausalLM(cfg).eval()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(("sinks", "position_bias")):
+                    p.normal_(0.0, 1.0)
+                elif name.endswith(("hc.base", "hc_base")):
+                    p.normal_(0.0, 0.5)
+                elif name.endswith(("hc.scale", "hc_scale")):
+                    p.uniform_(0.5, 1.5)
+                elif name.endswith("norm.weight"):
+                    p.copy_(1 + 0.2 * torch.randn_like(p))
+                elif name.endswith("mlp.gate.weight"):
+                    p.normal_(0.0, 0.6)
+                elif ".indexer." in name and name.endswith("proj.weight"):
+                    p.normal_(0.0, 0.5)     # indexer scores of order 1
+            for layer in model.model.layers:
+                gate = layer.mlp.gate
+                if isinstance(gate, m.DeepseekV4HashRouter):
+                    gate.tid2eid.copy_(torch.stack([torch.randperm(cfg.n_routed_experts)[
+                        :cfg.num_experts_per_tok] for _ in range(cfg.vocab_size)]))
+                else:
+                    gate.e_score_correction_bias.normal_(0.0, 0.2)
+        seen = {"experts": [], "router_scores": [], "index": [], "index_scores": []}
+        hooks = []
+        for layer in model.model.layers:
+            gate = layer.mlp.gate
+
+            def on_router(mod, args, output):
+                seen["experts"].append(output[2].reshape(BATCH, -1, cfg.num_experts_per_tok))
+                if isinstance(mod, m.DeepseekV4TopKRouter):
+                    seen["router_scores"].append(torch.sqrt(torch.nn.functional.softplus(
+                        output[0])) + mod.e_score_correction_bias)
+            hooks.append(gate.register_forward_hook(on_router))
+            comp = layer.self_attn.compressor
+            if isinstance(comp, m.DeepseekV4CSACompressor):
+                hooks.append(comp.indexer.register_forward_hook(
+                    lambda mod, args, output: seen["index"].append(output)))
+                hooks.append(comp.indexer.scorer.register_forward_hook(
+                    lambda mod, args, output: seen["index_scores"].append(output)))
+        ids = torch.randint(0, cfg.vocab_size, (BATCH, SEQ_LEN), generator=torch.Generator()
+                            .manual_seed(1234))
+        with torch.no_grad():
+            logits = model(ids).logits
+        for h in hooks:
+            h.remove()
+        router_margin = min(topk_margin(s, cfg.num_experts_per_tok)
+                            for s in seen["router_scores"])
+        index_margin = min(_index_margin(s, cfg) for s in seen["index_scores"])
+        print(f"seed {seed}: router margin {router_margin:.3g}, indexer {index_margin:.3g}")
+        if min(router_margin, index_margin) > MIN_MARGIN:
+            break
+    else:
+        raise SystemExit(f"no seed gave top-k margins above {MIN_MARGIN}")
+    with torch.no_grad():
+        greedy = model.generate(ids[:, :PROMPT], max_new_tokens=NEW, do_sample=False,
+                                min_new_tokens=NEW, eos_token_id=None, pad_token_id=0)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in out.glob("*.safetensors*"):
+        f.unlink()
+    model.save_pretrained(out)
+    (out / "generation_config.json").unlink(missing_ok=True)
+    np.savez(out / "reference.npz", input_ids=ids.numpy(), logits=logits.numpy(),
+             experts=np.stack([e.numpy() for e in seen["experts"]]),
+             index=np.stack([i.numpy() for i in seen["index"]]),
+             greedy=greedy.numpy(), seed=seed, router_margin=router_margin,
+             index_margin=index_margin, transformers=transformers.__version__,
+             torch=torch.__version__)
+    return {"seed": seed, "router_margin": router_margin, "index_margin": index_margin}
+
+
+def _index_margin(scores, cfg):
+    """Top-k margin of the indexer's scores over the entries each query may see."""
+    import torch
+    rate = cfg.compress_rates["compressed_sparse_attention"]
+    T, W = scores.shape[1], scores.shape[2]
+    visible = torch.arange(W)[None, :] < ((torch.arange(T) + 1) // rate)[:, None]
+    masked = scores.masked_fill(~visible, float("-inf"))
+    rows = visible.sum(-1) > cfg.index_topk      # only rows where the selection chooses
+    return topk_margin(masked[:, rows], cfg.index_topk)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="tests/data/deepseek_v4_parts.npz")
+    ap.add_argument("--model-out", default="tests/data/hf/deepseek_v4")
     args = ap.parse_args()
+    print("model:", build_model(pathlib.Path(args.model_out)))
     arrays = build()
     path = pathlib.Path(args.out)
     tmp = path.with_suffix(".tmp.npz")

@@ -94,3 +94,105 @@ def test_schema_axes():
     for axes in (hyper.PRE_AXES, hyper.COMB_AXES, hyper.HEAD_AXES):
         assert "token" in axes and "example" in axes and "hc" in axes
     assert hyper.COMB_AXES.index("hc_in") == 3
+
+
+# ------------------------------------------------------------------ the whole model (port)
+
+from dynjax.models import deepseek_v4 as v4  # noqa: E402
+
+CHECKPOINT = pathlib.Path(__file__).parent / "data" / "hf" / "deepseek_v4"
+
+
+@functools.lru_cache(maxsize=None)
+def port():
+    """The committed tiny transformers checkpoint, its reference, and one compiled apply
+    that records (a zeros Given) and replays."""
+    model, params = v4.load(str(CHECKPOINT))
+    ref = dict(np.load(CHECKPOINT / "reference.npz"))
+    apply = jax.jit(model.apply)
+    ids = jnp.asarray(ref["input_ids"])
+    shapes = jax.eval_shape(model.apply, params, ids)[1]
+    logits, coeffs = apply(params, ids, coeffs_lib.recording(coeffs_lib.zeros_like(shapes)))
+    return model, params, ref, apply, logits, coeffs
+
+
+def test_logits_equal_transformers():
+    """float32 logits of a 4-layer model (HCA, CSA, sliding, CSA; 2 hash-routed layers)."""
+    _, _, ref, _, logits, _ = port()
+    err = float(np.abs(np.asarray(logits) - ref["logits"]).max())
+    assert err <= 1e-4, f"max |dlogit| {err:.3g}"
+    assert float(np.std(ref["logits"])) > 0.1      # the reference is not flat
+
+
+def test_expert_sets_and_indexer_selections_equal_transformers():
+    model, params, ref, _, _, coeffs = port()
+    cfg, ids = model.cfg, jnp.asarray(ref["input_ids"])
+    by_kind = {"hash_moe": iter(coeffs["hash_router"]), "moe": iter(coeffs["router"])}
+    for i, kind in enumerate(cfg.mlp_layer_types):
+        experts, _ = v4.route(cfg, params["layers"][i]["moe"], next(by_kind[kind]), ids)
+        np.testing.assert_array_equal(np.sort(experts, -1), np.sort(ref["experts"][i], -1),
+                                      err_msg=f"layer {i} ({kind})")
+    positions = jnp.arange(ids.shape[1])
+    for j, scores in enumerate(coeffs["indexer"]):
+        chosen = np.asarray(v4.index_select(cfg, scores, positions))
+        idx = ref["index"][j]
+        expected = np.zeros_like(chosen)
+        for b, t, s in zip(*np.nonzero(idx >= 0)):
+            expected[b, t, idx[b, t, s]] = True
+        np.testing.assert_array_equal(chosen, expected, err_msg=f"indexer {j}")
+        # the selection is a real choice: some queries see more entries than they keep
+        assert (expected.sum(-1) < np.asarray(v4.visible_entries(
+            cfg.csa_rate, scores.shape[-1], positions)).sum(-1)).any()
+
+
+def test_hash_layers_route_by_the_table():
+    """A hash layer's experts are tid2eid[token] whatever the scores: the same token gets
+    the same experts in every context, and replayed scores change only the weights."""
+    model, params, ref, _, _, coeffs = port()
+    p = params["layers"][0]["moe"]
+    ids = jnp.asarray(ref["input_ids"])
+    e1, w1 = v4.route(model.cfg, p, coeffs["hash_router"][0], ids)
+    e2, w2 = v4.route(model.cfg, p, coeffs["hash_router"][0][::-1], ids)
+    chex.assert_trees_all_equal(e1, e2, np.asarray(p["tid2eid"])[np.asarray(ids)])
+    assert float(jnp.abs(w1 - w2).max()) > 1e-3
+
+
+def test_replay_is_bitwise_in_one_program():
+    model, params, ref, apply, logits, coeffs = port()
+    ids = jnp.asarray(ref["input_ids"])
+    logits2, coeffs2 = apply(params, ids, coeffs_lib.replaying(coeffs))
+    chex.assert_trees_all_equal((logits, coeffs), (logits2, coeffs2))
+    # replayed indexer scores drive the selection: reversing the entries' scores changes it
+    edited = dict(coeffs, indexer=-coeffs["indexer"])
+    logits3, _ = apply(params, ids, coeffs_lib.replaying(edited))
+    assert float(jnp.abs(logits3 - logits).max()) > 1e-3
+    assert apply._cache_size() == 1
+    coeffs_lib.check(coeffs, model.schema)
+
+
+def test_greedy_decoding_equals_transformers():
+    """transformers' generate (its compressed caches) against the forward re-run over a
+    fixed buffer (dynjax does not write a compressed cache: see the module docstring)."""
+    model, params, ref, _, _, _ = port()
+    greedy = ref["greedy"]
+    prompt = jnp.asarray(ref["input_ids"][:, :greedy.shape[1] - 8])
+    out = v4.greedy(model.cfg, params, prompt, 8)
+    np.testing.assert_array_equal(np.asarray(out), greedy)
+
+
+def test_config_defaults_and_refusals():
+    cfg = v4.config_from_hf({"model_type": "deepseek_v4", "num_hidden_layers": 5,
+                             "compress_ratios": [0, 4, 128, 4, 128], "num_hash_layers": 2})
+    assert cfg.layer_types[:3] == ("sliding_attention", "compressed_sparse_attention",
+                                   "heavily_compressed_attention")
+    assert cfg.mlp_layer_types == ("hash_moe",) * 2 + ("moe",) * 3
+    assert (cfg.hc, cfg.hc_sinkhorn_iters, cfg.index_topk, cfg.rope_dim) == (4, 20, 512, 64)
+    default = v4.config_from_hf({"model_type": "deepseek_v4"})
+    assert default.n_layers == 43 and default.layer_types[:3] == (
+        "heavily_compressed_attention",) * 2 + ("heavily_compressed_attention",)
+    import pytest
+    from dynjax.errors import ConfigError
+    with pytest.raises(ConfigError, match="quantized"):
+        v4.config_from_hf({"model_type": "deepseek_v4", "quantization_config": {"x": 1}})
+    with pytest.raises(ConfigError, match="scoring_func"):
+        v4.config_from_hf({"model_type": "deepseek_v4", "scoring_func": "softmax"})

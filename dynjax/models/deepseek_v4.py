@@ -1,0 +1,577 @@
+"""DeepSeek-V4 (``deepseek_v4``; V4-Flash, V4-Pro) as transformers 5.25 computes it.
+
+The residual is ``hc`` streams per token, mixed around every block by manifold-constrained
+hyper-connections (``components.hyper``). Each layer: ``h = HC_attn(h, Attn(RMS .))``,
+then ``h = HC_ffn(h, MoE(RMS .))``; at the end the head collapses the streams, RMS, lm_head.
+
+Attention (one shared key = value head, multi-query): q = RMS_h(RMS(x Wqa) Wqb) per head
+(no weight), kv = RMS(x Wkv); rotary on each head's *trailing* ``rope_dim`` channels in
+interleaved pairs. Keys are the layer's own tokens within ``sliding_window`` plus, by
+``layer_types``:
+
+- "sliding_attention": nothing more (rotary "main": rope_theta);
+- "heavily_compressed_attention" (HCA): one entry per ``hca_rate`` tokens, a per-channel
+  softmax(gate + position_bias) pool of the window's projections, RMS, rotary at the
+  window's start; query t sees entry w when (w + 1) rate <= t + 1;
+- "compressed_sparse_attention" (CSA): entries per ``csa_rate`` tokens, each pooling the
+  window and the previous one (two series), and a *lightning indexer* scoring every
+  entry per query, s[t, w] = sum_h relu(q_th . K_w) dI^-1/2 (x W_w)_th H_I^-1/2; query t
+  attends only to the ``index_topk`` best entries it may see.
+
+Softmax over [keys | one learned sink logit per head] (the sink's mass is dropped); the
+output's rotary channels are rotated back by the query's angle; the heads project to
+``o_groups`` low-rank groups (``o_a``) then to the model (``o_b``). Compressed layers'
+rotary is "compress" (``compress_rope_theta``, YaRN with attention factor 1).
+
+MoE in every layer: scores s = sqrt(softplus(x W)) (float32). The first layers
+(``mlp_layer_types`` "hash_moe") take their experts from a fixed token-id table,
+``tid2eid[token]`` (a parameter, not a coefficient: it is the same for every context, the
+static control of routing); the others take the top-k of s + a selection-only bias. The
+chosen s, renormalised and times ``routed_scaling_factor``, weight the experts; a shared
+expert is always added. Experts and the shared MLP are SwiGLU with ``swiglu_limit``
+clamps (gate <= limit, |up| <= limit). Experts are dropless (``dispatch.dropless``).
+
+Coefficient sites (:func:`schema`): mHC ``pre``/``post``/``comb`` around attention
+(``mhc_attn``) and the FFN (``mhc_ffn``), the head's ``pre`` (``mhc_head``); the router
+scores s of the learned layers (``router``) and of the hash layers (``hash_router``: there
+only the weights come from s, replay recomputes them from the given s and the table's
+experts); the indexers' scores (``indexer``, axes (layer, example, token, key), key =
+compressed entry), from which replay recomputes the causal top-k selection. Record and
+replay are one compiled program (``dynjax.coeffs.site``).
+
+Decoding: greedy by re-running the forward on a fixed-length buffer (:func:`greedy`),
+exact because every piece is causal (an entry is visible only once its window closed);
+the compressed KV cache is not written.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dynjax import coeffs as coeffs_lib
+from dynjax.coeffs import Axes
+from dynjax.errors import CheckpointError, ConfigError
+from dynjax.models import dispatch
+from dynjax.models.components import hyper
+from dynjax.models.components import rotary as rotary_lib
+from dynjax.models.components.norms import rms_norm
+
+F32 = jnp.float32
+ROUTER_AXES = Axes(("layer", "example", "token", "expert"))
+INDEXER_AXES = Axes(("layer", "example", "token", "key"))
+LAYER_TYPES = ("sliding_attention", "compressed_sparse_attention",
+               "heavily_compressed_attention")
+MLP_TYPES = ("hash_moe", "moe")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One DeepSeek-V4 model (hashable: a static jit argument). Defaults: transformers'."""
+
+    vocab_size: int = 129280
+    hidden_size: int = 4096
+    n_heads: int = 64
+    head_dim: int = 512
+    rope_dim: int = 64                # qk_rope_head_dim: trailing channels that rotate
+    q_lora_rank: int = 1024
+    layer_types: tuple = ()
+    mlp_layer_types: tuple = ()
+    csa_rate: int = 4
+    hca_rate: int = 128
+    sliding_window: int = 128
+    o_groups: int = 8
+    o_lora_rank: int = 1024
+    index_n_heads: int = 64
+    index_head_dim: int = 128
+    index_topk: int = 512
+    num_experts: int = 256
+    top_k: int = 6
+    moe_intermediate_size: int = 2048
+    routed_scaling_factor: float = 1.5
+    swiglu_limit: float = 10.0
+    hc: int = 4
+    hc_sinkhorn_iters: int = 20
+    hc_eps: float = 1e-6
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    compress_rope_theta: float = 160000.0
+    compress_rope: tuple = (("rope_type", "default"),)   # the "compress" rope_parameters
+    tie_word_embeddings: bool = False
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        object.__setattr__(self, "mlp_layer_types", tuple(self.mlp_layer_types))
+        bad = [t for t in self.layer_types if t not in LAYER_TYPES] + \
+            [t for t in self.mlp_layer_types if t not in MLP_TYPES]
+        if bad:
+            raise ConfigError(f"deepseek_v4: unknown layer type(s) {bad}; use {LAYER_TYPES} "
+                              f"and {MLP_TYPES}")
+        if len(self.layer_types) != len(self.mlp_layer_types):
+            raise ConfigError(f"deepseek_v4: layer_types has {len(self.layer_types)} entries "
+                              f"and mlp_layer_types {len(self.mlp_layer_types)}; give one per "
+                              "layer")
+        if (self.n_heads * self.head_dim) % self.o_groups:
+            raise ConfigError(f"deepseek_v4: o_groups={self.o_groups} must divide n_heads x "
+                              f"head_dim = {self.n_heads * self.head_dim}")
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layer_types)
+
+    @property
+    def hc_dims(self) -> hyper.Dims:
+        return hyper.Dims(self.hidden_size, self.hc, self.hc_sinkhorn_iters, self.hc_eps,
+                          self.rms_norm_eps)
+
+    def rope(self, kind: str):
+        """The rotary settings of "main" (sliding layers, plain) or "compress" (YaRN)."""
+        if kind == "main":
+            return SimpleNamespace(rope_type="default", rope_theta=self.rope_theta,
+                                   head_dim=self.rope_dim, partial_rotary_factor=1.0)
+        p = dict(self.compress_rope)
+        return SimpleNamespace(
+            rope_type=p.get("rope_type", "default"), rope_theta=self.compress_rope_theta,
+            head_dim=self.rope_dim, partial_rotary_factor=1.0,
+            rope_factor=float(p.get("factor", 1.0)),
+            rope_original_max_position=int(p.get("original_max_position_embeddings", 0) or 1),
+            rope_beta_fast=float(p.get("beta_fast", 32.0)),
+            rope_beta_slow=float(p.get("beta_slow", 1.0)),
+            rope_truncate=bool(p.get("truncate", True)))
+
+    def layers_of(self, kind: str) -> tuple:
+        table = self.mlp_layer_types if kind in MLP_TYPES else self.layer_types
+        return tuple(i for i, t in enumerate(table) if t == kind)
+
+
+# --------------------------------------------------------------------------------------------
+# Schema
+# --------------------------------------------------------------------------------------------
+
+def schema(cfg: Config):
+    """The coefficient families (module docstring); a family with no layer is left out."""
+    mhc = {"pre": hyper.PRE_AXES, "post": hyper.PRE_AXES, "comb": hyper.COMB_AXES}
+    out = {"mhc_attn": dict(mhc), "mhc_ffn": dict(mhc), "mhc_head": {"pre": hyper.HEAD_AXES}}
+    if cfg.layers_of("moe"):
+        out["router"] = ROUTER_AXES
+    if cfg.layers_of("hash_moe"):
+        out["hash_router"] = ROUTER_AXES
+    if cfg.layers_of("compressed_sparse_attention"):
+        out["indexer"] = INDEXER_AXES
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Rotary (trailing channels, interleaved pairs)
+# --------------------------------------------------------------------------------------------
+
+def angles(cfg: Config, kind: str, index):
+    """(cos, sin) (.., rope_dim / 2) float32 at integer positions ``index``."""
+    inv = jnp.asarray(rotary_lib.inv_frequencies(cfg.rope(kind)))
+    a = index.astype(F32)[..., None] * inv
+    return jnp.cos(a), jnp.sin(a)
+
+
+def rotate(x, cos, sin):
+    """x (B, T, [H,] d): its last 2 cos.shape[-1] channels rotated in pairs (2i, 2i+1)."""
+    r = cos.shape[-1] * 2
+    if x.ndim == 4:
+        cos, sin = cos[:, :, None], sin[:, :, None]
+    rest, rot = x[..., :-r], x[..., -r:].astype(F32)
+    a, b = rot[..., 0::2], rot[..., 1::2]
+    rot = jnp.stack([a * cos - b * sin, b * cos + a * sin], axis=-1).reshape(rot.shape)
+    return jnp.concatenate([rest, rot.astype(x.dtype)], axis=-1)
+
+
+def unit_rms(x, eps):
+    """RMSNorm with no weight over the last axis (statistics in float32)."""
+    return x * jax.lax.rsqrt(jnp.mean(jnp.square(x.astype(F32)), -1, keepdims=True)
+                             + eps).astype(x.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Compressors and the lightning indexer
+# --------------------------------------------------------------------------------------------
+
+def pool(cfg: Config, p, x, rate: int, dim: int, overlap: bool):
+    """Compressed entries (B, T // rate, dim): per channel, a softmax(gate + position_bias)
+    weighted sum of a window's projections (with ``overlap``, the previous window's first
+    series too), RMS-normed, rotated ("compress") at the window's first position."""
+    B, T, _ = x.shape
+    n = T // rate
+    if n == 0:
+        return jnp.zeros((B, 0, dim), x.dtype)
+    kv = (x[:, :n * rate] @ p["kv"]).reshape(B, n, rate, -1)
+    gate = (x[:, :n * rate] @ p["gate"]).reshape(B, n, rate, -1) + p["position_bias"]
+    if overlap:     # slots: [previous window's first series | this window's second series]
+        prev_kv = jnp.pad(kv[:, :-1, :, :dim], ((0, 0), (1, 0), (0, 0), (0, 0)))
+        prev_gate = jnp.pad(gate[:, :-1, :, :dim], ((0, 0), (1, 0), (0, 0), (0, 0)),
+                            constant_values=-jnp.inf)
+        kv = jnp.concatenate([prev_kv, kv[..., dim:]], axis=2)
+        gate = jnp.concatenate([prev_gate, gate[..., dim:]], axis=2)
+    w = jax.nn.softmax(gate.astype(F32), axis=2).astype(kv.dtype)
+    entries = rms_norm(jnp.sum(kv * w, axis=2), p["kv_norm"], cfg.rms_norm_eps)
+    cos, sin = angles(cfg, "compress", jnp.arange(n) * rate)
+    return rotate(entries, cos[None], sin[None])
+
+
+def visible_entries(rate: int, n_entries: int, positions):
+    """(T, n): query t may see entry w once its window closed, (w + 1) rate <= t + 1."""
+    return jnp.arange(n_entries)[None, :] < ((positions + 1) // rate)[:, None]
+
+
+def indexer_scores(cfg: Config, p, x, q_res, positions):
+    """The lightning indexer's scores (B, T, n) float32 of every query against every entry."""
+    B, T, _ = x.shape
+    d, H = cfg.index_head_dim, cfg.index_n_heads
+    keys = pool(cfg, p, x, cfg.csa_rate, d, overlap=True).astype(F32)
+    cos, sin = angles(cfg, "compress", positions)
+    q = rotate((q_res @ p["q_b"]).reshape(B, T, H, d), cos[None], sin[None]).astype(F32)
+    s = jax.nn.relu(jnp.einsum("bthd,bwd->bthw", q, keys)) * F32(d ** -0.5)
+    w = (x @ p["weights"]).astype(F32) * F32(H ** -0.5)
+    return jnp.einsum("bthw,bth->btw", s, w)
+
+
+def index_select(cfg: Config, scores, positions):
+    """The entries each query attends to (B, T, n) bool: the top ``index_topk`` of the
+    scores it may see (fewer when fewer are visible)."""
+    n = scores.shape[-1]
+    if n == 0:
+        return jnp.zeros(scores.shape, bool)
+    visible = visible_entries(cfg.csa_rate, n, positions)
+    k = min(cfg.index_topk, n)
+    top = jax.lax.top_k(jnp.where(visible, scores, -jnp.inf), k)[1]
+    chosen = jnp.sum(jax.nn.one_hot(top, n, dtype=jnp.int32), axis=-2) > 0
+    return chosen & visible
+
+
+# --------------------------------------------------------------------------------------------
+# Attention
+# --------------------------------------------------------------------------------------------
+
+def attention(cfg: Config, kind: str, p, x, positions, given):
+    """One V4 attention block of x (B, T, D): (y, {"indexer": scores} or {})."""
+    B, T, _ = x.shape
+    H, hd = cfg.n_heads, cfg.head_dim
+    rope = "main" if kind == "sliding_attention" else "compress"
+    cos, sin = angles(cfg, rope, positions)
+    cos, sin = cos[None], sin[None]
+    q_res = rms_norm(x @ p["q_a"], p["q_a_norm"], cfg.rms_norm_eps)
+    q = rotate(unit_rms((q_res @ p["q_b"]).reshape(B, T, H, hd), cfg.rms_norm_eps), cos, sin)
+    kv = rotate(rms_norm(x @ p["kv"], p["kv_norm"], cfg.rms_norm_eps), cos, sin)
+    dist = positions[:, None] - positions[None, :]
+    mask = jnp.broadcast_to((dist >= 0) & (dist < cfg.sliding_window), (B, T, T))
+    keys, used = kv, {}
+    if kind == "heavily_compressed_attention":
+        entries = pool(cfg, p["compressor"], x, cfg.hca_rate, hd, overlap=False)
+        vis = visible_entries(cfg.hca_rate, entries.shape[1], positions)
+        keys = jnp.concatenate([kv, entries], axis=1)
+        mask = jnp.concatenate([mask, jnp.broadcast_to(vis, (B, *vis.shape))], axis=-1)
+    elif kind == "compressed_sparse_attention":
+        c = p["compressor"]
+        entries = pool(cfg, c, x, cfg.csa_rate, hd, overlap=True)
+        used = coeffs_lib.site({"indexer": indexer_scores(cfg, c["indexer"], x, q_res,
+                                                          positions)}, given)
+        chosen = index_select(cfg, used["indexer"], positions)
+        keys = jnp.concatenate([kv, entries], axis=1)
+        mask = jnp.concatenate([mask, chosen], axis=-1)
+    logits = jnp.einsum("bthd,bsd->bhts", q, keys) * F32(hd ** -0.5)
+    logits = jnp.where(mask[:, None], logits, -jnp.inf)
+    sinks = jnp.broadcast_to(p["sinks"].astype(logits.dtype)[None, :, None, None],
+                             (*logits.shape[:-1], 1))
+    probs = jax.nn.softmax(jnp.concatenate([logits, sinks], axis=-1), axis=-1)[..., :-1]
+    out = jnp.einsum("bhts,bsd->bthd", probs, keys)
+    out = rotate(out, cos, -sin)                          # undo the values' rotation
+    G = cfg.o_groups
+    grouped = jnp.einsum("btgi,gir->btgr", out.reshape(B, T, G, -1), p["o_a"])
+    return grouped.reshape(B, T, -1) @ p["o_b"], used
+
+
+# --------------------------------------------------------------------------------------------
+# Routing and experts
+# --------------------------------------------------------------------------------------------
+
+def router_scores(p, x):
+    """s = sqrt(softplus(x W)) float32 (B, T, E): what both router kinds record."""
+    return jnp.sqrt(jax.nn.softplus((x @ p["router"]).astype(F32)))
+
+
+def route(cfg: Config, p, scores, tokens):
+    """(experts (B, T, k), weights): a hash layer's from ``tid2eid[tokens]``, a learned
+    layer's the top-k of s + bias; weights the chosen s renormalised, times the scale."""
+    if "tid2eid" in p:
+        experts = jnp.take(p["tid2eid"], tokens, axis=0)
+    else:
+        experts = jax.lax.top_k(scores + p["router_bias"].astype(F32), cfg.top_k)[1]
+    w = jnp.take_along_axis(scores, experts, axis=-1)
+    return experts, w / (jnp.sum(w, -1, keepdims=True) + 1e-20) * F32(cfg.routed_scaling_factor)
+
+
+def clamped_swiglu_rows(limit, gate, up):
+    """silu(min(gate, limit)) * clip(up, -limit, limit): V4's SwiGLU activation."""
+    return jax.nn.silu(jnp.minimum(gate, limit)) * jnp.clip(up, -limit, limit)
+
+
+def moe(cfg: Config, p, x, tokens, given):
+    """The MoE FFN of x (B, T, D): (y, {"router" | "hash_router": s} after its site)."""
+    B, T, D = x.shape
+    name = "hash_router" if "tid2eid" in p else "router"
+    used = coeffs_lib.site({name: router_scores(p, x)}, given)
+    experts, weights = route(cfg, p, used[name], tokens)
+    limit = cfg.swiglu_limit
+    k = experts.shape[-1]
+    order = jnp.argsort(experts.reshape(B * T, k), axis=-1)   # transformers' summation order
+    e, w = (jnp.take_along_axis(a.reshape(B * T, k), order, -1) for a in (experts, weights))
+
+    def grouped(ws, rows, groups):
+        mm = lambda a, n: dispatch.grouped_matmul(a, ws[n], groups)
+        return mm(clamped_swiglu_rows(limit, mm(rows, "gate"), mm(rows, "up")), "down")
+    y = dispatch.dropless(x.reshape(B * T, D), e, w.astype(x.dtype), cfg.num_experts,
+                          grouped, expert_params=p["experts"]).reshape(B, T, D)
+    s = p["shared"]
+    shared = clamped_swiglu_rows(limit, x @ s["gate"], x @ s["up"]) @ s["down"]
+    return y + shared, used
+
+
+# --------------------------------------------------------------------------------------------
+# Forward
+# --------------------------------------------------------------------------------------------
+
+def _slice(given, name, j):
+    return coeffs_lib.part(given, lambda v: jax.tree.map(lambda a: a[j], v[name]))
+
+
+def forward(cfg: Config, params, tokens, coeffs=None):
+    """``(logits float32 (B, T, V), coeffs)``: None records, a pytree replays, a Given is
+    either (one compiled program for both)."""
+    given = coeffs_lib.as_given(coeffs)
+    B, T = tokens.shape
+    positions = jnp.arange(T)
+    dims = cfg.hc_dims
+    h = hyper.expand_embeddings(dims, jnp.take(params["embed"], tokens, axis=0))
+    used = {"mhc_attn": [], "mhc_ffn": [], "router": [], "hash_router": [], "indexer": []}
+    for i, p in enumerate(params["layers"]):
+        inner = {}
+
+        def attn_block(z, p=p, i=i):
+            y, c = attention(cfg, cfg.layer_types[i], p["attn"],
+                             rms_norm(z, p["input_norm"], cfg.rms_norm_eps), positions,
+                             _inner_given(given, "indexer", used))
+            inner.update(c)
+            return y
+
+        def ffn_block(z, p=p):
+            name = "hash_router" if "tid2eid" in p["moe"] else "router"
+            y, c = moe(cfg, p["moe"], rms_norm(z, p["post_norm"], cfg.rms_norm_eps), tokens,
+                       _inner_given(given, name, used))
+            inner.update(c)
+            return y
+        h, c = hyper.around(dims, p["attn_hc"], h, attn_block, _slice(given, "mhc_attn", i))
+        used["mhc_attn"].append(c)
+        h, c = hyper.around(dims, p["ffn_hc"], h, ffn_block, _slice(given, "mhc_ffn", i))
+        used["mhc_ffn"].append(c)
+        for name, value in inner.items():
+            used[name].append(value)
+    y, head = hyper.head(dims, params["hc_head"], h,
+                         coeffs_lib.part(given, lambda v: v["mhc_head"]))
+    y = rms_norm(y, params["norm"], cfg.rms_norm_eps)
+    w = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
+    logits = (y @ w).astype(F32)
+    out = {name: jax.tree.map(lambda *a: jnp.stack(a), *v) for name, v in used.items() if v}
+    out["mhc_head"] = head
+    return logits, out
+
+
+def _inner_given(given, name, used):
+    """The given values of family ``name`` at the next layer that has it."""
+    return coeffs_lib.part(given, lambda v: {name: v[name][len(used[name])]})
+
+
+def greedy(cfg: Config, params, prompt, new_tokens: int):
+    """Greedy continuation (B, P + new) by the forward over a fixed buffer of P + new
+    tokens (one compiled program; positions after t never change the logits at t)."""
+    B, P = prompt.shape
+    buf = jnp.zeros((B, P + new_tokens), jnp.int32).at[:, :P].set(prompt)
+    run = jax.jit(lambda b: forward(cfg, params, b)[0])
+    for t in range(P - 1, P + new_tokens - 1):
+        buf = buf.at[:, t + 1].set(jnp.argmax(run(buf)[:, t], axis=-1).astype(jnp.int32))
+    return buf
+
+
+@dataclasses.dataclass(frozen=True)
+class DeepseekV4:
+    """The registry-style interface: ``apply(params, tokens, coeffs=None) -> (logits,
+    coeffs)``, ``schema``."""
+
+    cfg: Config
+
+    @property
+    def schema(self):
+        return schema(self.cfg)
+
+    def apply(self, params, tokens, coeffs=None):
+        given = coeffs_lib.as_given(coeffs)
+        if given.values is not None:
+            coeffs_lib.check(given.values, self.schema)
+        return forward(self.cfg, params, tokens, given)
+
+
+# --------------------------------------------------------------------------------------------
+# Loading a transformers checkpoint
+# --------------------------------------------------------------------------------------------
+
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(Config)}
+
+
+def config_from_hf(hf: dict) -> Config:
+    """``Config`` of a deepseek_v4 config.json (transformers' defaults where omitted,
+    legacy ``compress_ratios`` / ``num_hash_layers`` / ``qk_rope_head_dim`` folded in)."""
+    if hf.get("model_type") != "deepseek_v4":
+        raise ConfigError(f"config.json model_type={hf.get('model_type')!r}; this loader reads "
+                          "deepseek_v4")
+    if hf.get("quantization_config"):
+        raise ConfigError("deepseek_v4: quantized checkpoints (FP4 experts, FP8) are not read "
+                          "yet; dequantize to bf16 first")
+    n = int(hf.get("num_hidden_layers", 43))
+    rates = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128,
+             **(hf.get("compress_rates") or {})}
+    types = hf.get("layer_types")
+    if types is None and hf.get("compress_ratios") is not None:
+        by_rate = {0: "sliding_attention", 4: "compressed_sparse_attention",
+                   128: "heavily_compressed_attention"}
+        types = [by_rate[r] for r in hf["compress_ratios"]]
+    if types is None:
+        types = ["heavily_compressed_attention"] * min(n, 2) + [
+            "compressed_sparse_attention" if i % 2 else "heavily_compressed_attention"
+            for i in range(max(n - 2, 0))]
+    mlp = hf.get("mlp_layer_types")
+    if mlp is None:
+        n_hash = int(hf.get("num_hash_layers", 3))
+        mlp = ["hash_moe"] * min(n, n_hash) + ["moe"] * max(0, n - n_hash)
+    head_dim = int(hf.get("head_dim", 512))
+    factor = hf.get("partial_rotary_factor")
+    rope_dim = int(head_dim * factor) if factor else int(hf.get("qk_rope_head_dim", 64))
+    rp = hf.get("rope_parameters") or {}
+    compress = rp.get("compress") if isinstance(rp.get("compress"), dict) else {
+        k: v for k, v in rp.items() if k not in ("main", "compress")}
+    compress = {k: v for k, v in compress.items()
+                if k in ("rope_type", "factor", "original_max_position_embeddings",
+                         "beta_fast", "beta_slow", "truncate")}
+    if compress.get("rope_type", "default") not in ("default", "yarn"):
+        raise ConfigError(f"deepseek_v4: compress rope_type={compress['rope_type']!r} is not "
+                          "ported (default, yarn)")
+    if hf.get("scoring_func", "sqrtsoftplus") != "sqrtsoftplus":
+        raise ConfigError(f"deepseek_v4: scoring_func={hf['scoring_func']!r} is not ported "
+                          "(sqrtsoftplus)")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"deepseek_v4: hidden_act={hf['hidden_act']!r}; only silu is ported")
+    g = lambda key, default: hf.get(key, default)
+    return Config(
+        vocab_size=g("vocab_size", 129280), hidden_size=g("hidden_size", 4096),
+        n_heads=g("num_attention_heads", 64), head_dim=head_dim, rope_dim=rope_dim,
+        q_lora_rank=g("q_lora_rank", 1024), layer_types=tuple(types[:n]),
+        mlp_layer_types=tuple(mlp[:n]),
+        csa_rate=int(rates["compressed_sparse_attention"]),
+        hca_rate=int(rates["heavily_compressed_attention"]),
+        sliding_window=g("sliding_window", 128), o_groups=g("o_groups", 8),
+        o_lora_rank=g("o_lora_rank", 1024), index_n_heads=g("index_n_heads", 64),
+        index_head_dim=g("index_head_dim", 128), index_topk=g("index_topk", 512),
+        num_experts=g("n_routed_experts", 256), top_k=g("num_experts_per_tok", 6),
+        moe_intermediate_size=g("moe_intermediate_size", 2048),
+        routed_scaling_factor=g("routed_scaling_factor", 1.5),
+        swiglu_limit=g("swiglu_limit", 10.0), hc=g("hc_mult", 4),
+        hc_sinkhorn_iters=g("hc_sinkhorn_iters", 20), hc_eps=g("hc_eps", 1e-6),
+        rms_norm_eps=g("rms_norm_eps", 1e-6),
+        rope_theta=(rp.get("main") or {}).get("rope_theta", g("rope_theta", 10000.0)),
+        compress_rope_theta=(rp.get("compress") or {}).get(
+            "rope_theta", g("compress_rope_theta", 160000.0)),
+        compress_rope=tuple(sorted(compress.items())),
+        tie_word_embeddings=g("tie_word_embeddings", False))
+
+
+def params_from_tensors(cfg: Config, get):
+    """The params pytree from ``get(name) -> np.ndarray`` under DeepSeek's checkpoint names
+    (``layers.0.attn.wq_a.weight``, ``layers.0.ffn.experts.3.w1.weight``, ...; the names
+    transformers' save_pretrained writes back), linear weights transposed to (in, out), the
+    grouped ``wo_a`` split by group, the per-expert w1/w3/w2 stacked as gate/up/down."""
+    lin = lambda name: get(name + ".weight").T
+    out = {"embed": get("embed.weight"), "norm": get("norm.weight"),
+           "hc_head": {"fn": get("hc_head_fn").T, "base": get("hc_head_base"),
+                       "scale": get("hc_head_scale")}, "layers": []}
+    if not cfg.tie_word_embeddings:
+        out["lm_head"] = lin("head")
+
+    def compressor(pre):
+        return {"kv": lin(pre + ".wkv"), "gate": lin(pre + ".wgate"),
+                "position_bias": get(pre + ".ape"), "kv_norm": get(pre + ".norm.weight")}
+
+    def mlp(pre):
+        return {"gate": lin(pre + ".w1"), "up": lin(pre + ".w3"), "down": lin(pre + ".w2")}
+    for i, kind in enumerate(cfg.layer_types):
+        L = f"layers.{i}."
+        A = L + "attn."
+        o_a = get(A + "wo_a.weight")
+        attn = {"q_a": lin(A + "wq_a"), "q_a_norm": get(A + "q_norm.weight"),
+                "q_b": lin(A + "wq_b"), "kv": lin(A + "wkv"), "kv_norm": get(A + "norm.weight"),
+                "o_a": o_a.reshape(cfg.o_groups, cfg.o_lora_rank, -1).transpose(0, 2, 1),
+                "o_b": lin(A + "wo_b"), "sinks": get(A + "attn_sink")}
+        if kind != "sliding_attention":
+            attn["compressor"] = compressor(A + "compressor")
+        if kind == "compressed_sparse_attention":
+            attn["compressor"]["indexer"] = dict(
+                compressor(A + "indexer.compressor"), q_b=lin(A + "indexer.wq_b"),
+                weights=lin(A + "indexer.weights_proj"))
+        F = L + "ffn."
+        experts = [mlp(F + f"experts.{e}") for e in range(cfg.num_experts)]
+        moe_p = {"router": lin(F + "gate"),
+                 "experts": {n: np.stack([e[n] for e in experts]) for n in ("gate", "up", "down")},
+                 "shared": mlp(F + "shared_experts")}
+        if cfg.mlp_layer_types[i] == "hash_moe":
+            moe_p["tid2eid"] = get(F + "gate.tid2eid").astype(np.int32)
+        else:
+            moe_p["router_bias"] = get(F + "gate.bias")
+        hc = lambda n: {"fn": get(L + f"hc_{n}_fn").T, "base": get(L + f"hc_{n}_base"),
+                        "scale": get(L + f"hc_{n}_scale")}
+        out["layers"].append({"attn": attn, "moe": moe_p, "attn_hc": hc("attn"),
+                              "ffn_hc": hc("ffn"), "input_norm": get(L + "attn_norm.weight"),
+                              "post_norm": get(L + "ffn_norm.weight")})
+    return out
+
+
+# transformers' save_pretrained keeps these of its own names (and a "model." prefix)
+SAVED_AS = {"embed.weight": "embed_tokens.weight", "hc_head_fn": "hc_head.hc_fn",
+            "hc_head_base": "hc_head.hc_base", "hc_head_scale": "hc_head.hc_scale"}
+
+
+def load(path: str, dtype=jnp.float32):
+    """(DeepseekV4 model, params) of a local checkpoint directory (config.json and one or
+    more ``*.safetensors`` files)."""
+    from dynjax.loaders import tensors as tensors_lib
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        raise CheckpointError(f"{path} has no config.json; pass a checkpoint directory")
+    with open(cfg_path) as f:
+        cfg = config_from_hf(json.load(f))
+    files = [tensors_lib.SafetensorsFile(os.path.join(path, n))
+             for n in sorted(os.listdir(path)) if n.endswith(".safetensors")]
+    where = {k: f for f in files for k in f.keys()}
+
+    def get(name):
+        found = [n for n in (name, "model." + name, "model." + SAVED_AS.get(name, name))
+                 if n in where]
+        if not found:
+            raise CheckpointError(f"{path}: tensor {name!r} is missing; is this a complete "
+                                  "deepseek_v4 checkpoint?")
+        a = where[found[0]].read(found[0])
+        return a if a.dtype.kind in "iu" else a.astype(np.float32)
+    params = params_from_tensors(cfg, get)
+    params = jax.tree.map(lambda a: jnp.asarray(a) if a.dtype.kind in "iu"
+                          else jnp.asarray(a, dtype), params)
+    return DeepseekV4(cfg), params
