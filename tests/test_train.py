@@ -1,4 +1,6 @@
 """train.py's loop: loss falls on real text, resume is bitwise, metrics, errors, mass match."""
+import contextlib
+import io
 import json
 import os
 import pathlib
@@ -32,10 +34,15 @@ def straight_run(tmp_path_factory):
             COMPILED.append(kw.get("fun_name"))
     jax.monitoring.register_event_duration_secs_listener(compiled)
     try:
-        result = loop.train(tiny_config("feature_gate"), str(run), progress=False)
+        with contextlib.redirect_stdout(io.StringIO()) as out:   # a batch job's log
+            result = loop.train(tiny_config("feature_gate"), str(run), progress=True)
     finally:
         jax.monitoring.unregister_event_duration_listener(compiled)
+    LOG.extend(out.getvalue().splitlines())
     return run, result
+
+
+LOG = []   # what straight_run printed (stdout not a terminal)
 
 
 def test_the_train_step_compiles_once(straight_run):
@@ -373,3 +380,36 @@ def test_evaluation_averages_the_real_windows_not_the_padding():
     np.testing.assert_allclose(padded["nll"], whole["nll"], rtol=1e-6)
     np.testing.assert_allclose(padded["gate_mass_per_layer"], whole["gate_mass_per_layer"],
                                rtol=1e-6)
+
+
+def test_a_log_file_gets_one_line_per_log_step_with_the_interval_mean(straight_run):
+    """stdout not a terminal: one line per log step (no bar), whose loss is the record's,
+    the mean of the interval's per-step losses (recomputed here by hand-made steps; before,
+    train/loss was the log step's batch alone)."""
+    from dynjax.data import text as text_data
+
+    run, _ = straight_run
+    records = [r for r in read_jsonl(run / "metrics.jsonl") if "split" not in r]
+    steps = [line for line in LOG if line.startswith("step ")]
+    assert [r["step"] for r in records] == [2, 4, 6] and len(steps) == 3, LOG
+    assert not [line for line in LOG if "\r" in line or "it/s" in line]      # no tqdm bar
+    for line, r in zip(steps, records):
+        parts = line.split(" | ")
+        assert parts[:3] == [f"step {r['step']}/6", f"loss {r['loss']:.4f}",
+                             f"bpb {r['bpb']:.4f}"], line
+        assert parts[3].endswith(" s/step") and parts[4].endswith(" tok/s") and \
+            parts[5].startswith("eta ")
+        assert r["tokens_per_s"] > 0
+    config = tiny_config("feature_gate")
+    model = build(config.model.to_dict())
+    step_fn = jax.jit(lm.make_train_step(model, optim.make_optimizer(config.train)))
+    split = text_data.load_splits(config.data.source)["train"]
+    state, losses = lm.init_state(config, model, jax.random.key(config.seed)), []
+    for s in range(6):
+        state, m = step_fn(state, text_data.train_batch(
+            split, config.data.seq_len, config.train.batch_size, config.seed, s))
+        losses.append(float(m["loss"]))
+    np.testing.assert_allclose([r["loss"] for r in records],
+                               [np.mean(losses[i:i + 2]) for i in (0, 2, 4)], rtol=1e-6)
+    np.testing.assert_allclose([r["bpb"] for r in records],
+                               [r["loss"] / np.log(2) for r in records], rtol=1e-12)

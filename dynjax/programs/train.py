@@ -42,6 +42,7 @@ programs.define_distributed_flags(flags)
 def main(argv):
     from dynjax.parallel import distributed
     from dynjax.train import loop, preempt
+    from dynjax.train.optim import clamp_warmup
 
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
@@ -49,13 +50,20 @@ def main(argv):
     errors.run_program(PROG, lambda: distributed.initialize_from_flags(flags))
     # a bad config, missing data, no restorable checkpoint: one line and exit status 2
     try:
+        # the config's own warm-up, longer than a short run's steps, is clamped (one line);
+        # a --config.train.warmup_steps given beside them is the user's and is checked as is
+        config = flags.FLAGS.config if any(a.startswith("--config.train.warmup_steps")
+                                           for a in sys.argv) else \
+            clamp_warmup(flags.FLAGS.config, log=lambda line: print(line, file=sys.stderr)
+                         if distributed.is_main() else None)
         result = errors.run_program(PROG, lambda: loop.train(
-            flags.FLAGS.config, flags.FLAGS.workdir, progress=flags.FLAGS.progress),
+            config, flags.FLAGS.workdir,
+            progress=True if flags.FLAGS.progress else "lines"),
             os_hint=lambda: _resume_hint(flags.FLAGS.workdir))
     except preempt.Preempted as stopped:   # SIGTERM/SIGINT: saved, then stopped
         print(f"{PROG}: {stopped}", file=sys.stderr)
         sys.exit(preempt.exit_status(stopped.signum))
-    for line in loop.summary(flags.FLAGS.config, result):
+    for line in loop.summary(config, result):
         print(line)
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import time
 
 import jax
 import numpy as np
@@ -31,7 +30,7 @@ from dynjax.runs import rundir
 from dynjax.jsonio import check_writable, write_json_atomic
 from dynjax.parallel import distributed, sharding
 from dynjax.train import checkpoint, classify, convert, guard, lm, preempt
-from dynjax.train.metrics import RunLog
+from dynjax.train.metrics import Interval, RunLog
 from dynjax.train.optim import learning_rate
 from dynjax.train.runlock import RunLock
 
@@ -61,10 +60,12 @@ def _initial_state(task, mngr, run_dir, main: bool, source=None):
     return state
 
 
-def train(config, workdir: str, progress: bool = True) -> dict:
+def train(config, workdir: str, progress: bool | str = True) -> dict:
     """Train (or resume) a run in ``workdir``; returns the final evaluation dict. A finished
     run (its final checkpoint restores and eval.json scored it) is not trained or evaluated
-    again: its eval.json is returned, and a line says so."""
+    again: its eval.json is returned, and a line says so. ``progress``: True, a progress bar
+    when stdout is a terminal and one line per log step otherwise (a batch job's log);
+    ``"lines"``, the lines always; False, neither."""
     # Every check before the run directory is written: the config (a ConfigError, also for
     # what only tracing the model finds, e.g. a MoD capacity of 0 tokens), the devices, the
     # run already in the directory, the workdir's writability, the data.
@@ -94,7 +95,24 @@ def _finished(run_dir, start: int, steps: int) -> dict | None:
     return result if result is not None and result.get("step") == steps else None
 
 
-def _train(task, config, source, run_dir, changes, stop, progress: bool, main: bool) -> dict:
+def _log_line(done: int, total: int, record: dict, steps: int, seconds: float) -> str:
+    """A log step as one line for a batch job's log file: step, the interval's mean loss
+    (and bits/byte), seconds per step and throughput without compile and evaluation, ETA."""
+    loss = record.get("loss", record.get("ce"))
+    parts = [f"step {done}/{total}", f"loss {loss:.4f}"]
+    if "bpb" in record:
+        parts.append(f"bpb {record['bpb']:.4f}")
+    if steps:
+        per = seconds / steps
+        rate = record.get("tokens_per_s") or record.get("examples_per_s")
+        unit = "tok/s" if "tokens_per_s" in record else "ex/s"
+        eta = int(round(per * (total - done)))
+        parts += [f"{per:.3f} s/step", f"{rate:,.0f} {unit}",
+                  f"eta {eta // 3600}:{eta // 60 % 60:02d}:{eta % 60:02d}"]
+    return " | ".join(parts)
+
+
+def _train(task, config, source, run_dir, changes, stop, progress, main: bool) -> dict:
     tc = config.train
     if main and not (run_dir / rundir.CONFIG).exists():   # config.json: how the run began
         write_json_atomic(run_dir / rundir.CONFIG, config.to_dict())
@@ -129,19 +147,26 @@ def _train(task, config, source, run_dir, changes, stop, progress: bool, main: b
     # Multi-device CPU simulation can deadlock when steps are pipelined: block each step.
     block_each = jax.device_count() > 1 or tc.get("block_every_step", False)
 
-    bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, disable=not progress,
+    use_bar = progress is True and sys.stdout.isatty()
+    lines = bool(progress) and not use_bar          # a log file: one line per log step
+    bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, disable=not use_bar,
                desc=task.desc(n_params), mininterval=2)
+    if lines and start < tc.steps:
+        print(f"{task.desc(n_params)}: steps {start + 1}..{tc.steps}", flush=True)
+    interval = Interval(run_dir, start, main)
     spikes = guard.SpikeWatch(tc.get("spike_factor", guard.DEFAULT_SPIKE_FACTOR),
                               log=lambda line: print(line, file=sys.stderr),
                               chance=getattr(task, "chance_loss", None))
     spikes.seed(writer.jsonl.kept or [])   # a spike right after a resume is one too
     saved = _Saved(start, changes if main else [])
-    t_last, step_last = time.perf_counter(), start
     for step in bar:
         state, record, metrics = step_fn(state, record, *task.batch(step))
         if block_each:
             jax.block_until_ready(state)
         done = step + 1
+        interval.add(guard.loss_of(metrics))
+        if step == start:     # it compiled: training time is counted from here
+            interval.start_clock(state, done)
         # The signal flag is read once per step: a signal that lands later in this step (the
         # handler runs wherever the loop is, e.g. in the log sync or a metrics append) is
         # this step's only if it was seen before the save was decided, else the next step's.
@@ -153,17 +178,24 @@ def _train(task, config, source, run_dir, changes, stop, progress: bool, main: b
             skipped = _check_finite(record, skip, mngr, run_dir, tc, done, saving, saved)
         if logged:
             metrics = jax.device_get(metrics)
-            now = time.perf_counter()
-            line = {"step": done, **task.log_record(metrics, done - step_last, now - t_last),
+            mean, steps, seconds = interval.close(done)
+            spikes.see(done, mean)      # the logged loss, as the window is seeded with
+            key = "loss" if "loss" in metrics else "ce"          # the interval's mean
+            line = {"step": done, **task.log_record({**metrics, key: mean}, max(steps, 1),
+                                                    seconds if steps else float("inf")),
                     "lr": learning_rate(tc, step)}
+            if not steps:     # only the step that compiled: no training time measured
+                line = {k: v for k, v in line.items() if k not in THROUGHPUT}
             if skip:
                 line["skipped_nonfinite"] = skipped
             writer.write(line)
-            spikes.see(done, float(guard.loss_of(metrics)))
-            bar.set_postfix(task.postfix(line))
-            t_last, step_last = now, done
+            if steps:
+                bar.set_postfix(task.postfix(line))
+            if lines:
+                print(_log_line(done, tc.steps, line, steps, seconds), flush=True)
         if done % tc.eval_every == 0 and done != tc.steps:
-            val = task.evaluate(state, "validation", done)
+            with interval.excluded():
+                val = task.evaluate(state, "validation", done)
             writer.write({"step": done, "split": "validation", **val})
             line = task.describe(val)
             if progress and line:
@@ -171,7 +203,9 @@ def _train(task, config, source, run_dir, changes, stop, progress: bool, main: b
         if logged or done % tc.eval_every == 0:
             writer.flush()    # the TensorBoard events, at log points only
         if saving:
-            _save(mngr, done, state, run_dir)
+            interval.keep_partial(done)
+            with interval.excluded():
+                _save(mngr, done, state, run_dir)
             saved.now(done, skipped, run_dir, config)
         if stopping:
             break
@@ -196,6 +230,9 @@ def _train(task, config, source, run_dir, changes, stop, progress: bool, main: b
     if stop.signum is not None:
         raise preempt.Preempted(stop.signum, result["step"], run_dir, finished=True)
     return result
+
+
+THROUGHPUT = ("tokens_per_s", "examples_per_s")
 
 
 def _compiler_options(task):

@@ -8,9 +8,12 @@ the line, since it means the file was edited or damaged, not torn.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import sys
+import time
 
 import jax
 from etils import epath
@@ -105,3 +108,77 @@ class RunLog:
 
     def close(self) -> None:
         self.events.close()
+
+
+# --------------------------------------------------------------- the log interval
+
+PARTIAL = "train_interval.json"   # a run's mid-interval loss sums, by checkpoint step
+
+
+class Interval:
+    """The steps since the last log record, for the record that closes it: the mean of their
+    losses (each step's float32 loss read on the host and summed in step order in float64)
+    and their training time, without this process's first step (it compiles), evaluations
+    and checkpoint saves (:meth:`excluded`). A checkpoint saved mid-interval keeps the
+    partial sum in ``train_interval.json``, so a run resumed there logs the same means as
+    one that never stopped. Only reads the step's outputs: training is unchanged."""
+
+    def __init__(self, run_dir, start: int, active: bool):
+        self.path = epath.Path(run_dir) / PARTIAL
+        self.active = active
+        self.pending = []            # this interval's losses not read yet (device scalars)
+        self.saved = self._read_saved(start)
+        self.sum, self.n = self.saved.get(str(start), (0.0, 0))
+        self.t0 = self.step0 = None  # the clock starts after this process's first step
+        self.skipped = 0.0           # seconds excluded since t0
+
+    def _read_saved(self, start: int) -> dict:
+        try:
+            saved = json.loads(self.path.read_text()) if self.path.exists() else {}
+        except (OSError, ValueError):
+            return {}                 # a damaged file: the first interval restarts
+        return {k: v for k, v in saved.items() if int(k) <= start}
+
+    def add(self, loss) -> None:
+        self.pending.append(loss)
+
+    def _read(self) -> None:
+        for value in jax.device_get(self.pending):
+            if math.isfinite(float(value)):     # a skipped non-finite step is not averaged
+                self.sum += float(value)
+                self.n += 1
+        self.pending = []
+
+    def start_clock(self, state, done: int) -> None:
+        """After this process's first step: the time from here is training time."""
+        jax.block_until_ready(state)
+        self.t0, self.step0, self.skipped = time.perf_counter(), done, 0.0
+
+    @contextlib.contextmanager
+    def excluded(self):
+        """Time spent inside is not training time (evaluation, checkpoint saves)."""
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.skipped += time.perf_counter() - t
+
+    def close(self, done: int) -> tuple[float, int, float]:
+        """(mean loss, timed steps, their seconds) of the interval ending at step ``done``;
+        the next interval starts empty."""
+        self._read()
+        mean = self.sum / self.n if self.n else float("nan")   # all skipped: NaN
+        now = time.perf_counter()
+        steps = done - self.step0 if self.step0 is not None else 0
+        seconds = now - self.t0 - self.skipped if self.t0 is not None else 0.0
+        self.sum, self.n = 0.0, 0
+        if self.t0 is not None:
+            self.t0, self.step0, self.skipped = now, done, 0.0
+        return mean, steps, seconds
+
+    def keep_partial(self, step: int) -> None:
+        """At a checkpoint of step ``step``: the interval's sum so far, for a resume there."""
+        self._read()
+        self.saved[str(step)] = (self.sum, self.n)
+        if self.active:
+            write_text_atomic(self.path, json.dumps(self.saved))

@@ -29,6 +29,31 @@ def make_optimizer(tc) -> optax.GradientTransformation:
                     mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)))
 
 
+WARMUP_FRACTION = 10   # a clamped warm-up is this fraction (1/10) of the run's steps
+
+
+def clamp_warmup(config, log=print):
+    """``config`` with ``train.warmup_steps`` clamped to a tenth of ``train.steps`` where it
+    exceeds them (a short run of a config made for a long one: ``dynjax-train
+    --config.train.steps=50`` with the config's 100 warm-up steps), said in one line through
+    ``log``; else unchanged. dynjax-train applies it unless the command line sets
+    ``train.warmup_steps`` (then a value above the steps is refused, as the library
+    refuses it). The clamped value is what config.json records, so a re-run resumes."""
+    tc = config.train
+    if not 0 < tc.steps < tc.warmup_steps:
+        return config
+    import ml_collections
+
+    warmup = max(1, tc.steps // WARMUP_FRACTION)
+    if log is not None:
+        log(f"note: train.warmup_steps={tc.warmup_steps} exceeds train.steps={tc.steps}: "
+            f"warming up over {warmup} steps (a tenth of the run); set "
+            "--config.train.warmup_steps to choose")
+    config = ml_collections.ConfigDict(config.to_dict())
+    config.train.warmup_steps = warmup
+    return config
+
+
 def check_train_config(tc) -> None:
     """The schedule and optimizer fields the loop (any task) relies on: a value optax would
     take and train on silently (b2=2, a negative clip) is refused here."""

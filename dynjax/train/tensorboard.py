@@ -38,14 +38,16 @@ ROTATE_BYTES = 4 << 20   # object stores: start a new file past this, so uploads
 
 def scalars(record: dict) -> list[tuple[str, float]]:
     """(tag, value) of every numeric field of a metrics record (flags such as ``causal``
-    are not series: booleans are left out)."""
+    are not series: booleans are left out; nor are ``windows``, how many windows an
+    evaluation scored, a fixed count)."""
     split = record.get("split", "train")
     out = []
 
     def walk(tag, v):
         if isinstance(v, dict):
             for k, x in v.items():
-                walk(f"{tag}/{k}", x)
+                if k != "windows":
+                    walk(f"{tag}/{k}", x)
         elif isinstance(v, (list, tuple)):
             for i, x in enumerate(v):
                 walk(f"{tag}/{i}", x)
@@ -53,7 +55,7 @@ def scalars(record: dict) -> list[tuple[str, float]]:
             out.append((tag, float(v)))
 
     for key, value in to_python(record).items():
-        if key not in ("step", "split"):
+        if key not in ("step", "split", "windows"):
             walk(f"{split}/{key}", value)
     return out
 
