@@ -96,6 +96,59 @@ def test_schema_axes():
     assert hyper.COMB_AXES.index("hc_in") == 3
 
 
+def test_routers_and_clamped_swiglu_equal_transformers():
+    """V4's sqrt-softplus top-k router (selection-only bias), its hash router (tid2eid) and
+    the clamped SwiGLU against transformers' modules."""
+    from dynjax.models import deepseek_v4 as v4
+    data, _, _ = reference()
+    cfg = v4.Config(num_experts=8, top_k=2, routed_scaling_factor=1.5, swiglu_limit=1.5)
+    p = {"router": jnp.asarray(data["router.weight"].T), "router_bias": jnp.asarray(
+        data["router.bias"])}
+    x = jnp.asarray(data["router.x"])
+    scores = v4.router_scores(p, x)
+    experts, w = v4.route(cfg, p, scores, None)
+    np.testing.assert_array_equal(np.sort(experts, -1), np.sort(data["router.idx"], -1))
+    order = np.argsort(np.asarray(experts), -1), np.argsort(data["router.idx"], -1)
+    np.testing.assert_allclose(np.take_along_axis(np.asarray(w), order[0], -1),
+                               np.take_along_axis(data["router.w"], order[1], -1), atol=1e-6)
+    hashed = {"router": p["router"], "tid2eid": jnp.asarray(data["hash.table"], jnp.int32)}
+    experts, w = v4.route(cfg, hashed, scores, jnp.asarray(data["hash.ids"]))
+    np.testing.assert_array_equal(experts, data["hash.idx"])
+    np.testing.assert_allclose(w, data["hash.w"], atol=1e-6)
+    xm = jnp.asarray(data["mlp.x"])
+    y = v4.clamped_swiglu_rows(1.5, xm @ data["mlp.gate"].T, xm @ data["mlp.up"].T) \
+        @ data["mlp.down"].T
+    np.testing.assert_allclose(y, data["mlp.y"], atol=2e-6)
+
+
+def test_v32_lightning_indexer_equals_transformers():
+    """DeepSeek-V3.2's indexer (components.indexer): its causal top-3 and its full ranking
+    of every key equal transformers' DeepseekV32Indexer's."""
+    from dynjax.models.components import indexer
+    data, _, _ = reference()
+    H, d = 4, 12
+    p = {"q_b": data["idx.q_b"].T.reshape(10, H, d), "k": data["idx.k"].T,
+         "k_norm": data["idx.k_norm"], "k_norm_bias": data["idx.k_norm_bias"],
+         "weights": data["idx.weights"].T}
+    half = data["idx.cos"].shape[-1] // 2
+    s = jax.jit(indexer.scores)(jax.tree.map(jnp.asarray, p), jnp.asarray(data["idx.x"]),
+                                jnp.asarray(data["idx.q_res"]),
+                                jnp.asarray(data["idx.cos"][..., :half]),
+                                jnp.asarray(data["idx.sin"][..., :half]))
+    # transformers' ranking orders our scores (ties, e.g. all heads at relu 0, in any order)
+    ranked = np.take_along_axis(np.asarray(s), data["idx.rank"].astype(np.int64), -1)
+    assert (np.diff(ranked, axis=-1) <= 0).all()
+    assert (np.diff(ranked, axis=-1) < -1e-4).mean() > 0.5     # mostly distinct scores
+    T = s.shape[-1]
+    causal = np.tril(np.ones((T, T), bool))
+    chosen = np.asarray(indexer.select(s, causal, 3))
+    expected = np.zeros_like(chosen)
+    np.put_along_axis(expected, data["idx.top3"].astype(np.int64), True, -1)
+    np.testing.assert_array_equal(chosen, expected & causal)
+    masked = np.sort(np.where(causal, np.asarray(s), -np.inf), -1)[..., ::-1]
+    assert float((masked[:, 3:, 2] - masked[:, 3:, 3]).min()) > 1e-4   # top-3 margins
+
+
 # ------------------------------------------------------------------ the whole model (port)
 
 from dynjax.models import deepseek_v4 as v4  # noqa: E402

@@ -60,6 +60,7 @@ from dynjax.coeffs import Axes
 from dynjax.errors import CheckpointError, ConfigError
 from dynjax.models import dispatch
 from dynjax.models.components import hyper
+from dynjax.models.components import indexer as indexer_lib
 from dynjax.models.components import rotary as rotary_lib
 from dynjax.models.components.norms import rms_norm
 
@@ -241,15 +242,11 @@ def indexer_scores(cfg: Config, p, x, q_res, positions):
 
 def index_select(cfg: Config, scores, positions):
     """The entries each query attends to (B, T, n) bool: the top ``index_topk`` of the
-    scores it may see (fewer when fewer are visible)."""
-    n = scores.shape[-1]
-    if n == 0:
+    scores it may see (fewer when fewer are visible; ``components.indexer.select``)."""
+    if scores.shape[-1] == 0:
         return jnp.zeros(scores.shape, bool)
-    visible = visible_entries(cfg.csa_rate, n, positions)
-    k = min(cfg.index_topk, n)
-    top = jax.lax.top_k(jnp.where(visible, scores, -jnp.inf), k)[1]
-    chosen = jnp.sum(jax.nn.one_hot(top, n, dtype=jnp.int32), axis=-2) > 0
-    return chosen & visible
+    return indexer_lib.select(scores, visible_entries(cfg.csa_rate, scores.shape[-1], positions),
+                              cfg.index_topk)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,70 @@
+"""The lightning indexer of DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5), per token.
+
+For each query s and earlier key t of a layer (B, T tokens), in float32:
+
+    q = (q_res W_qb) per indexer head (H, d);  k = LayerNorm(x W_k) (d,), one key head
+    rotary (half-split pairs, the model's cos/sin) on the first ``rope_dim`` channels of both
+    score[s, t] = sum_h w_sh relu(q_sh . k_t) d^-1/2,   w = x W_w H^-1/2
+
+and the query attends only to its ``index_topk`` best-scored visible keys. ``q_res`` is the
+attention's normed low-rank query (MLA's ``q_a_layernorm(q_a_proj(x))``). The scores are a
+coefficient site (axes layer, example, token, key); replay recomputes the selection from
+the given scores (:func:`select`), as MoD's top-k is. GLM-5's "shared" layers reuse the
+previous indexing layer's selection (no scores of their own).
+
+Parameters: ``q_b`` (q_lora_rank, H, d), ``k`` (D, d), ``k_norm``, ``k_norm_bias`` (d,),
+``weights`` (D, H).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from dynjax.coeffs import Axes
+
+F32 = jnp.float32
+AXES = Axes(("layer", "example", "token", "key"))
+LAYER_NORM_EPS = 1e-6
+
+
+def rows(path, hidden: int, q_lora_rank: int, heads: int, head_dim: int):
+    return [(path + ("q_b",), (q_lora_rank, heads, head_dim), (None, "heads", "kv")),
+            (path + ("k",), (hidden, head_dim), ("embed", "kv")),
+            (path + ("k_norm",), (head_dim,), ("kv",)),
+            (path + ("k_norm_bias",), (head_dim,), ("kv",)),
+            (path + ("weights",), (hidden, heads), ("embed", "heads"))]
+
+
+def layer_norm(x, w, b, eps=LAYER_NORM_EPS):
+    x32 = x.astype(F32)
+    mu = jnp.mean(x32, -1, keepdims=True)
+    var = jnp.mean(jnp.square(x32 - mu), -1, keepdims=True)
+    return ((x32 - mu) * jax.lax.rsqrt(var + eps) * w + b).astype(x.dtype)
+
+
+def rotate_first(x, cos, sin):
+    """x (B, T, [H,] d) with its first 2 cos.shape[-1] channels rotated in half-split pairs
+    (i, i + r/2); cos, sin (B, T, r/2)."""
+    r = cos.shape[-1] * 2
+    if x.ndim == 4:
+        cos, sin = cos[:, :, None], sin[:, :, None]
+    a, b, rest = x[..., :r // 2], x[..., r // 2:r], x[..., r:]
+    return jnp.concatenate([a * cos - b * sin, b * cos + a * sin, rest], axis=-1)
+
+
+def scores(p, x, q_res, cos, sin):
+    """The indexer's scores (B, T, T) float32 of every query against every key (unmasked)."""
+    q = rotate_first(jnp.einsum("btr,rhd->bthd", q_res, p["q_b"]), cos, sin).astype(F32)
+    k = rotate_first(layer_norm(x @ p["k"], p["k_norm"], p["k_norm_bias"]), cos, sin)
+    d, H = q.shape[-1], q.shape[-2]
+    s = jax.nn.relu(jnp.einsum("bshd,btd->bsht", q, k.astype(F32)) * F32(d ** -0.5))
+    w = (x @ p["weights"]).astype(F32) * F32(H ** -0.5)
+    return jnp.einsum("bsht,bsh->bst", s, w)
+
+
+def select(scores, visible, topk: int):
+    """(B, S, T) bool: each query's ``topk`` best visible keys (all of them when fewer)."""
+    n = scores.shape[-1]
+    k = min(topk, n)
+    top = jax.lax.top_k(jnp.where(visible, scores, -jnp.inf), k)[1]
+    return (jnp.sum(jax.nn.one_hot(top, n, dtype=jnp.int32), axis=-2) > 0) & visible
