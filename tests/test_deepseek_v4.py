@@ -249,3 +249,26 @@ def test_config_defaults_and_refusals():
         v4.config_from_hf({"model_type": "deepseek_v4", "quantization_config": {"x": 1}})
     with pytest.raises(ConfigError, match="scoring_func"):
         v4.config_from_hf({"model_type": "deepseek_v4", "scoring_func": "softmax"})
+
+
+def test_recent_keys_keeps_the_most_recent_visible_entries():
+    """The indexers' static control (interventions.recent_keys): replayed, every query keeps
+    its index_topk most recent visible entries; the other families are untouched."""
+    from dynjax.audit import interventions
+    model, params, ref, apply, logits, coeffs = port()
+    cfg = model.cfg
+    recent = interventions.recent_keys(coeffs, model.schema)
+    chex.assert_trees_all_equal({k: v for k, v in recent.items() if k != "indexer"},
+                                {k: v for k, v in coeffs.items() if k != "indexer"})
+    positions = jnp.arange(ref["input_ids"].shape[1])
+    n = coeffs["indexer"].shape[-1]
+    visible = np.asarray(v4.visible_entries(cfg.csa_rate, n, positions))
+    count = visible.sum(-1)
+    expected = (np.arange(n)[None, :] >= count[:, None] - cfg.index_topk) & visible
+    for scores in recent["indexer"]:
+        np.testing.assert_array_equal(v4.index_select(cfg, scores, positions),
+                                      np.broadcast_to(expected, scores.shape))
+    replayed, _ = apply(params, jnp.asarray(ref["input_ids"]), coeffs_lib.replaying(recent))
+    assert np.isfinite(np.asarray(replayed)).all()
+    assert float(jnp.abs(replayed - logits).max()) > 1e-4
+    assert apply._cache_size() == 1

@@ -394,6 +394,29 @@ ROUTING: dict[str, Condition] = {c.name: c for c in (
               "each token's top-k experts kept, with equal weights", needs=("top_k",),
               axes=("expert",)),
 )}
+
+
+def recent_keys(coeffs: Coeffs, schema: Schema, calib: Coeffs | None = None) -> Coeffs:
+    """Indexer leaves (a ``key`` axis): every query's scores become the key's index, so the
+    causal top-k the model recomputes keeps its k most recent visible keys: the same number
+    of keys, chosen by position only (the indexers' static control). Other leaves kept."""
+    def one(a, axes: Axes):
+        if "key" not in axes:
+            return a
+        shape = [1] * a.ndim
+        shape[axes.index("key")] = a.shape[axes.index("key")]
+        return jnp.broadcast_to(jnp.arange(shape[axes.index("key")], dtype=a.dtype)
+                                .reshape(shape), a.shape)
+    return map_with_axes(one, coeffs, schema)
+
+
+# Conditions for learned token selection (a ``key`` axis: DeepSeek-V3.2/V4, GLM-5 indexers).
+SELECTION: dict[str, Condition] = {c.name: c for c in (
+    Condition("recent_keys", "Recent-keys", recent_keys, False,
+              "each query keeps its k most recent visible keys (position only)",
+              axes=("key",)),
+)}
+# SELECTION stays out of REGISTRY (what audits run) until audit.py --hf loads an indexer model
 REGISTRY: dict[str, Condition] = {**CONDITIONS, **ROUTING}
 
 
