@@ -63,11 +63,44 @@ ARCHS = {
                       num_experts=8, num_experts_per_tok=4, norm_topk_prob=True,
                       decoder_sparse_step=2, rope_parameters=dict(rope_type="default",
                                                                   rope_theta=1e6)),
+    # DeepSeek-V3: q-LoRA, 4 groups of 2 experts (2 kept), YaRN whose two mscales differ (so
+    # both the cos/sin factor and the softmax scale's mscale^2 are exercised), 1 dense layer
+    "deepseek_v3": dict(num_hidden_layers=3, intermediate_size=64, moe_intermediate_size=16,
+                        num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
+                        qk_nope_head_dim=8, qk_rope_head_dim=8, head_dim=8, v_head_dim=8,
+                        n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+                        n_shared_experts=1, first_k_dense_replace=1, norm_topk_prob=True,
+                        routed_scaling_factor=2.5, rope_interleave=True,
+                        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                             original_max_position_embeddings=64,
+                                             beta_fast=32.0, beta_slow=1.0, mscale=1.0,
+                                             mscale_all_dim=0.8)),
+    # DeepSeek-V3 without q-LoRA (one q_proj) and without groups, rotate-half pairs
+    "deepseek_v3_plain": dict(model_type="deepseek_v3", num_hidden_layers=2,
+                              intermediate_size=64, moe_intermediate_size=16,
+                              num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16,
+                              qk_nope_head_dim=8, qk_rope_head_dim=8, head_dim=8, v_head_dim=8,
+                              n_routed_experts=8, num_experts_per_tok=2, n_group=1,
+                              topk_group=1, n_shared_experts=2, first_k_dense_replace=0,
+                              norm_topk_prob=False, routed_scaling_factor=1.5,
+                              rope_interleave=False,
+                              rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    # DeepSeek-V2(-Lite): softmax router, group_limited_greedy, YaRN with equal mscales
+    "deepseek_v2": dict(num_hidden_layers=3, intermediate_size=64, moe_intermediate_size=16,
+                        num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16,
+                        qk_nope_head_dim=8, qk_rope_head_dim=8, head_dim=8, v_head_dim=8,
+                        n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+                        topk_method="group_limited_greedy", n_shared_experts=2,
+                        first_k_dense_replace=1, routed_scaling_factor=2.0,
+                        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                             original_max_position_embeddings=64,
+                                             mscale=0.707, mscale_all_dim=0.707)),
 }
 SHARDED = {"mixtral"}
 BATCH, SEQ_LEN = 2, 32
 ROUTER_STD = 0.375     # router logits of RMS-normed inputs get std ~3: clear top-k margins
 MIN_MARGIN = 1e-3      # smallest k-th minus (k+1)-th router logit accepted (noise ~1e-6)
+BIAS_STD = 0.15        # DeepSeek-V3's e_score_correction_bias: moves some tokens' selection
 
 
 def train_tokenizer(out: pathlib.Path):
@@ -92,29 +125,78 @@ def margins(router_logits, k):
     return float((z[:, k - 1] - z[:, k]).min())
 
 
+def selection_margin(cfg, logits, bias):
+    """DeepSeek-style routers (transformers' rule, recomputed in torch from the captured
+    logits; sigmoid scores, or log-softmax ones, whose gaps are the logits'): the smaller of the topk_group-th vs next group-score gap and the k-th vs
+    (k+1)-th gap of the eligible selection scores; and on how many tokens the bias moved
+    the selection off the unbiased top-k."""
+    import torch
+
+    k, E = cfg.num_experts_per_tok, logits.shape[-1]
+    sigmoid = cfg.model_type == "deepseek_v3"
+    # softmax keeps the logits' order (and their gaps in log space): margins in logits
+    scores = logits.sigmoid() if sigmoid else logits.log_softmax(-1)
+    choice = scores + bias if bias is not None else scores
+    G = cfg.n_group or 1
+    margin = float("inf")
+    if G > 1 and cfg.topk_group < G:
+        grouped = choice.view(-1, G, E // G)
+        group = grouped.topk(2, -1)[0].sum(-1) if sigmoid else grouped.max(-1).values
+        g = group.sort(-1, descending=True).values
+        margin = float((g[:, cfg.topk_group - 1] - g[:, cfg.topk_group]).min())
+        keep = torch.zeros_like(group).scatter_(1, group.topk(cfg.topk_group, -1)[1], 1)
+        choice = choice.masked_fill(~keep.repeat_interleave(E // G, -1).bool(), float("-inf"))
+    z = choice.sort(-1, descending=True).values
+    margin = min(margin, float((z[:, k - 1] - z[:, k]).min()))
+    picked = choice.topk(k, -1)[1].sort(-1).values
+    moved = int((picked != scores.topk(k, -1)[1].sort(-1).values).any(-1).sum())
+    return margin, moved
+
+
 def build(arch: str, out: pathlib.Path, tokenizer: pathlib.Path):
     import torch
     import transformers
 
     from dynjax.loaders import hf
 
-    cfg = transformers.AutoConfig.for_model(arch, **COMMON, **ARCHS[arch])
+    spec = dict(ARCHS[arch])
+    model_type = spec.pop("model_type", arch)
+    cfg = transformers.AutoConfig.for_model(model_type, **{**COMMON, **spec})
     cfg._attn_implementation = "eager"
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy(tokenizer, out / "tokenizer.json")
     ids = hf.token_windows(str(out), SEQ_LEN, n_calibration=BATCH, n_evaluation=1)["calibration"]
-    for seed in range(20):
+    for seed in range(60):
         torch.manual_seed(seed)
         model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+        grouped = model_type.startswith("deepseek")
+        picks, captured, biases = [], [], []
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):
                     p.normal_(0.0, ROUTER_STD)
+            for name, b in model.named_buffers():
+                if name.endswith("e_score_correction_bias"):
+                    b.normal_(0.0, BIAS_STD)
+            def keep(module, inputs, out):   # (logits, weights, experts); returns None
+                captured.append(out[0])
+                picks.append(out[2])
+            if grouped:
+                for name, m in model.named_modules():
+                    if name.endswith("mlp.gate"):
+                        biases.append(getattr(m, "e_score_correction_bias", None))
+                        m.register_forward_hook(keep)
             res = model(torch.as_tensor(ids, dtype=torch.long), output_router_logits=True)
-        routers = [r.reshape(BATCH * SEQ_LEN, -1) for r in (getattr(res, "router_logits", None) or ())]
+        routers = [r.reshape(BATCH * SEQ_LEN, -1) for r in
+                   (captured or getattr(res, "router_logits", None) or ())]
         k = getattr(cfg, "num_experts_per_tok", 0)
-        margin = min((margins(r, k) for r in routers), default=float("inf"))
-        if margin > MIN_MARGIN:
+        moved = 0
+        if grouped:
+            found = [selection_margin(cfg, r, b) for r, b in zip(routers, biases)]
+            margin, moved = min(f[0] for f in found), sum(f[1] for f in found)
+        else:
+            margin = min((margins(r, k) for r in routers), default=float("inf"))
+        if margin > MIN_MARGIN and (moved > 0 or not any(b is not None for b in biases)):
             break
     else:
         raise SystemExit(f"{arch}: no seed gave top-k margins above {MIN_MARGIN}")
@@ -122,13 +204,16 @@ def build(arch: str, out: pathlib.Path, tokenizer: pathlib.Path):
         f.unlink()
     model.save_pretrained(out, max_shard_size="200KB" if arch in SHARDED else "50GB")
     (out / "generation_config.json").unlink(missing_ok=True)
+    extra = {"router_experts": np.stack([np.sort(p.numpy(), -1) for p in picks]),
+             "bias_moved_tokens": moved} if picks else {}
     np.savez(out / "reference.npz", input_ids=ids, logits=res.logits.numpy(),
              router_logits=np.stack([r.numpy() for r in routers]) if routers
              else np.zeros((0, BATCH * SEQ_LEN, 0), np.float32),
              seed=seed, top_k_margin=margin, transformers=transformers.__version__,
-             torch=torch.__version__)
+             torch=torch.__version__, **extra)
     return {"seed": seed, "top_k_margin": margin if routers else None,
-            "transformers": transformers.__version__, "torch": torch.__version__}
+            "transformers": transformers.__version__, "torch": torch.__version__,
+            **({"bias_moved_tokens": moved} if picks and biases[0] is not None else {})}
 
 
 def parity(out: pathlib.Path) -> dict:
@@ -137,6 +222,7 @@ def parity(out: pathlib.Path) -> dict:
     import jax
 
     from dynjax.loaders import hf
+    from dynjax.models import llm
 
     ref = np.load(out / "reference.npz")
     model, params = hf.load(str(out))
@@ -144,9 +230,11 @@ def parity(out: pathlib.Path) -> dict:
     row = {"max_abs_logit_diff": float(np.abs(np.asarray(logits) - ref["logits"]).max()),
            "max_abs_logit": float(np.abs(ref["logits"]).max())}
     if "router" in coeffs:
-        k = model.cfg.top_k
-        ours = np.sort(np.asarray(jax.lax.top_k(coeffs["router"], k)[1]), -1)
-        theirs = np.sort(np.argsort(-ref["router_logits"], -1)[..., :k], -1)
+        ours = np.sort(np.asarray(llm.selected_experts(model.cfg, params, coeffs["router"])), -1)
+        if "router_experts" in ref:     # the router's own picks (selection != top-k scores)
+            theirs = ref["router_experts"]
+        else:
+            theirs = np.sort(np.argsort(-ref["router_logits"], -1)[..., :model.cfg.top_k], -1)
         row["top_k_sets_equal"] = bool((ours.reshape(theirs.shape) == theirs).all())
     return row
 
@@ -183,6 +271,8 @@ def main():
             made = {"seed": int(ref["seed"]), "top_k_margin": float(ref["top_k_margin"])
                     if ref["router_logits"].size else None,
                     "transformers": str(ref["transformers"]), "torch": str(ref["torch"])}
+            if "bias_moved_tokens" in ref and arch != "deepseek_v2":
+                made["bias_moved_tokens"] = int(ref["bias_moved_tokens"])
         table[arch] = {**made, **parity(out / arch)}
         print(arch, table[arch], flush=True)
     tokenizer.unlink(missing_ok=True)

@@ -1,7 +1,8 @@
 """audit.py --hf and scorecard.py --hf on the committed tiny random HF fixtures (tests/data/hf):
-the routing audit prints its plan and table with the routing conditions; the scorecard's
-tokens per expert are the top-k counts of the recorded router scores, its parameter counts
-the port's; weights_flat replays through the ports' own router with the same experts and
+the routing audit of a tiny DeepSeek-V3 (MLA, sigmoid scores with a selection-only bias,
+groups) prints its plan and table with the routing conditions; the scorecard's tokens per
+expert (of that DeepSeek-V3) are the counts of the experts its router picks from the
+recorded scores (bias and groups applied, not their top-k), its parameter counts the port's; weights_flat replays through the ports' own router with the same experts and
 equal weights; open_target tells HF directories apart."""
 import json
 import os
@@ -32,26 +33,26 @@ def _run(args, timeout=420):
 
 @pytest.fixture(scope="module")
 def hf_audit(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("hf_audit") / "olmoe")
-    stdout = _run(["audit.py", "--config=configs/audit_hf.py", f"--hf={HF}/olmoe", f"--out={out}",
-                   *SMALL])
+    out = str(tmp_path_factory.mktemp("hf_audit") / "deepseek_v3")
+    stdout = _run(["audit.py", "--config=configs/audit_hf.py", f"--hf={HF}/deepseek_v3",
+                   f"--out={out}", *SMALL])
     with open(os.path.join(out, "results.json")) as f:
         return stdout, json.load(f), out
 
 
 def test_audit_hf_prints_the_plan_and_the_routing_table(hf_audit):
     stdout, res, out = hf_audit
-    assert stdout.startswith("HF olmoe audit plan: 2 layers, dim 48")
+    assert stdout.startswith("HF deepseek_v3 audit plan: 3 layers, dim 48")
     for label in ("Cross-input", "Token-shuffle", "LayerMean", "GlobalMean", "Token-identity",
                   "Expert-relabel", "Weights-flat"):
         assert f"\n{label}" in stdout, label
-    assert res["title"] == "FCA: olmoe (olmoe), 1 checkpoint"
+    assert res["title"] == "FCA: deepseek_v3 (deepseek_v3), 1 checkpoint"
     assert res["replay"]["exact"] is True
     assert list(res["conditions"]) == list(interventions.REGISTRY)
-    assert res["meta"]["facts"] == {"top_k": 4} and res["meta"]["task"] == "next_token"
+    assert res["meta"]["facts"] == {"top_k": 2} and res["meta"]["task"] == "next_token"
     assert 0 < res["meta"]["token_identity"]["singleton_fraction"] < 1
     ck = res["meta"]["checkpoints"][0]
-    assert ck["family"] == "llm" and ck["variant"] == "olmoe"
+    assert ck["family"] == "llm" and ck["variant"] == "deepseek_v3"
     assert np.shape(ck["per_window"]["delta_nll"]["token_identity"]) == (2, 8)
     assert np.shape(ck["per_window"]["delta_nll"]["weights_flat"]) == (8,)
     assert res["meta"]["plan"]["windows"]["seq_len"] == 32
@@ -65,22 +66,25 @@ def test_scorecard_hf_tokens_per_expert_and_parameters(tmp_path):
     from dynjax.runs import open_target
 
     out = str(tmp_path / "card")
-    stdout = _run(["scorecard.py", "--config=configs/scorecard_hf.py", f"--hf={HF}/qwen2_moe",
+    stdout = _run(["scorecard.py", "--config=configs/scorecard_hf.py", f"--hf={HF}/deepseek_v3",
                    f"--out={out}", *[a.replace("--config.", "--config.audit.") for a in SMALL],
                    "--config.execution_windows=2", "--config.latency_batches=1,",
                    "--config.latency_repeats=1", "--config.thresholds.latency_batch=1"])
-    assert "llm/qwen2_moe" in stdout and "execution" in stdout
+    assert "llm/deepseek_v3" in stdout and "execution" in stdout
     card = json.load(open(os.path.join(out, "scorecard.json")))["cards"][0]
     ex = card["execution"]
-    assert ex["kind"] == "experts" and ex["top_k"] == 2 and ex["moe_layers"] == [0, 2]
-    # the shares are the top-k counts of the router scores recorded on the same windows
-    target = open_target(f"{HF}/qwen2_moe", kind="hf")
+    assert ex["kind"] == "experts" and ex["top_k"] == 2 and ex["moe_layers"] == [1, 2]
+    # the shares count the experts the router picks from the scores recorded on the same
+    # windows (the selection bias and groups applied), which are not their top-k
+    target = open_target(f"{HF}/deepseek_v3", kind="hf")
     _, ev, _ = target.windows(target.scorecard_audit_config(_config()).data, 0, 2)
-    model, params = hf.load(f"{HF}/qwen2_moe")
+    model, params = hf.load(f"{HF}/deepseek_v3")
     _, coeffs = jax.jit(model.apply)(params, jnp.asarray(ev))
-    chosen = np.asarray(jax.lax.top_k(coeffs["router"], 2)[1])
+    chosen = np.asarray(llm.selected_experts(model.cfg, params, coeffs["router"]))
     counts = np.stack([np.bincount(c.ravel(), minlength=8) for c in chosen])
     np.testing.assert_allclose(ex["tokens_per_expert"], counts / counts.sum(1, keepdims=True))
+    top = np.asarray(jax.lax.top_k(coeffs["router"], 2)[1])
+    assert (np.sort(top, -1) != np.sort(chosen, -1)).any()
     n = llm.param_count(model.cfg)
     assert (ex["active_params"], ex["total_params"]) == (n["active"], n["total"])
     assert abs(ex["dense_params"] - n["total"]) <= 3 * model.cfg.hidden_size
@@ -144,7 +148,7 @@ def test_open_target_tells_hf_directories_apart(tmp_path):
     (other / "config.json").write_text(json.dumps(dict(config, model_type="falcon")))
     for kind in (None, "hf"):
         with pytest.raises(AuditError, match="model_type='falcon' is not supported; "
-                                             "supported: llama, mistral") as e:
+                                             "supported: deepseek_v2, deepseek_v3, llama") as e:
             open_target(other, kind=kind)
         assert "\n" not in str(e.value) and "muddpythia" in str(e.value) or kind == "hf"
     (other / "config.json").unlink()

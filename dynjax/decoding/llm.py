@@ -5,7 +5,8 @@ prompt) against the cache: the same projections, norms, rotary angles and FFN (e
 token reaches its k experts, as in the sequence form: nothing depends on other tokens), so
 decoding equals the forward at every position within float tolerance. A layer's cache
 holds the keys and values of the ``n_kv_heads`` key/value heads only (grouped-query
-attention shares them), at the core cache's slots and positions (``decoding.cache``).
+attention shares them; multi-head latent attention: every head's expanded key and value,
+not the latent), at the core cache's slots and positions (``decoding.cache``).
 """
 from __future__ import annotations
 
@@ -13,18 +14,22 @@ import jax.numpy as jnp
 
 from dynjax.decoding.cache import append_slots, write
 from dynjax.models import llm
+from dynjax.models.components.attention import ATTENTION
 from dynjax.models.mod import EMPTY
 
 
 def init_cache(cfg: llm.Config, batch: int, max_len: int):
-    """Per layer: ``max_len`` slots of (n_kv_heads, head_dim) keys and values."""
+    """Per layer: ``max_len`` slots of keys and values, as ``cfg.attention`` caches them
+    (GQA: (n_kv_heads, head_dim) each)."""
     if cfg.mod_layers:
         raise NotImplementedError(
             f"KV-cache decoding of the llm family's Mixture-of-Depths layers "
             f"(mod_layers={cfg.mod_layers}) is not built; its causal rules are scored by the "
             "sequence forward (model.mod_route='router' or 'predictor'), as train.py evaluates")
-    k = jnp.zeros((batch, max_len, cfg.n_kv_heads, cfg.head_dim), cfg.compute_dtype)
-    return [{"k": k, "v": jnp.zeros_like(k), "pos": jnp.full((batch, max_len), EMPTY, jnp.int32),
+    k_shape, v_shape = ATTENTION[cfg.attention].cache_shape(cfg)
+    k = jnp.zeros((batch, max_len, *k_shape), cfg.compute_dtype)
+    v = jnp.zeros((batch, max_len, *v_shape), cfg.compute_dtype)
+    return [{"k": k, "v": v, "pos": jnp.full((batch, max_len), EMPTY, jnp.int32),
              "n": jnp.zeros((batch,), jnp.int32)} for _ in range(cfg.n_layers)]
 
 

@@ -36,10 +36,6 @@ __all__ = ["NOT_YET", "SUPPORTED", "Tensors", "config_from_hf", "is_hf_dir", "lo
            "params_from_tensors", "read_config", "token_windows", "tokenizer"]
 SUPPORTED = archs.SUPPORTED
 NOT_YET = {  # model_type -> what this port still lacks
-    "deepseek_v2": "multi-head latent attention (MLA), group-limited top-k routing, "
-                   "routed_scaling_factor and the first dense layers",
-    "deepseek_v3": "multi-head latent attention (MLA), sigmoid routing with "
-                   "e_score_correction_bias, group-limited top-k and routed_scaling_factor",
     "gpt_oss": "attention sinks, sliding/full attention alternation, the router bias and "
                "the clamped SwiGLU",
 }
@@ -68,12 +64,13 @@ def config_from_hf(hf: Mapping[str, Any], dtype="float32") -> llm.Config:
 # --------------------------------------------------------------------------------------------
 
 def params_from_tensors(cfg: llm.Config, t: Tensors, strict: bool = True, shardings=None):
-    """The params pytree of ``cfg`` from a checkpoint's tensors, each cast to ``cfg.dtype``
+    """The params pytree of ``cfg`` from a checkpoint's tensors, each cast to its dtype
+    (``llm.param_dtype``: ``cfg.dtype``; a DeepSeek router's weight and bias float32)
     (and put on its ``shardings`` leaf, a pytree like the params) as it is read."""
-    dt = jnp.dtype(cfg.dtype)
     table = archs.get(cfg.model_type).tensors
     params = llm.params_from_table(cfg, lambda path, shape: tensors.place(
-        common.read_param(table, cfg, t, path, shape), dt, _leaf(shardings, path)))
+        common.read_param(table, cfg, t, path, shape), jnp.dtype(llm.param_dtype(cfg, path)),
+        _leaf(shardings, path)))
     if strict:
         extra = sorted(k for k in t.where if k not in t.used and not k.endswith(_IGNORED)
                        and not (cfg.tie_word_embeddings and k == "lm_head.weight"))

@@ -189,11 +189,13 @@ def dense_same_total(cfg):
     return dense(max(1, round(1 + (llm.param_count(cfg)["total"] - base) / per)))
 
 
-def tokens_per_expert(router, k: int):
+def tokens_per_expert(chosen, E: int):
     """(layer, expert) share of the routes each expert takes (rows sum to 1; 1/E is
-    balanced) from recorded router scores (layer, example, token, expert)."""
-    chosen = np.asarray(jax.lax.top_k(jnp.asarray(router), k)[1])
-    L, E = router.shape[0], router.shape[-1]
+    balanced) from the experts each MoE layer's router picked (layer, example, token, k):
+    ``llm.selected_experts``, the router's own rule (a selection bias and groups
+    included), not the top-k of its scores."""
+    chosen = np.asarray(chosen)
+    L = chosen.shape[0]
     counts = np.stack([np.bincount(chosen[i].ravel(), minlength=E) for i in range(L)])
     return counts / counts.sum(axis=1, keepdims=True)
 
@@ -209,7 +211,8 @@ def moe_execution_panel(cfg, params, windows, batches=(1, 8), repeats: int = 5) 
     twin_params = llm.init(twin_cfg, jax.random.key(0))
     T = windows.shape[1]
     _, coeffs = jax.jit(model.apply)(params, jnp.asarray(windows))
-    share = tokens_per_expert(coeffs["router"], cfg.top_k)
+    share = tokens_per_expert(llm.selected_experts(cfg, params, coeffs["router"]),
+                              cfg.num_experts)
     count, twin_count = llm.param_count(cfg), llm.param_count(twin_cfg)
     analytic = {"model": llm_flops_per_window(cfg, T, count["active"]),
                 "dense": llm_flops_per_window(twin_cfg, T, twin_count["active"])}

@@ -77,7 +77,8 @@ ARCHITECTURE = ("vocab_size", "hidden_size", "n_layers", "n_heads", "n_kv_heads"
                 "qkv_bias", "o_bias", "qk_norm", "clip_qkv", "tie_word_embeddings",
                 "attention", "partial_rotary_factor", "rope_interleave", "rope_beta_fast",
                 "rope_beta_slow", "rope_mscale", "rope_mscale_all_dim",
-                "rope_attention_factor", "rope_truncate")
+                "rope_attention_factor", "rope_truncate", "q_lora_rank", "kv_lora_rank",
+                "qk_nope_head_dim", "v_head_dim")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +111,17 @@ class Config:
     partial_rotary_factor: float = 1.0  # the leading fraction of each head that rotates
     rope_interleave: bool = False    # rotate pairs (2i, 2i+1) (DeepSeek), not (i, i + d/2)
     attention: str = "gqa"           # components.attention.ATTENTION
+    q_lora_rank: int = 0             # "mla": the query bottleneck (0: one q projection)
+    kv_lora_rank: int = 0            # "mla": the key/value latent
+    qk_nope_head_dim: int = 0        # "mla": the unrotated query/key channels per head
+    v_head_dim: int = 0              # "mla": the value channels per head
     router: str = "softmax_topk"     # components.routers.ROUTERS
+    router_score: str = "softmax"    # "grouped_topk": "sigmoid" (DeepSeek-V3, GLM) | "softmax"
+    router_bias: bool = False        # "grouped_topk": a selection-only bias per expert
+    n_group: int = 1                 # "grouped_topk": expert groups, of which topk_group
+    topk_group: int = 1              # stay eligible per token
+    router_group_score: str = "top2_sum"  # a group's score: its top-2 sum | "max"
+    routed_scaling_factor: float = 1.0    # "grouped_topk": the routed experts' weight scale
     experts: str = "swiglu"          # components.experts.EXPERTS
     qkv_bias: bool = False
     o_bias: bool = False
@@ -153,6 +164,14 @@ class Config:
             (self.attention in ATTENTION,
              f"attention={self.attention!r}; use one of {tuple(ATTENTION)}"),
             (self.router in ROUTERS, f"router={self.router!r}; use one of {tuple(ROUTERS)}"),
+            (self.router_score in ("softmax", "sigmoid"),
+             f"router_score={self.router_score!r}; use 'softmax' or 'sigmoid'"),
+            (self.router_group_score in ("top2_sum", "max"),
+             f"router_group_score={self.router_group_score!r}; use 'top2_sum' or 'max'"),
+            (not self.moe_layers or (self.num_experts % self.n_group == 0
+                                     and 1 <= self.topk_group <= self.n_group),
+             f"n_group={self.n_group} must divide num_experts={self.num_experts} and "
+             f"topk_group={self.topk_group} lie in 1..n_group"),
             (self.experts in EXPERTS, f"experts={self.experts!r}; use one of {tuple(EXPERTS)}"),
             (self.dtype in ("float32", "bfloat16"),
              f"dtype={self.dtype!r}; use 'float32' or 'bfloat16'"),
@@ -270,16 +289,25 @@ def params_from_table(cfg: Config, leaf):
     return params
 
 
+def param_dtype(cfg: Config, path) -> str:
+    """The dtype a parameter is kept in: ``cfg.dtype``, except what the router keeps in
+    float32 whatever the model's dtype (DeepSeek's gate weight and bias: transformers
+    keeps them so, and in bfloat16 they would move the selection)."""
+    if "moe" in path and path[-1] in ROUTERS[cfg.router].float32_params:
+        return "float32"
+    return cfg.dtype
+
+
 def init(cfg: Config, key):
     """Fresh parameters: weights N(0, 0.02), norms 1, biases 0."""
     def leaf(path, shape):
-        name = path[-1]
+        name, dt = path[-1], param_dtype(cfg, path)
         if name.endswith("norm"):
-            return jnp.ones(shape, cfg.dtype)
+            return jnp.ones(shape, dt)
         if name.endswith("bias"):
-            return jnp.zeros(shape, cfg.dtype)
+            return jnp.zeros(shape, dt)
         k = jax.random.fold_in(key, zlib.crc32("/".join(map(str, path)).encode()))
-        return (0.02 * jax.random.normal(k, shape)).astype(cfg.dtype)
+        return (0.02 * jax.random.normal(k, shape)).astype(dt)
     return params_from_table(cfg, leaf)
 
 
@@ -317,6 +345,13 @@ def route(cfg: Config, scores, p=None):
     """Top-k experts (.., k) and their float32 weights from the router scores, by
     ``cfg.router``'s rule (``p``: the layer's MoE params, for rules with a bias)."""
     return ROUTERS[cfg.router].select(cfg, p, scores)
+
+
+def selected_experts(cfg: Config, params, router):
+    """The experts (moe layer, ..., k) each MoE layer's router picks from the scores
+    ``router`` (moe layer, ..., E): its own rule, with the layer's bias and groups."""
+    moe = [p["moe"] for p in params["layers"] if "moe" in p]
+    return jnp.stack([route(cfg, s, p)[0] for s, p in zip(router, moe)])
 
 
 def load_balance(probs, experts):

@@ -172,14 +172,15 @@ def rotary(x, positions: Positions):
     return out.astype(x.dtype)
 
 
-def attention_scores(q, k):
-    """Scaled float32 attention logits (B, H, Tq, Tk) of q (B, Tq, H, Dh), k (B, Tk, H, Dh)."""
-    scale = q.shape[-1] ** -0.5
+def attention_scores(q, k, scale=None):
+    """Scaled float32 attention logits (B, H, Tq, Tk) of q (B, Tq, H, Dh), k (B, Tk, H, Dh);
+    ``scale`` defaults to Dh^-1/2."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
     return jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) * scale
 
 
-def _attend(q, k, v, q_pos, k_pos, row_stats, q0):
-    logits = attention_scores(q, k)
+def _attend(q, k, v, q_pos, k_pos, row_stats, q0, scale=None):
+    logits = attention_scores(q, k, scale)
     visible = (k_pos[:, None, :] <= q_pos[:, :, None])[:, None]  # (B, 1, Tq, Tk)
     logits = jnp.where(visible, logits, MASK_VALUE)
     lse = jax.nn.logsumexp(logits, axis=-1)
@@ -188,7 +189,7 @@ def _attend(q, k, v, q_pos, k_pos, row_stats, q0):
     return out, lse, None if row_stats is None else row_stats(q0, logits, lse)
 
 
-def causal_attention(q, k, v, q_pos, k_pos, block=0, row_stats=None):
+def causal_attention(q, k, v, q_pos, k_pos, block=0, row_stats=None, scale=None):
     """Softmax attention where query i sees key j iff k_pos[j] <= q_pos[i].
 
     ``block`` > 0 (self-attention, Tq == Tk): each block of ``block`` queries attends over its
@@ -201,13 +202,14 @@ def causal_attention(q, k, v, q_pos, k_pos, block=0, row_stats=None):
     ``row_stats(q0, logits, lse)``, given the masked float32 logits (B, H, n, Tk') and
     log-sum-exp (B, H, n) of the queries q0 .. q0+n, returns per-query arrays (B, H, n, ...)
     that are concatenated over blocks (FeatureGate's features); the (B, H, Tq, Tk) square
-    never exists as one array. Returns (out (B, Tq, H, Dh), lse (B, H, Tq), stats or None).
+    never exists as one array. ``scale``: the logits' factor (default Dh^-1/2); v may have
+    its own head width. Returns (out (B, Tq, H, Dv), lse (B, H, Tq), stats or None).
     """
     T = q.shape[1]
     if block <= 0 or T != k.shape[1] or T <= block:
-        return _attend(q, k, v, q_pos, k_pos, row_stats, 0)
+        return _attend(q, k, v, q_pos, k_pos, row_stats, 0, scale)
     parts = [_attend(q[:, i:i + block], k[:, :i + block], v[:, :i + block],
-                     q_pos[:, i:i + block], k_pos[:, :i + block], row_stats, i)
+                     q_pos[:, i:i + block], k_pos[:, :i + block], row_stats, i, scale)
              for i in range(0, T, block)]
     out, lse, stats = zip(*parts)
     stats = None if row_stats is None else jnp.concatenate(stats, axis=2)

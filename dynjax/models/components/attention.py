@@ -10,6 +10,14 @@
 "gqa": grouped-query attention (Llama, Qwen, Mixtral, OLMoE, Mistral): each key/value head
 serves n_heads / n_kv_heads consecutive query heads; optional q/k/v and output biases, q/k
 RMSNorm per head (Qwen3) or over all heads (OLMoE), OLMoE's clip.
+
+"mla": DeepSeek's multi-head latent attention (DeepSeek-V2/V3, Kimi-K2, Moonlight): queries
+through a low-rank bottleneck (``q_lora_rank``; 0: one q projection), keys and values
+from a shared latent (``kv_lora_rank``, RMS-normed) plus one rotary key shared by every
+head (``head_dim`` = qk_rope_head_dim channels, the decoupled RoPE); per head the key is
+[k_nope, k_rope], the query [q_nope, q_rope], the value ``v_head_dim`` wide. The softmax
+scale is (qk_nope + qk_rope)^-1/2, times mscale(factor, mscale_all_dim)^2 under a scaled
+rope (YaRN). A cache holds the expanded per-head keys and values (not the latent).
 """
 from __future__ import annotations
 
@@ -74,4 +82,63 @@ class Gqa:
         return (cfg.n_kv_heads, cfg.head_dim), (cfg.n_kv_heads, cfg.head_dim)
 
 
-ATTENTION = {"gqa": Gqa}
+class Mla:
+    """Multi-head latent attention (the docstring above)."""
+
+    @staticmethod
+    def rows(cfg, A):
+        D, H, r = cfg.hidden_size, cfg.n_heads, cfg.head_dim
+        qk = cfg.qk_nope_head_dim + r
+        rows = []
+        if cfg.q_lora_rank:
+            rows += [(A + ("q_a",), (D, cfg.q_lora_rank), ("embed", None)),
+                     (A + ("q_a_norm",), (cfg.q_lora_rank,), (None,)),
+                     (A + ("q_b",), (cfg.q_lora_rank, H, qk), (None, "heads", "kv"))]
+        else:
+            rows.append((A + ("q",), (D, H, qk), ("embed", "heads", "kv")))
+        return rows + [
+            (A + ("kv_a",), (D, cfg.kv_lora_rank + r), ("embed", None)),
+            (A + ("kv_a_norm",), (cfg.kv_lora_rank,), (None,)),
+            (A + ("kv_b",), (cfg.kv_lora_rank, H, cfg.qk_nope_head_dim + cfg.v_head_dim),
+             (None, "heads", "kv")),
+            (A + ("o",), (H, cfg.v_head_dim, D), ("heads", "kv", "embed"))]
+
+    @staticmethod
+    def project(cfg, p, x, positions: Positions):
+        """Queries and keys (B, T, H, qk_nope + qk_rope), values (B, T, H, v_head_dim)."""
+        dt, eps, nope = cfg.compute_dtype, cfg.rms_norm_eps, cfg.qk_nope_head_dim
+        w = lambda name: p[name].astype(dt)
+        if cfg.q_lora_rank:
+            q = jnp.einsum("btr,rhk->bthk",
+                           norms.rms_norm(x @ w("q_a"), p["q_a_norm"], eps), w("q_b"))
+        else:
+            q = jnp.einsum("btd,dhk->bthk", x, w("q"))
+        q = jnp.concatenate([q[..., :nope], rotary.apply(cfg, q[..., nope:], positions)], -1)
+        latent = x @ w("kv_a")
+        kv = jnp.einsum("btr,rhk->bthk", norms.rms_norm(
+            latent[..., :cfg.kv_lora_rank], p["kv_a_norm"], eps), w("kv_b"))
+        k_rope = rotary.apply(cfg, latent[..., None, cfg.kv_lora_rank:], positions)
+        k = jnp.concatenate([kv[..., :nope], jnp.broadcast_to(
+            k_rope, (*kv.shape[:-1], k_rope.shape[-1]))], -1)
+        return q, k, kv[..., nope:]
+
+    @staticmethod
+    def scale(cfg) -> float:
+        s = (cfg.qk_nope_head_dim + cfg.head_dim) ** -0.5
+        if cfg.rope_type != "default" and cfg.rope_mscale_all_dim:
+            s *= rotary.yarn_mscale(cfg.rope_factor, cfg.rope_mscale_all_dim) ** 2
+        return s
+
+    @staticmethod
+    def attend(cfg, p, q, k, v, q_pos, k_pos):
+        block = cfg.attn_block if q.shape[1] == k.shape[1] else 0
+        out, _, _ = causal_attention(q, k, v, q_pos, k_pos, block, scale=Mla.scale(cfg))
+        return jnp.einsum("bthk,hkd->btd", out, p["o"].astype(cfg.compute_dtype))
+
+    @staticmethod
+    def cache_shape(cfg):
+        return ((cfg.n_heads, cfg.qk_nope_head_dim + cfg.head_dim),
+                (cfg.n_heads, cfg.v_head_dim))
+
+
+ATTENTION = {"gqa": Gqa, "mla": Mla}
