@@ -95,8 +95,18 @@ ARCHS = {
                         rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
                                              original_max_position_embeddings=64,
                                              mscale=0.707, mscale_all_dim=0.707)),
+    # GLM-4.5: heads x head_dim (64) wider than hidden (48), half of each head rotates,
+    # q/k/v biases and per-head q/k norm, the sigmoid router with its bias, no groups
+    "glm4_moe": dict(num_hidden_layers=3, intermediate_size=64, moe_intermediate_size=16,
+                     head_dim=16, attention_bias=True, use_qk_norm=True,
+                     partial_rotary_factor=0.5, n_routed_experts=8, num_experts_per_tok=2,
+                     n_group=1, topk_group=1, n_shared_experts=1, first_k_dense_replace=1,
+                     norm_topk_prob=True, routed_scaling_factor=2.5,
+                     rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                          partial_rotary_factor=0.5)),
 }
 SHARDED = {"mixtral"}
+GROUPED = {"deepseek_v3": "sigmoid", "glm4_moe": "sigmoid", "deepseek_v2": "softmax"}
 BATCH, SEQ_LEN = 2, 32
 ROUTER_STD = 0.375     # router logits of RMS-normed inputs get std ~3: clear top-k margins
 MIN_MARGIN = 1e-3      # smallest k-th minus (k+1)-th router logit accepted (noise ~1e-6)
@@ -133,7 +143,7 @@ def selection_margin(cfg, logits, bias):
     import torch
 
     k, E = cfg.num_experts_per_tok, logits.shape[-1]
-    sigmoid = cfg.model_type == "deepseek_v3"
+    sigmoid = GROUPED[cfg.model_type] == "sigmoid"
     # softmax keeps the logits' order (and their gaps in log space): margins in logits
     scores = logits.sigmoid() if sigmoid else logits.log_softmax(-1)
     choice = scores + bias if bias is not None else scores
@@ -169,7 +179,7 @@ def build(arch: str, out: pathlib.Path, tokenizer: pathlib.Path):
     for seed in range(60):
         torch.manual_seed(seed)
         model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
-        grouped = model_type.startswith("deepseek")
+        grouped = model_type in GROUPED
         picks, captured, biases = [], [], []
         with torch.no_grad():
             for name, p in model.named_parameters():

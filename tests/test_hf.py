@@ -22,9 +22,9 @@ from dynjax.parallel.memory_plan import per_device_bytes, tree_bytes
 
 DATA = pathlib.Path(__file__).parent / "data" / "hf"
 ARCHS = ("llama", "qwen2", "mistral", "qwen3", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe",
-         "deepseek_v3", "deepseek_v3_plain", "deepseek_v2")
+         "deepseek_v3", "deepseek_v3_plain", "deepseek_v2", "glm4_moe")
 MOE = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "deepseek_v3", "deepseek_v3_plain",
-       "deepseek_v2")
+       "deepseek_v2", "glm4_moe")
 DEEPSEEK = ("deepseek_v3", "deepseek_v3_plain", "deepseek_v2")
 MODEL_TYPE = {"deepseek_v3_plain": "deepseek_v3"}   # fixtures that are variants of a port
 _LOADED: dict = {}
@@ -41,7 +41,7 @@ def loaded(arch):
 
 
 def test_fixtures_are_small_and_mixtral_is_sharded():
-    assert sum(f.stat().st_size for f in DATA.rglob("*") if f.is_file()) <= 5_500_000
+    assert sum(f.stat().st_size for f in DATA.rglob("*") if f.is_file()) <= 6_000_000
     assert (DATA / "mixtral" / "model.safetensors.index.json").exists()
     assert len(list((DATA / "mixtral").glob("*.safetensors"))) > 1
 
@@ -79,9 +79,9 @@ def test_router_scores_and_expert_sets_match(arch):
                                       np.sort(np.argsort(-want, -1)[..., :k], -1))
 
 
-@pytest.mark.parametrize("arch", ("deepseek_v3", "deepseek_v3_plain"))
-def test_deepseek_bias_selects_but_does_not_weigh(arch):
-    """e_score_correction_bias moves the selection off the unbiased top-k on some tokens
+@pytest.mark.parametrize("arch", ("deepseek_v3", "deepseek_v3_plain", "glm4_moe"))
+def test_selection_bias_selects_but_does_not_weigh(arch):
+    """DeepSeek-V3's and GLM-4.5's e_score_correction_bias moves the selection off the unbiased top-k on some tokens
     (the fixture is built so), the weights are the unbiased scores of the picked experts,
     renormalised when norm_topk_prob, times routed_scaling_factor; without the bias the
     router would pick the top-k of the scores (within the kept groups)."""
@@ -357,6 +357,9 @@ def test_every_module_of_the_registry_is_an_architecture():
     assert (mixtral.rms_norm_eps, mixtral.rope_theta, mixtral.head_dim) == (1e-5, 1e6, 8)
     llama = hf.config_from_hf(dict(base, model_type="llama"))
     assert (llama.rms_norm_eps, llama.rope_theta) == (1e-6, 1e4)
+    glm = hf.config_from_hf(dict(base, model_type="glm4_moe", moe_intermediate_size=8,
+                                 n_routed_experts=4, num_experts_per_tok=2))
+    assert (glm.partial_rotary_factor, glm.rms_norm_eps, glm.moe_layers) == (0.5, 1e-5, ())
     with pytest.raises(ConfigError) as e:   # Mistral's default window is 4096
         hf.config_from_hf(dict(base, model_type="mistral"))
     _one_line(e, "sliding_window=4096")
@@ -449,12 +452,13 @@ def test_live_against_transformers(tmp_path):
 # ---------------------------------------------------------------------------- decoding
 
 @pytest.mark.parametrize("arch", ("llama", "qwen2", "mistral", "olmoe", "qwen2_moe",
-                                  "deepseek_v3", "deepseek_v2"))
+                                  "deepseek_v3", "deepseek_v2", "glm4_moe"))
 def test_decoding_equals_the_forward(arch):
     """prefill, token-by-token cached_forward and greedy generate through dynjax.decoding
     give the forward's logits and tokens (Llama: llama3 rotary scaling; OLMoE: full q/k
     norm and clipping; Qwen2-MoE: a dense layer, the shared expert, q/k/v biases;
-    DeepSeek: MLA, whose cache holds every head's expanded key and value, YaRN, groups)."""
+    DeepSeek: MLA, whose cache holds every head's expanded key and value, YaRN, groups;
+    GLM-4.5: partial rotary, q/k norm, heads x head_dim wider than hidden)."""
     from dynjax import decoding
 
     model, params, ref, apply, (logits, _) = loaded(arch)

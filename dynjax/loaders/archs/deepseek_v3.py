@@ -16,8 +16,9 @@ MLA = {
     ("attn", "kv_b"): (A + "kv_b_proj.weight", 1),
     ("attn", "o"): (A + "o_proj.weight", 2),
 }
-TENSORS = {**c.DENSE, **MLA, **c.moe_names(), **c.shared_names("mlp.shared_experts"),
-           ("moe", "router_bias"): (c.L + "mlp.gate.e_score_correction_bias", c.AS_IS)}
+MOE = {**c.moe_names(), **c.shared_names("mlp.shared_experts"),   # GLM-4.5's too
+       ("moe", "router_bias"): (c.L + "mlp.gate.e_score_correction_bias", c.AS_IS)}
+TENSORS = {**c.DENSE, **MLA, **MOE}
 
 
 def mla(hf) -> dict:
