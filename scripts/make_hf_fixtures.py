@@ -104,9 +104,19 @@ ARCHS = {
                      norm_topk_prob=True, routed_scaling_factor=2.5,
                      rope_parameters=dict(rope_type="default", rope_theta=10000.0,
                                           partial_rotary_factor=0.5)),
+    # GLM-4.7-Flash: MLA (q-LoRA, interleaved pairs) with GLM's router; layer 1 dense by
+    # mlp_layer_types
+    "glm4_moe_lite": dict(num_hidden_layers=3, intermediate_size=64, moe_intermediate_size=16,
+                          num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16,
+                          qk_nope_head_dim=8, qk_rope_head_dim=8, head_dim=8, v_head_dim=8,
+                          n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1,
+                          n_shared_experts=1, mlp_layer_types=["sparse", "dense", "sparse"],
+                          norm_topk_prob=True, routed_scaling_factor=1.8,
+                          rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
 }
 SHARDED = {"mixtral"}
-GROUPED = {"deepseek_v3": "sigmoid", "glm4_moe": "sigmoid", "deepseek_v2": "softmax"}
+GROUPED = {"deepseek_v3": "sigmoid", "glm4_moe": "sigmoid", "glm4_moe_lite": "sigmoid",
+           "deepseek_v2": "softmax"}
 BATCH, SEQ_LEN = 2, 32
 ROUTER_STD = 0.375     # router logits of RMS-normed inputs get std ~3: clear top-k margins
 MIN_MARGIN = 1e-3      # smallest k-th minus (k+1)-th router logit accepted (noise ~1e-6)

@@ -22,9 +22,9 @@ from dynjax.parallel.memory_plan import per_device_bytes, tree_bytes
 
 DATA = pathlib.Path(__file__).parent / "data" / "hf"
 ARCHS = ("llama", "qwen2", "mistral", "qwen3", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe",
-         "deepseek_v3", "deepseek_v3_plain", "deepseek_v2", "glm4_moe")
+         "deepseek_v3", "deepseek_v3_plain", "deepseek_v2", "glm4_moe", "glm4_moe_lite")
 MOE = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "deepseek_v3", "deepseek_v3_plain",
-       "deepseek_v2", "glm4_moe")
+       "deepseek_v2", "glm4_moe", "glm4_moe_lite")
 DEEPSEEK = ("deepseek_v3", "deepseek_v3_plain", "deepseek_v2")
 MODEL_TYPE = {"deepseek_v3_plain": "deepseek_v3"}   # fixtures that are variants of a port
 _LOADED: dict = {}
@@ -41,7 +41,7 @@ def loaded(arch):
 
 
 def test_fixtures_are_small_and_mixtral_is_sharded():
-    assert sum(f.stat().st_size for f in DATA.rglob("*") if f.is_file()) <= 6_000_000
+    assert sum(f.stat().st_size for f in DATA.rglob("*") if f.is_file()) <= 6_500_000
     assert (DATA / "mixtral" / "model.safetensors.index.json").exists()
     assert len(list((DATA / "mixtral").glob("*.safetensors"))) > 1
 
@@ -360,6 +360,7 @@ def test_every_module_of_the_registry_is_an_architecture():
     glm = hf.config_from_hf(dict(base, model_type="glm4_moe", moe_intermediate_size=8,
                                  n_routed_experts=4, num_experts_per_tok=2))
     assert (glm.partial_rotary_factor, glm.rms_norm_eps, glm.moe_layers) == (0.5, 1e-5, ())
+    assert loaded("glm4_moe_lite")[0].cfg.moe_layers == (0, 2)   # mlp_layer_types
     with pytest.raises(ConfigError) as e:   # Mistral's default window is 4096
         hf.config_from_hf(dict(base, model_type="mistral"))
     _one_line(e, "sliding_window=4096")

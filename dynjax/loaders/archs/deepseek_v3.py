@@ -33,16 +33,17 @@ def mla(hf) -> dict:
                 v_head_dim=int(c.get(hf, "v_head_dim", required=True)))
 
 
-def routed(hf, n_layers: int, **router) -> dict:
-    """The MoE fields: the layers from first_k_dense_replace on, the routed and shared
-    experts; ``router`` the grouped_topk settings."""
-    c.expect(hf, "moe_layer_freq", (1,), "every layer after the first dense ones is MoE")
-    first = int(hf["first_k_dense_replace"])
+def routed(hf, n_layers: int, moe_layers=None, **router) -> dict:
+    """The MoE fields: the layers from first_k_dense_replace on (or ``moe_layers``), the
+    routed and shared experts; ``router`` the grouped_topk settings."""
+    if moe_layers is None:
+        c.expect(hf, "moe_layer_freq", (1,), "every layer after the first dense ones is MoE")
+        moe_layers = tuple(range(int(hf["first_k_dense_replace"]), n_layers))
     width = int(c.get(hf, "moe_intermediate_size", required=True))
     experts = hf.get("n_routed_experts") or hf.get("num_local_experts")
     if experts is None:
         c.fail("config.json lacks 'n_routed_experts'; use the checkpoint's own config.json")
-    return dict(moe_layers=tuple(range(first, n_layers)), num_experts=int(experts),
+    return dict(moe_layers=moe_layers, num_experts=int(experts),
                 top_k=int(c.get(hf, "num_experts_per_tok", required=True)),
                 moe_intermediate_size=width, norm_topk_prob=bool(hf["norm_topk_prob"]),
                 shared_expert_size=width * int(hf["n_shared_experts"]),
