@@ -148,9 +148,10 @@ def test_open_target_tells_hf_directories_apart(tmp_path):
     (other / "config.json").write_text(json.dumps(dict(config, model_type="falcon")))
     for kind in (None, "hf"):
         with pytest.raises(AuditError, match="model_type='falcon' is not supported; "
-                                             "supported: deepseek_v2, deepseek_v3, llama") as e:
+                                             "supported: deepseek_v2, deepseek_v3, ") as e:
             open_target(other, kind=kind)
-        assert "\n" not in str(e.value) and "muddpythia" in str(e.value) or kind == "hf"
+        assert "\n" not in str(e.value) and ", llama, mistral, " in str(e.value)
+        assert "muddpythia" in str(e.value) or kind == "hf"
     (other / "config.json").unlink()
     with pytest.raises(AuditError, match="no config.json"):
         open_target(other)
