@@ -113,6 +113,14 @@ ARCHS = {
                           n_shared_experts=1, mlp_layer_types=["sparse", "dense", "sparse"],
                           norm_topk_prob=True, routed_scaling_factor=1.8,
                           rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+    # the production rotary (YaRN, truncate=False); a window of 8 of the 32 tokens on layer 0;
+    # swiglu_limit 0.5 clamps a share of the expert activations (gpt_oss_tweak: sinks, biases)
+    "gpt_oss": dict(num_hidden_layers=2, intermediate_size=16, num_local_experts=8,
+                    num_experts_per_tok=4, sliding_window=8, swiglu_limit=0.5,
+                    layer_types=["sliding_attention", "full_attention"],
+                    rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0,
+                                         beta_fast=32.0, beta_slow=1.0, truncate=False,
+                                         original_max_position_embeddings=4096)),
 }
 SHARDED = {"mixtral"}
 GROUPED = {"deepseek_v3": "sigmoid", "glm4_moe": "sigmoid", "glm4_moe_lite": "sigmoid",
@@ -121,6 +129,31 @@ BATCH, SEQ_LEN = 2, 32
 ROUTER_STD = 0.375     # router logits of RMS-normed inputs get std ~3: clear top-k margins
 MIN_MARGIN = 1e-3      # smallest k-th minus (k+1)-th router logit accepted (noise ~1e-6)
 BIAS_STD = 0.15        # DeepSeek-V3's e_score_correction_bias: moves some tokens' selection
+ROUTERS = ("mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.router.weight")
+
+
+def gpt_oss_tweak(model, torch):
+    """Attention sinks N(1, 1.5) (transformers' init, N(0, 0.08) here, would barely matter),
+    every bias N(0, 0.3) (they start at 0), the router bias N(0, 1)."""
+    for name, p in model.named_parameters():
+        if name.endswith("sinks"):
+            p.normal_(1.0, 1.5)
+        elif name.endswith("router.bias"):
+            p.normal_(0.0, 1.0)
+        elif name.endswith("bias"):
+            p.normal_(0.0, 0.3)
+
+
+TWEAKS = {"gpt_oss": gpt_oss_tweak}
+# gpt-oss with its experts in MXFP4, as the Hub ships them (groups of 32 input channels,
+# so wider than COMMON's 48); its own random tokens (no tokenizer)
+MXFP4 = dict(vocab_size=64, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=16, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2,
+             num_hidden_layers=2, sliding_window=4, swiglu_limit=1.0, initializer_range=0.08,
+             layer_types=["sliding_attention", "full_attention"], rms_norm_eps=1e-5,
+             max_position_embeddings=256, bos_token_id=None, eos_token_id=None,
+             pad_token_id=None, rope_parameters=ARCHS["gpt_oss"]["rope_parameters"])
+VARIANTS = {"gpt_oss_mxfp4": "gpt_oss"}   # built with (and after) their architecture
 
 
 def train_tokenizer(out: pathlib.Path):
@@ -173,6 +206,26 @@ def selection_margin(cfg, logits, bias):
     return margin, moved
 
 
+def random_model(cfg, seed: int, tweak=None):
+    """transformers' random model of ``cfg`` at ``seed``, router weights N(0, ROUTER_STD),
+    DeepSeek's e_score_correction_bias N(0, BIAS_STD), then ``tweak(model, torch)``."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(ROUTERS):
+                p.normal_(0.0, ROUTER_STD)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, BIAS_STD)
+        if tweak is not None:
+            tweak(model, torch)
+    return model
+
+
 def build(arch: str, out: pathlib.Path, tokenizer: pathlib.Path):
     import torch
     import transformers
@@ -187,25 +240,19 @@ def build(arch: str, out: pathlib.Path, tokenizer: pathlib.Path):
     shutil.copy(tokenizer, out / "tokenizer.json")
     ids = hf.token_windows(str(out), SEQ_LEN, n_calibration=BATCH, n_evaluation=1)["calibration"]
     for seed in range(60):
-        torch.manual_seed(seed)
-        model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+        model = random_model(cfg, seed, TWEAKS.get(arch))
         grouped = model_type in GROUPED
         picks, captured, biases = [], [], []
+
+        def keep(module, inputs, out):   # (logits, weights, experts); returns None
+            captured.append(out[0])
+            picks.append(out[2])
+        if grouped:
+            for name, m in model.named_modules():
+                if name.endswith("mlp.gate"):
+                    biases.append(getattr(m, "e_score_correction_bias", None))
+                    m.register_forward_hook(keep)
         with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):
-                    p.normal_(0.0, ROUTER_STD)
-            for name, b in model.named_buffers():
-                if name.endswith("e_score_correction_bias"):
-                    b.normal_(0.0, BIAS_STD)
-            def keep(module, inputs, out):   # (logits, weights, experts); returns None
-                captured.append(out[0])
-                picks.append(out[2])
-            if grouped:
-                for name, m in model.named_modules():
-                    if name.endswith("mlp.gate"):
-                        biases.append(getattr(m, "e_score_correction_bias", None))
-                        m.register_forward_hook(keep)
             res = model(torch.as_tensor(ids, dtype=torch.long), output_router_logits=True)
         routers = [r.reshape(BATCH * SEQ_LEN, -1) for r in
                    (captured or getattr(res, "router_logits", None) or ())]
@@ -234,6 +281,83 @@ def build(arch: str, out: pathlib.Path, tokenizer: pathlib.Path):
     return {"seed": seed, "top_k_margin": margin if routers else None,
             "transformers": transformers.__version__, "torch": torch.__version__,
             **({"bias_moved_tokens": moved} if picks and biases[0] is not None else {})}
+
+
+def quantize_mxfp4(w):
+    """(blocks uint8 (E, R, C/32, 16), scales uint8 (E, R, C/32)) of w (E, R, C): per group of
+    32 along C, the power-of-two scale 2^ceil(log2(amax / 6)) (e8m0, byte = exponent + 127)
+    and each value rounded to the nearest e2m1 (+-{0, .5, 1, 1.5, 2, 3, 4, 6}), two per byte,
+    the even one in the low nibble."""
+    from dynjax.loaders.tensors import FP4_E2M1
+
+    E, R, C = w.shape
+    g = w.reshape(E, R, C // 32, 32).astype(np.float32)
+    amax = np.maximum(np.abs(g).max(-1, keepdims=True), 1e-30)
+    exp = np.ceil(np.log2(amax / 6.0)).astype(np.int32)
+    q = g / np.exp2(exp)
+    codes = np.abs(q[..., None] - FP4_E2M1).argmin(-1).astype(np.uint8)   # nearest, signed
+    blocks = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+    return blocks, (exp[..., 0] + 127).astype(np.uint8)
+
+
+def build_mxfp4(out: pathlib.Path):
+    """A random gpt-oss whose experts are quantized to MXFP4 here, and transformers' logits
+    after ``from_pretrained`` dequantizes them (``Mxfp4Config(dequantize=True)``, float32)."""
+    import json
+
+    import torch
+    import transformers
+    from safetensors.numpy import load_file, save_file
+
+    cfg = transformers.AutoConfig.for_model("gpt_oss", **MXFP4)
+    cfg._attn_implementation = "eager"
+    out.mkdir(parents=True, exist_ok=True)
+    ids = np.random.default_rng(0).integers(0, MXFP4["vocab_size"], (BATCH, 16)).astype(np.int32)
+    for seed in range(20):
+        model = random_model(cfg, seed, gpt_oss_tweak)
+        for f in out.glob("*.safetensors*"):
+            f.unlink()
+        model.save_pretrained(out)
+        tensors = load_file(out / "model.safetensors")
+        for name in [n for n in tensors if n.endswith(("gate_up_proj", "down_proj"))]:
+            w = tensors.pop(name)      # (E, in, out) -> the Hub's (E, out, in) groups
+            tensors[name + "_blocks"], tensors[name + "_scales"] = quantize_mxfp4(
+                np.ascontiguousarray(w.transpose(0, 2, 1)))
+        save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+        config = json.loads((out / "config.json").read_text())
+        config["quantization_config"] = {"quant_method": "mxfp4"}
+        (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        ref = transformers.AutoModelForCausalLM.from_pretrained(
+            out, dtype=torch.float32, attn_implementation="eager",
+            quantization_config=transformers.Mxfp4Config(dequantize=True)).eval()
+        with torch.no_grad():
+            res = ref(torch.as_tensor(ids, dtype=torch.long), output_router_logits=True)
+        routers = [r.reshape(BATCH * ids.shape[1], -1) for r in res.router_logits]
+        margin = min(margins(r, MXFP4["num_experts_per_tok"]) for r in routers)
+        if margin > MIN_MARGIN:
+            break
+    else:
+        raise SystemExit(f"{out.name}: no seed gave top-k margins above {MIN_MARGIN}")
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (out / "generation_config.json").unlink(missing_ok=True)
+    (out / "model.safetensors").chmod(0o644)
+    np.savez(out / "reference.npz", input_ids=ids, logits=res.logits.numpy(),
+             router_logits=np.stack([r.numpy() for r in routers]), seed=seed,
+             top_k_margin=margin, transformers=transformers.__version__,
+             torch=torch.__version__)
+    return {"seed": seed, "top_k_margin": margin, "transformers": transformers.__version__,
+            "torch": torch.__version__}
+
+
+def recorded(out: pathlib.Path) -> dict:
+    """What reference.npz says of how a committed fixture was made."""
+    ref = np.load(out / "reference.npz")
+    made = {"seed": int(ref["seed"]), "top_k_margin": float(ref["top_k_margin"])
+            if ref["router_logits"].size else None,
+            "transformers": str(ref["transformers"]), "torch": str(ref["torch"])}
+    if "bias_moved_tokens" in ref and out.name != "deepseek_v2":
+        made["bias_moved_tokens"] = int(ref["bias_moved_tokens"])
+    return made
 
 
 def parity(out: pathlib.Path) -> dict:
@@ -285,16 +409,14 @@ def main():
     table = {}
     for arch in ARCHS:
         rebuild = not args.check and (not only or arch in only)
-        made = build(arch, out / arch, tokenizer) if rebuild else {}
-        if not rebuild:
-            ref = np.load(out / arch / "reference.npz")
-            made = {"seed": int(ref["seed"]), "top_k_margin": float(ref["top_k_margin"])
-                    if ref["router_logits"].size else None,
-                    "transformers": str(ref["transformers"]), "torch": str(ref["torch"])}
-            if "bias_moved_tokens" in ref and arch != "deepseek_v2":
-                made["bias_moved_tokens"] = int(ref["bias_moved_tokens"])
+        made = build(arch, out / arch, tokenizer) if rebuild else recorded(out / arch)
         table[arch] = {**made, **parity(out / arch)}
         print(arch, table[arch], flush=True)
+    for name, arch in VARIANTS.items():
+        rebuild = not args.check and (not only or arch in only)
+        made = build_mxfp4(out / name) if rebuild else recorded(out / name)
+        table[name] = {**made, **parity(out / name)}
+        print(name, table[name], flush=True)
     tokenizer.unlink(missing_ok=True)
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     jsonio.write_json_atomic(args.results, {

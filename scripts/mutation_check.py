@@ -48,6 +48,7 @@ STATS_TESTS = ("tests/test_audit_stats.py",)
 FAULTS = "tests/test_faults.py::"
 FORMATS = "tests/test_hf_formats.py::"
 EDGES = "tests/test_faults_edges.py::"
+GPT_OSS = "tests/test_hf.py::test_logits_match_transformers[gpt_oss]"
 
 MUTANTS = (
     Mutant("derangement_allows_fixed_points", "dynjax/audit/interventions.py",
@@ -284,8 +285,8 @@ MUTANTS = (
            (FORMATS + "test_broken_files_are_one_line_naming_the_file",),
            "a damaged model.safetensors.index.json is one line, not a JSONDecodeError"),
     Mutant("hf_decoding_cache_ignored", "dynjax/decoding/llm.py",
-           'h = h + llm.attend(cfg, p["attn"], q, c["k"], c["v"], pos.index, c["pos"])',
-           'h = h + llm.attend(cfg, p["attn"], q, k, v, pos.index, pos.index)',
+           'p["attn"], q, c["k"], c["v"], pos.index,\n                           c["pos"])',
+           'p["attn"], q, k, v, pos.index,\n                           pos.index)',
            ("tests/test_hf.py::test_decoding_equals_the_forward",),
            "decoding attends over the cached keys and values"),
     # DeepSeek ports (archs/deepseek_v3.py, deepseek_v2.py; components: mla, grouped_topk, yarn)
@@ -369,6 +370,40 @@ MUTANTS = (
            'qk_norm="head" if hf["use_qk_norm"] else "none"', 'qk_norm="none"',
            ("tests/test_hf.py::test_logits_match_transformers[glm4_moe]",),
            "GLM-4.5 normalises q and k per head when use_qk_norm"),
+    # gpt-oss (archs/gpt_oss.py over components attention gqa_sinks, routers topk_softmax,
+    # experts clamped_swiglu): each detail against the transformers fixture
+    Mutant("hf_gpt_oss_sinks_dropped", "dynjax/models/components/attention.py",
+           "jax.nn.softmax(jnp.concatenate([logits, sink], axis=-1), axis=-1)[..., :-1]",
+           "jax.nn.softmax(logits, axis=-1)", (GPT_OSS,),
+           "gpt-oss's attention sinks join every softmax as an extra column"),
+    Mutant("hf_gpt_oss_window_ignored", "dynjax/models/components/attention.py",
+           "visible &= gap < window", "visible &= gap < 2 ** 30", (GPT_OSS,),
+           "gpt-oss's sliding layers see only the last sliding_window keys"),
+    Mutant("hf_gpt_oss_decoding_windows_every_layer", "dynjax/decoding/llm.py",
+           "h = h + llm.attend(llm.layer_config(cfg, i),", "h = h + llm.attend(cfg,",
+           ("tests/test_hf.py::test_decoding_equals_the_forward[gpt_oss]",),
+           "KV-cache decoding windows only the layers layer_types names sliding"),
+    Mutant("hf_gpt_oss_clamp_missing", "dynjax/models/components/experts.py",
+           "        gate = jnp.minimum(gate, self.limit)\n"
+           "        up = jnp.clip(up, -self.limit, self.limit)\n", "", (GPT_OSS,),
+           "gpt-oss clamps the gate above and up on both sides at swiglu_limit"),
+    Mutant("hf_gpt_oss_gate_up_in_halves", "dynjax/models/components/experts.py",
+           "gate, up = h[..., 0::2], h[..., 1::2]", "gate, up = jnp.split(h, 2, axis=-1)",
+           (GPT_OSS,), "gpt-oss's gate_up_proj columns interleave gate (even) and up (odd)"),
+    Mutant("hf_gpt_oss_softmax_over_all_experts", "dynjax/models/components/routers.py",
+           "return experts, jax.nn.softmax(top, axis=-1)",
+           "return experts, jnp.take_along_axis(jax.nn.softmax(logits, -1), experts, -1)",
+           (GPT_OSS,), "gpt-oss's weights are a softmax over the k selected logits only"),
+    Mutant("hf_gpt_oss_router_bias_dropped", "dynjax/models/components/routers.py",
+           'x @ p["router"].astype(dt) + p["router_bias"].astype(dt)',
+           'x @ p["router"].astype(dt)', (GPT_OSS,),
+           "gpt-oss's router logits include its bias"),
+    Mutant("hf_yarn_attention_factor_zero", "dynjax/models/components/rotary.py",
+           "if cfg.rope_attention_factor:", "if cfg.rope_attention_factor is not None:",
+           (GPT_OSS,), "YaRN's cos/sin factor is derived from the factor when not given"),
+    Mutant("hf_yarn_truncate_ignored", "dynjax/loaders/archs/common.py",
+           'rope_truncate=bool(rp.get("truncate", True))', "rope_truncate=True", (GPT_OSS,),
+           "YaRN's truncate=False (gpt-oss) keeps the ramp's fractional ends"),
     Mutant("hf_unknown_model_type_falls_through", "dynjax/runs/target.py",
            "        _refuse_foreign(path)\n", "",
            ("tests/test_audit_hf.py::test_open_target_tells_hf_directories_apart",),

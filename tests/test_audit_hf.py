@@ -100,7 +100,7 @@ def _config():
     return c
 
 
-@pytest.mark.parametrize("name", ["olmoe", "qwen2_moe"])
+@pytest.mark.parametrize("name", ["olmoe", "qwen2_moe", "gpt_oss"])
 def test_weights_flat_replays_the_same_experts_with_equal_weights(name):
     """Through the port's own router (llm.route): the top-k set is kept and the k weights
     are equal (1/k where norm_topk_prob renormalises: olmoe; else their mean: qwen2_moe)."""
@@ -120,7 +120,7 @@ def test_weights_flat_replays_the_same_experts_with_equal_weights(name):
     np.testing.assert_array_equal(np.sort(np.asarray(e0), -1), np.sort(np.asarray(e1), -1))
     w1 = np.asarray(w1)
     np.testing.assert_allclose(w1, np.broadcast_to(w1[..., :1], w1.shape), rtol=1e-6)
-    if cfg.norm_topk_prob:
+    if cfg.norm_topk_prob or cfg.router == "topk_softmax":   # gpt-oss: softmax over k
         np.testing.assert_allclose(w1, 1 / cfg.top_k, rtol=1e-6)
     if "shared_gate" in coeffs:
         np.testing.assert_array_equal(np.asarray(flat["shared_gate"]),
@@ -173,3 +173,26 @@ def test_real_configs_for_the_plan():
         assert llm.param_count(model.cfg)["total"] == table[name]["params"], arg
     with pytest.raises(ValueError, match="unknown model"):
         hf_llm.get_config("deepseek_v3")
+
+
+def test_audit_and_scorecard_run_on_gpt_oss(tmp_path):
+    """gpt-oss records its router logits: the audit replays them exactly and runs every
+    condition; the scorecard's routing entropy is that of softmax(logits) (within ln 8) and
+    its tokens per expert are shares of the top-4 routes."""
+    out = str(tmp_path / "audit")
+    stdout = _run(["audit.py", "--config=configs/audit_hf.py", f"--hf={HF}/gpt_oss",
+                   f"--out={out}", *SMALL])
+    assert stdout.startswith("HF gpt_oss audit plan: 2 layers, dim 48")
+    res = json.load(open(os.path.join(out, "results.json")))
+    assert res["replay"]["exact"] is True and res["meta"]["facts"] == {"top_k": 4}
+    assert list(res["conditions"]) == list(interventions.REGISTRY)
+    card_dir = str(tmp_path / "card")
+    _run(["scorecard.py", "--config=configs/scorecard_hf.py", f"--hf={HF}/gpt_oss",
+          f"--out={card_dir}", *[a.replace("--config.", "--config.audit.") for a in SMALL],
+          "--config.execution_windows=2", "--config.latency_batches=1,",
+          "--config.latency_repeats=1", "--config.thresholds.latency_batch=1"])
+    card = json.load(open(os.path.join(card_dir, "scorecard.json")))["cards"][0]
+    var, ex = card["variation"], card["execution"]
+    assert 0 < var["routing_entropy_nats"] < var["routing_entropy_max_nats"] == np.log(8)
+    assert ex["kind"] == "experts" and ex["top_k"] == 4 and ex["moe_layers"] == [0, 1]
+    np.testing.assert_allclose(np.sum(ex["tokens_per_expert"], -1), 1.0, rtol=1e-6)

@@ -22,7 +22,8 @@ from dynjax.parallel.memory_plan import per_device_bytes, tree_bytes
 
 DATA = pathlib.Path(__file__).parent / "data" / "hf"
 ARCHS = ("llama", "qwen2", "mistral", "qwen3", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe",
-         "deepseek_v3", "deepseek_v3_plain", "deepseek_v2", "glm4_moe", "glm4_moe_lite")
+         "deepseek_v3", "deepseek_v3_plain", "deepseek_v2", "glm4_moe", "glm4_moe_lite",
+         "gpt_oss")
 MOE = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "deepseek_v3", "deepseek_v3_plain",
        "deepseek_v2", "glm4_moe", "glm4_moe_lite")
 DEEPSEEK = ("deepseek_v3", "deepseek_v3_plain", "deepseek_v2")
@@ -328,7 +329,6 @@ def test_shape_mismatch_and_extra_tensors_are_one_line(tmp_path):
     (dict(quantization_config={"quant_method": "gptq", "bits": 4}),   # fp8, mxfp4 load
      ("'gptq'", "dequantize to bf16")),
     (dict(model_type="falcon"), ("model_type='falcon' is not supported", "olmoe")),
-    (dict(model_type="gpt_oss"), ("not ported yet", "attention sinks")),
     (dict(hidden_act="gelu"), ("hidden_act='gelu'", "silu")),
     (dict(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "factor": 4.0}),
      ("rope_type='longrope'", "yarn")),
@@ -453,13 +453,14 @@ def test_live_against_transformers(tmp_path):
 # ---------------------------------------------------------------------------- decoding
 
 @pytest.mark.parametrize("arch", ("llama", "qwen2", "mistral", "olmoe", "qwen2_moe",
-                                  "deepseek_v3", "deepseek_v2", "glm4_moe"))
+                                  "deepseek_v3", "deepseek_v2", "glm4_moe", "gpt_oss"))
 def test_decoding_equals_the_forward(arch):
     """prefill, token-by-token cached_forward and greedy generate through dynjax.decoding
     give the forward's logits and tokens (Llama: llama3 rotary scaling; OLMoE: full q/k
     norm and clipping; Qwen2-MoE: a dense layer, the shared expert, q/k/v biases;
     DeepSeek: MLA, whose cache holds every head's expanded key and value, YaRN, groups;
-    GLM-4.5: partial rotary, q/k norm, heads x head_dim wider than hidden)."""
+    GLM-4.5: partial rotary, q/k norm, heads x head_dim wider than hidden; gpt-oss: sinks,
+    and layer 0's window of 8 masks the cache from position 8 on)."""
     from dynjax import decoding
 
     model, params, ref, apply, (logits, _) = loaded(arch)

@@ -43,10 +43,11 @@ def chunk(cfg: llm.Config, params, cache, tokens, pos, branch):
     eps = cfg.rms_norm_eps
     h = jnp.take(params["embed"], tokens, axis=0).astype(cfg.compute_dtype)
     new_cache = []
-    for p, c in zip(params["layers"], cache):
+    for i, (p, c) in enumerate(zip(params["layers"], cache)):
         q, k, v = llm.project_qkv(cfg, p["attn"], llm.rms_norm(h, p["input_norm"], eps), pos)
         c = write(c, append_slots(c, jnp.ones(tokens.shape, bool)), k, v, pos.index)
-        h = h + llm.attend(cfg, p["attn"], q, c["k"], c["v"], pos.index, c["pos"])
+        h = h + llm.attend(llm.layer_config(cfg, i), p["attn"], q, c["k"], c["v"], pos.index,
+                           c["pos"])
         x = llm.rms_norm(h, p["post_norm"], eps)
         h = h + (llm.moe_ffn(cfg, p["moe"], x, None)[0] if "moe" in p
                  else llm.swiglu(p["mlp"], x, cfg.compute_dtype))

@@ -36,8 +36,6 @@ __all__ = ["NOT_YET", "SUPPORTED", "Tensors", "config_from_hf", "is_hf_dir", "lo
            "params_from_tensors", "read_config", "token_windows", "tokenizer"]
 SUPPORTED = archs.SUPPORTED
 NOT_YET = {  # model_type -> what this port still lacks
-    "gpt_oss": "attention sinks, sliding/full attention alternation, the router bias and "
-               "the clamped SwiGLU",
 }
 _IGNORED = ("rotary_emb.inv_freq",)  # buffers some exports carry; recomputed here
 

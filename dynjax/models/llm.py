@@ -78,7 +78,8 @@ ARCHITECTURE = ("vocab_size", "hidden_size", "n_layers", "n_heads", "n_kv_heads"
                 "attention", "partial_rotary_factor", "rope_interleave", "rope_beta_fast",
                 "rope_beta_slow", "rope_mscale", "rope_mscale_all_dim",
                 "rope_attention_factor", "rope_truncate", "q_lora_rank", "kv_lora_rank",
-                "qk_nope_head_dim", "v_head_dim")
+                "qk_nope_head_dim", "v_head_dim", "sliding_window", "sliding_layers",
+                "swiglu_limit", "swiglu_alpha")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +128,8 @@ class Config:
     o_bias: bool = False
     qk_norm: str = "none"
     clip_qkv: Optional[float] = None  # OLMoE: clamp q, k, v to [-clip, clip] after the norms
+    sliding_window: int = 0          # "gqa_sinks": keys < sliding_window positions back are
+    sliding_layers: tuple = ()       # seen in these layers (layer_config); 0: every key
     tie_word_embeddings: bool = False
     moe_layers: tuple = ()           # indices of the MoE layers; the others are dense
     num_experts: int = 0
@@ -135,6 +138,8 @@ class Config:
     norm_topk_prob: bool = False     # renormalise the k selected probabilities to sum 1
     shared_expert_size: int = 0      # an always-on expert (Qwen2-MoE, DeepSeek's shared ones)
     shared_expert_gate: bool = True  # Qwen2-MoE: behind a sigmoid gate (a coefficient)
+    swiglu_limit: float = 7.0        # "clamped_swiglu": gate <= limit, |up| <= limit
+    swiglu_alpha: float = 1.702      # "clamped_swiglu": gate * sigmoid(alpha * gate)
     moe_dispatch: str = "dropless"   # "dropless": sort by expert (dispatch.dropless);
     #                                  "dense": every expert on every token (E/k x the FLOPs)
     router_aux_loss_coef: float = 0.0  # training: Switch load balance, E sum_e f_e P_e
@@ -152,6 +157,7 @@ class Config:
     def __post_init__(self):
         object.__setattr__(self, "moe_layers", tuple(int(i) for i in self.moe_layers))
         object.__setattr__(self, "mod_layers", tuple(int(i) for i in self.mod_layers))
+        object.__setattr__(self, "sliding_layers", tuple(int(i) for i in self.sliding_layers))
         checks = [
             (self.n_heads % self.n_kv_heads == 0,
              f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}"),
@@ -438,21 +444,27 @@ def layer(cfg: Config, p, h, positions: Positions, given):
     return h + m, used, aux
 
 
+@functools.lru_cache(maxsize=None)
+def layer_config(cfg: Config, i: int) -> Config:
+    """The config layer ``i`` computes with: ``sliding_window`` only in ``sliding_layers``."""
+    if not cfg.sliding_window or i in cfg.sliding_layers:
+        return cfg
+    return dataclasses.replace(cfg, sliding_window=0)
+
+
 def _forward(cfg: Config, params, tokens, coeffs=None):
     """``(logits, coeffs, aux)``: each auxiliary loss is its mean over the layers with it."""
     given = coeffs_lib.as_given(coeffs)
     B, T = tokens.shape
     positions = positions_at(cfg, jnp.broadcast_to(jnp.arange(T), (B, T)))
     h = jnp.take(params["embed"], tokens, axis=0).astype(cfg.compute_dtype)
-    run = functools.partial(layer, cfg)
-    if cfg.remat:
-        run = jax.checkpoint(run)
+    run = jax.checkpoint(layer, static_argnums=0) if cfg.remat else layer
     names = {"moe": [n for n in ("router", "shared_gate") if n in schema(cfg)],
              "mod": [n for n in ("mod_router", "mod_predictor") if n in schema(cfg)]}
     used, aux = {"moe": [], "mod": []}, {}
     for i, p in enumerate(params["layers"]):
         kind = "mod" if i in cfg.mod_layers else "moe" if "moe" in p else None
-        h, c, a = run(p, h, positions,
+        h, c, a = run(layer_config(cfg, i), p, h, positions,
                       None if kind is None else _layer_given(given, names[kind], len(used[kind])))
         if kind:
             used[kind].append(c)

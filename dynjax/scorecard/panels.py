@@ -49,6 +49,10 @@ def variation(audit: dict, coeffs: dict, cfg, schema=None, family: str | None = 
         out["asks_to_enter_fraction"] = float(np.mean(np.asarray(ask) > 0))
     if family in ("moe", "gated_mlp", "llm") and "router" in coeffs:  # MoE, MLP's Switch-MoE
         leaves = coeffs["router"] if isinstance(coeffs["router"], list) else [coeffs["router"]]
+        if family == "llm":   # the recorded scores may be logits (gpt-oss): its probabilities
+            from dynjax.models.components.routers import ROUTERS
+            dist = getattr(ROUTERS[cfg.router], "distribution", None)
+            leaves = [dist(cfg, p) for p in leaves] if dist else leaves
         ent = [_entropy(np.asarray(p, np.float64)) for p in leaves]
         out["routing_entropy_nats"] = float(np.mean([e.mean() for e in ent]))
         out["routing_entropy_max_nats"] = float(np.log(np.shape(leaves[0])[-1]))

@@ -18,13 +18,18 @@ head (``head_dim`` = qk_rope_head_dim channels, the decoupled RoPE); per head th
 [k_nope, k_rope], the query [q_nope, q_rope], the value ``v_head_dim`` wide. The softmax
 scale is (qk_nope + qk_rope)^-1/2, times mscale(factor, mscale_all_dim)^2 under a scaled
 rope (YaRN). A cache holds the expanded per-head keys and values (not the latent).
+"gqa_sinks" (gpt-oss): "gqa" plus one learned logit per query head, ``sinks``, that joins
+every softmax as an extra column and is dropped after it (so a head can attend to nothing),
+and, where ``Config.sliding_window`` is set for the layer (``llm.layer_config``), a causal
+window: query i sees key j iff 0 <= i - j < sliding_window.
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from dynjax.models.components import norms, rotary
-from dynjax.models.transformer import Positions, causal_attention
+from dynjax.models.transformer import MASK_VALUE, Positions, attention_scores, causal_attention
 
 
 class Gqa:
@@ -70,10 +75,21 @@ class Gqa:
     @staticmethod
     def attend(cfg, p, q, k, v, q_pos, k_pos):
         """GQA softmax attention of q against k, v, then the output projection: (B, Tq, D)."""
-        group = cfg.n_heads // cfg.n_kv_heads
-        k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
+        k, v = Gqa.share(cfg, k, v)
         block = cfg.attn_block if q.shape[1] == k.shape[1] else 0
         out, _, _ = causal_attention(q, k, v, q_pos, k_pos, block)
+        return Gqa.output(cfg, p, out)
+
+    @staticmethod
+    def share(cfg, k, v):
+        """Each key/value head repeated for its n_heads / n_kv_heads query heads."""
+        group = cfg.n_heads // cfg.n_kv_heads
+        k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
+        return k, v
+
+    @staticmethod
+    def output(cfg, p, out):
+        """The output projection (and bias) of the heads' outputs (B, T, H, hd)."""
         y = jnp.einsum("bthk,hkd->btd", out, p["o"].astype(cfg.compute_dtype))
         return y + p["o_bias"].astype(y.dtype) if cfg.o_bias else y
 
@@ -141,4 +157,50 @@ class Mla:
                 (cfg.n_heads, cfg.v_head_dim))
 
 
-ATTENTION = {"gqa": Gqa, "mla": Mla}
+def _sink_attend(q, k, v, q_pos, k_pos, sinks, window: int):
+    logits = attention_scores(q, k)                                 # (B, H, Tq, Tk) float32
+    gap = q_pos[:, :, None] - k_pos[:, None, :]
+    visible = gap >= 0
+    if window:
+        visible &= gap < window
+    logits = jnp.where(visible[:, None], logits, MASK_VALUE)
+    sink = jnp.broadcast_to(sinks.astype(jnp.float32)[None, :, None, None],
+                            logits.shape[:-1] + (1,))
+    probs = jax.nn.softmax(jnp.concatenate([logits, sink], axis=-1), axis=-1)[..., :-1]
+    return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+
+
+def sink_attention(q, k, v, q_pos, k_pos, sinks, window: int = 0, block: int = 0):
+    """Softmax attention over [the visible keys, one sink logit per head], the sink's
+    probability dropped: out (B, Tq, H, hd) of q, k, v (B, T, H, hd), sinks (H,).
+
+    ``window`` > 0 also hides keys ``window`` or more positions back. ``block`` > 0
+    (self-attention in causal order, as ``transformer.causal_attention``): each block of
+    queries attends over the keys from the window's start to the block's end only."""
+    T = q.shape[1]
+    if block <= 0 or T != k.shape[1] or T <= block:
+        return _sink_attend(q, k, v, q_pos, k_pos, sinks, window)
+    parts = []
+    for i in range(0, T, block):
+        lo = max(0, i - window + 1) if window else 0
+        parts.append(_sink_attend(q[:, i:i + block], k[:, lo:i + block], v[:, lo:i + block],
+                                  q_pos[:, i:i + block], k_pos[:, lo:i + block], sinks, window))
+    return jnp.concatenate(parts, axis=1)
+
+
+class GqaSinks(Gqa):
+    """"gqa" with attention sinks and the layer's sliding window (gpt-oss)."""
+
+    @staticmethod
+    def rows(cfg, A):
+        return Gqa.rows(cfg, A) + [(A + ("sinks",), (cfg.n_heads,), ("heads",))]
+
+    @staticmethod
+    def attend(cfg, p, q, k, v, q_pos, k_pos):
+        k, v = Gqa.share(cfg, k, v)
+        block = cfg.attn_block if q.shape[1] == k.shape[1] else 0
+        out = sink_attention(q, k, v, q_pos, k_pos, p["sinks"], cfg.sliding_window, block)
+        return Gqa.output(cfg, p, out)
+
+
+ATTENTION = {"gqa": Gqa, "mla": Mla, "gqa_sinks": GqaSinks}

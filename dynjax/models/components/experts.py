@@ -9,6 +9,13 @@ An expert kind is a namespace of:
 
 "swiglu": down(silu(x gate) * (x up)), no biases (every port before gpt-oss). The same
 MLP unstacked is every dense layer and the shared experts (:func:`swiglu`).
+
+"clamped_swiglu" (gpt-oss): h = x W_gu + b_gu with gate and up interleaved in its columns
+(gate = h[..., 0::2], up = h[..., 1::2], as the checkpoint stores them); gate clamped
+above and up on both sides at ``Config.swiglu_limit``; out = ((up + 1) * gate *
+sigmoid(swiglu_alpha * gate)) W_down + b_down.
+
+``EXPERTS[name](cfg)`` is the kind bound to a config (its constants: the clamp, alpha).
 """
 from __future__ import annotations
 
@@ -34,6 +41,9 @@ def swiglu(p, x, dt):
 class SwiGLU:
     rows = staticmethod(mlp_rows)
 
+    def __init__(self, cfg=None):
+        del cfg   # no constants
+
     @staticmethod
     def grouped(w, rows, groups):
         mm = lambda a, name: dispatch.grouped_matmul(a, w[name], groups)
@@ -46,7 +56,36 @@ class SwiGLU:
         return jnp.einsum("nef,efd->ned", h, w["down"])
 
 
-EXPERTS = {"swiglu": SwiGLU}
+class ClampedSwiGLU:
+    """gpt-oss's experts: interleaved gate/up with biases, clamped SwiGLU, down with bias."""
+
+    def __init__(self, cfg):
+        self.limit, self.alpha = cfg.swiglu_limit, cfg.swiglu_alpha
+
+    @staticmethod
+    def rows(path, d, width, experts):
+        return [(path + ("gate_up",), (experts, d, 2 * width), ("expert", "embed", "mlp")),
+                (path + ("gate_up_bias",), (experts, 2 * width), ("expert", "mlp")),
+                (path + ("down",), (experts, width, d), ("expert", "mlp", "embed")),
+                (path + ("down_bias",), (experts, d), ("expert", "embed"))]
+
+    def glu(self, h):
+        gate, up = h[..., 0::2], h[..., 1::2]
+        gate = jnp.minimum(gate, self.limit)
+        up = jnp.clip(up, -self.limit, self.limit)
+        return (up + 1) * (gate * jax.nn.sigmoid(gate * self.alpha))
+
+    def grouped(self, w, rows, groups):
+        e = groups.row_expert
+        h = dispatch.grouped_matmul(rows, w["gate_up"], groups) + w["gate_up_bias"][e]
+        return dispatch.grouped_matmul(self.glu(h), w["down"], groups) + w["down_bias"][e]
+
+    def dense(self, w, x):
+        h = jnp.einsum("nd,edf->nef", x, w["gate_up"]) + w["gate_up_bias"]
+        return jnp.einsum("nef,efd->ned", self.glu(h), w["down"]) + w["down_bias"]
+
+
+EXPERTS = {"swiglu": SwiGLU, "clamped_swiglu": ClampedSwiGLU}
 
 
 def experts_ffn(cfg, p, x, experts, weights):
@@ -61,7 +100,7 @@ def experts_ffn(cfg, p, x, experts, weights):
     the tokens by all-to-all (``dispatch.dropless_expert_parallel``). "dense": every expert
     on every token, combined with zero weight where not chosen (E/k times the FLOPs)."""
     dt = cfg.compute_dtype
-    kind = EXPERTS[cfg.experts]
+    kind = EXPERTS[cfg.experts](cfg)
     w = {n: a.astype(dt) for n, a in p.items()}
     N, k = experts.shape
     E = cfg.num_experts

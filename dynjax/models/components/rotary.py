@@ -79,7 +79,7 @@ def attention_factor(cfg) -> float:
     """The factor YaRN multiplies cos and sin by (1 for the other rope types)."""
     if cfg.rope_type != "yarn":
         return 1.0
-    if cfg.rope_attention_factor:
+    if cfg.rope_attention_factor:   # 0: derived from the factor and mscales
         return float(cfg.rope_attention_factor)
     if cfg.rope_mscale and cfg.rope_mscale_all_dim:
         return float(yarn_mscale(cfg.rope_factor, cfg.rope_mscale)

@@ -7,7 +7,9 @@
   scores;
 - ``float32_params``: its parameters kept in float32 in a bfloat16 model. Replay runs ``select`` on the given scores, so any rule the checkpoint adds on
   top of the scores (a selection bias, group limits, a scale) applies to replayed scores
-  too.
+  too;
+- ``distribution(cfg, scores)``: the router's probabilities over all experts (.., E) (the
+  scorecard's routing entropy).
 
 "softmax_topk" (Mixtral, OLMoE, Qwen-MoE): p = softmax(x W); the k largest, renormalised
 to sum 1 when ``norm_topk_prob``.
@@ -20,6 +22,10 @@ sum of its top-2 c (``router_group_score`` "top2_sum"; DeepSeek-V2's group_limit
 "max"), and only the ``topk_group`` best groups stay eligible; then the top-k eligible
 c. Their weights are the unbiased s, renormalised (w / (sum w + 1e-20)) when
 ``norm_topk_prob``, times ``routed_scaling_factor``.
+
+"topk_softmax" (gpt-oss): logits z = x W + b (a bias per expert, part of the logits, so it
+acts on selection and weights alike) recorded; the k largest logits, then a softmax over
+those k only.
 """
 from __future__ import annotations
 
@@ -49,6 +55,9 @@ class SoftmaxTopK:
             weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
         return experts, weights
 
+    @staticmethod
+    def distribution(cfg, probs):
+        return probs
 
 class GroupedTopK:
     """Scores s recorded; selection by s + bias within the best groups (docstring above)."""
@@ -90,4 +99,30 @@ class GroupedTopK:
         return experts, weights * F32(cfg.routed_scaling_factor)
 
 
-ROUTERS = {"softmax_topk": SoftmaxTopK, "grouped_topk": GroupedTopK}
+
+class TopKSoftmax:
+    """z = x W + b recorded; top-k of z, softmax over the k."""
+
+    float32_params = ()
+
+    @staticmethod
+    def rows(cfg, M):
+        return SoftmaxTopK.rows(cfg, M) + [(M + ("router_bias",), (cfg.num_experts,), (None,))]
+
+    @staticmethod
+    def scores(cfg, p, x):
+        dt = cfg.compute_dtype
+        return (x @ p["router"].astype(dt) + p["router_bias"].astype(dt)).astype(F32)
+
+    @staticmethod
+    def select(cfg, p, logits):
+        top, experts = jax.lax.top_k(logits, cfg.top_k)
+        return experts, jax.nn.softmax(top, axis=-1)
+
+    @staticmethod
+    def distribution(cfg, logits):
+        return jax.nn.softmax(logits, axis=-1)
+
+
+ROUTERS = {"softmax_topk": SoftmaxTopK, "grouped_topk": GroupedTopK,
+           "topk_softmax": TopKSoftmax}
