@@ -14,7 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "dynjax"
 LAYERS = (("coeffs", "jsonio", "_alloc", "figures"), ("data",), ("errors",), ("parallel",),
           ("models",), ("loaders", "decoding", "models.predicted_skip"), ("measure",),
           ("runs.rundir", "runs.integrity"), ("train",),
-          ("audit", "parallel.memory_plan", "runs", "configs"), ("scorecard",), ("programs",))
+          ("audit", "parallel.memory_plan", "runs", "configs"), ("scorecard",), ("programs", "export"))
 RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}
 KNOWN_CYCLES = []
 

@@ -40,3 +40,15 @@ def fetch():
     from dynjax.data import fetch as data_fetch
 
     sys.exit(data_fetch.main(prog="dynjax-fetch"))
+
+
+def export():
+    """``dynjax-export RUN_DIR OUT_DIR``: an llm-family run as a Hugging Face directory."""
+    import sys
+
+    from dynjax._alloc import reexec
+
+    reexec("__main__")
+    from dynjax import export as export_lib
+
+    sys.exit(export_lib.main(prog="dynjax-export"))
