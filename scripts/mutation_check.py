@@ -1029,6 +1029,20 @@ MUTANTS = (
            "lines = bool(progress) and not use_bar", "lines = False",
            ("tests/test_train.py::test_a_log_file_gets_one_line_per_log_step_with_the_interval_mean",),
            "a batch job's log gets one line per log step"),
+    Mutant("export_names_experts_wrongly", "dynjax/export.py",
+           "out[name.format(i=layer, e=e)] = _as_checkpoint(value[e], n_in)",
+           "out[name.format(i=layer, e=(e + 1) % shape[0])] = _as_checkpoint(value[e], n_in)",
+           ("tests/test_export.py::test_every_port_goes_out_and_back_bitwise",),
+           "export writes each expert's weights under that expert's checkpoint name"),
+    Mutant("expert_removal_pins_the_expert", "dynjax/audit/expert_importance.py",
+           "REMOVED = -jnp.inf", "REMOVED = jnp.inf",
+           ("tests/test_expert_importance.py::test_a_removed_experts_tokens_go_to_their_next_choice",),
+           "a removed expert's tokens go to their next choice"),
+    Mutant("reap_mean_over_all_tokens", "dynjax/audit/expert_importance.py",
+           "np.where(count > 0, total / np.maximum(count, 1), 0.0)",
+           "total / max(rec.windows.size, 1)",
+           ("tests/test_expert_importance.py::test_reap_saliency_is_the_routed_mean_of_gate_times_output_norm",),
+           "REAP's saliency is a mean over the expert's routed tokens"),
 )
 
 def copy_tree(dest: pathlib.Path) -> None:

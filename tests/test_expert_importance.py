@@ -147,3 +147,19 @@ def test_a_dense_model_and_removing_too_many_experts_are_one_line(rec):
         ei.Recorded(llm.LLM(dense), llm.init(dense, jax.random.key(0)), WINDOWS)
     with pytest.raises(ConfigError, match="fewer than top_k"):
         rec.nll(np.ones((2, E), bool))
+
+
+def test_per_layer_conditions_token_identity_of_singletons_is_exact_and_cross_input_moves():
+    """Windows whose every token id is distinct: token_identity leaves each position its own
+    scores (ΔNLL 0, bitwise); cross_input of one layer's scores changes the NLL."""
+    from dynjax.audit import layer_conditions
+
+    distinct = np.arange(96, dtype=np.int32).reshape(6, 16)
+    r = ei.Recorded(llm.LLM(CFG), _params(CFG), distinct, batch=3)
+    delta = layer_conditions.per_layer(r, reassignments=2)
+    assert delta["token_identity"].shape == (2, 2, 6)
+    np.testing.assert_array_equal(delta["token_identity"], 0.0)
+    assert np.abs(delta["cross_input"][1]).max() > 1e-4
+    rows = layer_conditions.summarize(delta, n_resamples=199)
+    assert rows[1]["difference"]["estimate"] == pytest.approx(
+        -delta["cross_input"][1].mean(), abs=1e-12)

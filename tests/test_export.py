@@ -157,15 +157,19 @@ def test_an_existing_directory_is_refused_and_a_failed_export_leaves_nothing(tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["there"]
 
 
-def test_a_run_of_another_family_is_refused_by_the_command_in_one_line(tmp_path, capsys):
+def test_a_run_of_another_family_is_refused_by_the_command_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text(json.dumps({"model": {"family": "moe"}, "data": {}}))
-    with pytest.raises(SystemExit) as e:
-        export.main([str(run), str(tmp_path / "out")])
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "'moe'-family run" in err
+    r = subprocess.run([sys.executable, "-m", "dynjax.export", str(run), str(tmp_path / "out")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2
+    err = r.stderr.strip()
+    assert len(err.splitlines()) == 1 and "'moe'-family run" in err, err
+    assert err.startswith("python -m dynjax.export: error:")
     assert not (tmp_path / "out").exists()
 
 
@@ -174,3 +178,28 @@ def test_the_console_command_is_declared():
     assert 'dynjax-export = "dynjax.programs.console:export"' in text
     from dynjax.programs import console
     assert callable(console.export)
+
+
+def test_a_trained_run_exports_through_the_command_and_loads_back_bitwise(tmp_path, capsys):
+    """One tiny run of the routing study's arm (2 steps), exported by ``main``."""
+    from dynjax.configs import routing_study
+    from dynjax.runs import rundir
+    from dynjax.train import loop
+
+    c = routing_study.get_config("softmax_topk")
+    c.model.update(hidden_size=16, n_heads=2, n_kv_heads=2, head_dim=8, n_layers=2,
+                   moe_layers=(0, 1), num_experts=4, moe_intermediate_size=8,
+                   intermediate_size=16, moe_dispatch="dense")
+    c.data.update(source="embedded", seq_len=16)
+    c.train.update(dict(steps=2, batch_size=4, warmup_steps=1, log_every=1, eval_every=2,
+                        ckpt_every=2))
+    c.eval.update(dict(windows=4, batch_size=4, decode_check_windows=0))
+    run = tmp_path / "run"
+    loop.train(c, str(run), progress=False)
+    assert export.main([str(run), str(tmp_path / "hf")]) == 0
+    assert "olmoe (OlmoeForCausalLM)" in capsys.readouterr().out
+    _, model, params = rundir.load_params(str(run))
+    model2, params2 = hf.load(str(tmp_path / "hf"))
+    chex.assert_trees_all_equal(params2, jax.device_get(params))
+    recorded = json.loads((tmp_path / "hf" / "dynjax_export.json").read_text())
+    assert recorded["step"] == 2 and recorded["run"] == "run"

@@ -98,6 +98,21 @@ class Recorded:
         self.n_layers, _, _, self.n_routes = self.coeffs[0]["router"].shape
         self.E, self.k = num_experts(model), top_k(model)
 
+    def full(self) -> dict:
+        """The recorded coefficients of every window, (L, N, T, E) leaves."""
+        return jax.tree.map(lambda *a: jnp.concatenate(a, axis=1), *self.coeffs)
+
+    def nll_given(self, coeffs) -> np.ndarray:
+        """Per-window NLL (nats) replaying ``coeffs`` (every window's, as :meth:`full`)."""
+        none = jnp.zeros((self.n_layers, self.n_routes), bool)
+        out = []
+        for i, tokens in enumerate(_batches(self.windows, self.batch)):
+            part = jax.tree.map(lambda a: a[:, i * self.batch:i * self.batch + len(tokens)],
+                                coeffs)
+            out.append(np.asarray(_replay_nll(self.model, self.params, tokens, part, none),
+                                  np.float64))
+        return np.concatenate(out)
+
     def nll(self, removed=None) -> np.ndarray:
         """Per-window NLL (nats) with ``removed`` (L, E) bool experts taken out (None: none)."""
         mask = np.zeros((self.n_layers, self.n_routes), bool)
