@@ -1,0 +1,265 @@
+"""Is MoE routing a token-id lookup or a function of context? The routing study (issue 48).
+
+    python experiments/routing_study.py --runs=runs/routing_study               # everything, resumable
+    python experiments/routing_study.py --runs=runs/routing_study --seeds=1     # one seed's items
+    python experiments/routing_study.py --runs=runs/routing_study --plan        # what is done / left
+    python experiments/routing_study.py --runs=/tmp/rs_check --check=5          # each arm, 5 steps
+    python experiments/routing_study.py --runs=runs/routing_study --report      # results/routing_study/
+
+The arms are configs/routing_study.py's (``ARMS``; ``NOT_YET`` names the arms that wait
+for a component), three seeds each, at the FCA sweep's tiny size (4 layers, d = 128,
+``embedded_large``, batch 32 x 128, 1500 steps). For each trained seed, in order:
+
+1. ``audit``: audit.py's protocol with the routing conditions (configs/audit_tiny.py with
+   conditions correct, cross_input, token_shuffle, token_identity, expert_relabel,
+   weights_flat, static_profile, structure_removed; 256 calibration and 256 evaluation
+   windows, R = 10) into RUNS/audit/ARM_sSEED; the arm's three seeds combined
+   (audit.py --combine) into RUNS/audit/ARM;
+2. ``layers``: the per-layer table (dynjax.audit.layer_conditions): ΔNLL of cross_input and
+   token_identity applied to one layer's router at a time, with paired window CIs;
+3. ``experts``: causal expert importance against REAP saliency
+   (dynjax.audit.expert_importance.compare): ΔNLL of removing each expert with CIs, the
+   Spearman correlation per layer, the bits/byte cost of pruning the bottom 25% / 50%.
+
+Each seed's results go to OUT/seeds/ARM_sSEED.json as soon as they exist (commit them: run
+directories do not outlive their machine); ``--report`` combines the seeds into
+OUT/per_layer.json, OUT/expert_importance.json and OUT/table.md: per layer, ΔNLL(cross-input)
+and ΔNLL(token-identity) as means over seeds with seed-level CIs, their difference, and the
+share of the cross-input effect token identity recovers (1 - ΔTI / ΔCI, stats.retention_ci).
+Rerunning skips finished items and resumes an interrupted training from its checkpoint.
+"""
+from __future__ import annotations
+
+from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
+reexec(__name__)
+import argparse  # noqa: E402
+import json  # noqa: E402
+import pathlib  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SEEDS = (0, 1, 2)
+OUT = ROOT / "results" / "routing_study"
+AUDIT = dict(calib_windows=256, eval_windows=256, reassignments=10)
+STUDY = dict(eval_windows=128, layer_reassignments=5)   # per-layer table, expert importance
+CONDITIONS = ("correct", "cross_input", "token_shuffle", "token_identity", "expert_relabel",
+              "weights_flat", "static_profile", "structure_removed")
+
+
+def arms():
+    from dynjax.configs import routing_study
+    return routing_study.ARMS
+
+
+def train_config(arm: str, seed: int, steps: int | None = None):
+    from dynjax.configs import routing_study
+
+    c = routing_study.get_config(arm)
+    c.seed = seed
+    if steps is not None:      # --check: a handful of steps
+        c.train.update(dict(steps=steps, warmup_steps=1, log_every=1, eval_every=steps,
+                            ckpt_every=steps))
+        c.eval.update(dict(windows=32, decode_check_windows=0))
+    else:
+        c.train.log_every = 50
+    return c
+
+
+def run_dir(runs: pathlib.Path, arm: str, seed: int) -> pathlib.Path:
+    return runs / f"{arm}_s{seed}"
+
+
+def seed_file(out: pathlib.Path, arm: str, seed: int) -> pathlib.Path:
+    return out / "seeds" / f"{arm}_s{seed}.json"
+
+
+def trained(path: pathlib.Path) -> bool:
+    ev = path / "eval.json"
+    return ev.exists()
+
+
+def audit_config():
+    from dynjax.configs import audit_tiny
+
+    c = audit_tiny.get_config()
+    c.conditions = ",".join(CONDITIONS)
+    c.data.calib_windows = AUDIT["calib_windows"]
+    c.data.eval_windows = AUDIT["eval_windows"]
+    c.reassignments = AUDIT["reassignments"]
+    return c
+
+
+def _read(path: pathlib.Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def work(runs: pathlib.Path, out: pathlib.Path, seeds=SEEDS) -> list:
+    """What is left: (kind, arm, seed) in order, each seed's analyses right after it trains."""
+    items = []
+    for arm in arms():
+        for seed in seeds:
+            done = _read(seed_file(out, arm, seed))
+            if not trained(run_dir(runs, arm, seed)) and not done:
+                items.append(("train", arm, seed))
+            for kind in ("audit", "layers", "experts"):
+                if kind not in done:
+                    items.append((kind, arm, seed))
+        if all((runs / "audit" / f"{arm}_s{s}" / "results.json").exists() for s in SEEDS) \
+                and not (runs / "audit" / arm / "results.json").exists():
+            items.append(("combine", arm, None))
+    return items
+
+
+def _target(path: pathlib.Path):
+    """(model, params, evaluation windows) of a trained run: the audit's windows (test split)."""
+    from dynjax.runs import open_target
+
+    t = open_target(str(path))
+    _, ev, _ = t.windows(audit_config().data, 1, STUDY["eval_windows"])
+    return t.model, t.params, ev
+
+
+def _small(tree):
+    """A results entry without its per-window lists (they stay in the audit directory)."""
+    if isinstance(tree, dict):
+        return {k: _small(v) for k, v in tree.items()
+                if not (isinstance(v, list) and len(v) > 32)}
+    return tree
+
+
+def analyse(kind: str, path: pathlib.Path, runs: pathlib.Path, arm: str, seed: int) -> dict:
+    from dynjax.audit import expert_importance as ei
+    from dynjax.audit import layer_conditions
+    from dynjax.audit import run as audit_run
+
+    if kind == "audit":
+        d = runs / "audit" / path.name
+        res = audit_run.audit_from_config(audit_config(), [str(path)], out=str(d),
+                                          progress=False, log=lambda *a: None)
+        return {"pooled": {name: _small(r) for name, r in res["conditions"].items()},
+                "audit_dir": str(d.relative_to(runs))}
+    model, params, ev = _target(path)
+    if kind == "layers":
+        rec = ei.Recorded(model, params, ev)
+        delta = layer_conditions.per_layer(rec, reassignments=STUDY["layer_reassignments"],
+                                           seed=seed)
+        return {"per_layer": layer_conditions.summarize(delta),
+                "mean_delta": {k: v.mean(axis=(1, 2)).tolist() for k, v in delta.items()}}
+    return ei.compare(model, params, ev, seed=seed)
+
+
+def run_study(runs: pathlib.Path, out: pathlib.Path, seeds=SEEDS, log=print) -> None:
+    from dynjax.audit import run as audit_run
+    from dynjax.jsonio import command_line, write_json_atomic
+    from dynjax.train.loop import train
+
+    runs.mkdir(parents=True, exist_ok=True)
+    for kind, arm, seed in work(runs, out, seeds):
+        log(f"[{time.strftime('%H:%M:%S')}] {kind} {arm} seed {seed}")
+        start = time.monotonic()
+        if kind == "combine":
+            audit_run.combine_dirs([str(runs / "audit" / f"{arm}_s{s}") for s in SEEDS],
+                                   out=str(runs / "audit" / arm))
+            continue
+        path = run_dir(runs, arm, seed)
+        if kind == "train":
+            result = train(train_config(arm, seed), str(path), progress=False)
+            log(f"  test {result['test']['bpb']:.4f} bits/byte")
+            continue
+        record = _read(seed_file(out, arm, seed))
+        if "test_bpb" not in record:
+            record.update(arm=arm, seed=seed, test_bpb=_read(path / "eval.json").get("test", {})
+                          .get("bpb"), command=command_line(), run=path.name)
+        record[kind] = analyse(kind, path, runs, arm, seed)
+        record.setdefault("seconds", {})[kind] = time.monotonic() - start
+        seed_file(out, arm, seed).parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(seed_file(out, arm, seed), record)
+
+
+def report(out: pathlib.Path) -> dict:
+    """Combine the seeds' files: per arm and layer, ΔNLL(cross_input) and ΔNLL(token_identity)
+    over seeds (seed-level CIs), their difference, the share token identity recovers; the
+    Spearman correlations and pruning costs per seed."""
+    import numpy as np
+
+    from dynjax.audit import stats
+    from dynjax.jsonio import command_line, write_json_atomic, write_text_atomic
+
+    table, experts = {}, {}
+    lines = ["# Routing study: token identity vs context, per layer\n",
+             "| arm | layer | seeds | ΔNLL cross-input [CI] | ΔNLL token-identity [CI] | "
+             "difference TI - CI [CI] | share TI recovers [CI] |", "|---|---|---|---|---|---|---|"]
+    for arm in arms():
+        files = [_read(seed_file(out, arm, s)) for s in SEEDS]
+        files = [f for f in files if "layers" in f]
+        if not files:
+            continue
+        ci = np.array([f["layers"]["mean_delta"]["cross_input"] for f in files])
+        ti = np.array([f["layers"]["mean_delta"]["token_identity"] for f in files])
+        rows = []
+        for layer in range(ci.shape[1]):
+            row = {"layer": layer, "seeds": len(files),
+                   "cross_input": stats.bootstrap_ci(ci[:, layer]),
+                   "token_identity": stats.bootstrap_ci(ti[:, layer]),
+                   "difference": stats.bootstrap_ci(ti[:, layer] - ci[:, layer]),
+                   "share_recovered": stats.retention_ci(ti[:, layer], ci[:, layer])}
+            rows.append(row)
+            fmt = lambda s: f"{s['estimate']:.4f} [{s['ci_low']:.4f}, {s['ci_high']:.4f}]"
+            share = row["share_recovered"]
+            lines.append(f"| {arm} | {layer} | {len(files)} | {fmt(row['cross_input'])} | "
+                         f"{fmt(row['token_identity'])} | {fmt(row['difference'])} | "
+                         f"{share.get('estimate', float('nan')):.3f} |")
+        table[arm] = rows
+        experts[arm] = [{"seed": f["seed"], "spearman": f["experts"]["spearman"],
+                         "pruning": f["experts"]["pruning"]} for f in
+                        (_read(seed_file(out, arm, s)) for s in SEEDS) if "experts" in f]
+    write_json_atomic(out / "per_layer.json", {"command": command_line(), "arms": table})
+    write_json_atomic(out / "expert_importance.json", {"command": command_line(),
+                                                       "arms": experts})
+    write_text_atomic(out / "table.md", "\n".join(lines) + "\n")
+    return table
+
+
+def check(runs: pathlib.Path, steps: int, log=print) -> dict:
+    """Each arm trained ``steps`` steps (seed 0): the commands work; seconds per step
+    after the first (compilation) step, from metrics.jsonl's timestamps where present."""
+    from dynjax.train.loop import train
+
+    out = {}
+    for arm in arms():
+        path = run_dir(runs, arm, 0)
+        t0 = time.monotonic()
+        result = train(train_config(arm, 0, steps), str(path), progress=False)
+        out[arm] = {"seconds": time.monotonic() - t0, "test_bpb": result["test"]["bpb"]}
+        log(f"{arm}: {steps} steps in {out[arm]['seconds']:.0f} s, test "
+            f"{result['test']['bpb']:.3f} bits/byte")
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", required=True, help="where the run directories and audits go")
+    p.add_argument("--out", default=str(OUT), help="the results folder (committed)")
+    p.add_argument("--seeds", default=",".join(map(str, SEEDS)))
+    p.add_argument("--plan", action="store_true", help="list what is left and exit")
+    p.add_argument("--report", action="store_true", help="combine the seeds' results")
+    p.add_argument("--check", type=int, default=0, help="train each arm this many steps only")
+    args = p.parse_args(argv)
+    runs, out = pathlib.Path(args.runs), pathlib.Path(args.out)
+    seeds = tuple(int(s) for s in args.seeds.split(",") if s)
+    if args.check:
+        check(runs, args.check)
+    elif args.plan:
+        for item in work(runs, out, seeds):
+            print(*item)
+    elif args.report:
+        report(out)
+    else:
+        run_study(runs, out, seeds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    sys.exit(main())
