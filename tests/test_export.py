@@ -20,7 +20,7 @@ import pytest
 
 from dynjax import export
 from dynjax.errors import ConfigError
-from dynjax.loaders import hf
+from dynjax.loaders import archs, hf
 from dynjax.models import llm
 from tests.conftest import ROOT
 
@@ -69,14 +69,28 @@ def exported(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("arch", sorted(os.listdir(os.path.join(DATA, "hf"))))
+# ports this export writes; a port added later either goes out and back or is refused in one line
+ROUND_TRIP = ("llama", "mistral", "mixtral", "olmoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
+FIXTURES = sorted(set(os.listdir(os.path.join(DATA, "hf"))) & set(archs.SUPPORTED))
+
+
+@pytest.mark.parametrize("arch", FIXTURES)
 def test_every_port_goes_out_and_back_bitwise(arch, tmp_path):
     model, params = hf.load(os.path.join(DATA, "hf", arch), dtype="float32")
-    written = export.export_params(model.cfg, jax.device_get(params), tmp_path / "out", 256)
+    try:
+        written = export.export_params(model.cfg, jax.device_get(params), tmp_path / "out", 256)
+    except ConfigError as e:
+        assert arch not in ROUND_TRIP and "\n" not in str(e), e
+        assert not (tmp_path / "out").exists()
+        return
     assert written["model_type"] == arch
     model2, params2 = hf.load(str(tmp_path / "out"))
     assert model2.cfg == model.cfg
     chex.assert_trees_all_equal(params2, params)
+
+
+def test_the_ported_fixtures_include_every_type_export_promises():
+    assert set(ROUND_TRIP) <= set(FIXTURES)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -115,6 +129,11 @@ def test_exported_logits_equal_transformers_live(name, exported):
     with torch.no_grad():
         theirs = model(torch.as_tensor(tokens, dtype=torch.long)).logits.numpy()
     np.testing.assert_allclose(ours, theirs, atol=TOL, rtol=0)
+    from transformers import AutoTokenizer
+
+    text = "Héllo, wörld €\n"
+    ids = AutoTokenizer.from_pretrained(str(d))(text)["input_ids"]
+    assert ids == list(text.encode("utf-8"))
 
 
 def test_the_byte_tokenizer_gives_the_bytes(exported):
@@ -201,5 +220,7 @@ def test_a_trained_run_exports_through_the_command_and_loads_back_bitwise(tmp_pa
     _, model, params = rundir.load_params(str(run))
     model2, params2 = hf.load(str(tmp_path / "hf"))
     chex.assert_trees_all_equal(params2, jax.device_get(params))
+    from dynjax.runs import open_target   # weights_flat needs the run's top_k
+    assert open_target(str(run)).condition_facts == {"top_k": 2}
     recorded = json.loads((tmp_path / "hf" / "dynjax_export.json").read_text())
     assert recorded["step"] == 2 and recorded["run"] == "run"

@@ -117,6 +117,8 @@ class LmRun(_TrainRun):
         cfg = self.model.cfg
         if cfg.family == "moe" and cfg.moe.routing == "token_choice":
             return {"top_k": int(cfg.moe.num_experts_per_tok)}
+        if cfg.family == "llm" and cfg.moe_layers:   # as an HF directory of it says
+            return {"top_k": int(cfg.top_k)}
         return {}
 
     def windows(self, data_cfg, n_calib: int, n_eval: int):
