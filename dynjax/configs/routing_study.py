@@ -24,14 +24,17 @@ from dynjax.configs import common
 SEQ_LEN, BATCH, LR = 128, 32, 3e-3
 ARMS = ("softmax_topk",)
 NOT_YET = {
-    "deepseek_sigmoid": "the sigmoid + selection-bias router with a shared expert and the "
-                        "auxiliary-loss-free bias update (the `ports` work: "
-                        "components/routers.py has only softmax_topk)",
-    "hash": "a hash (token-id table) router in components/routers.py",
+    "deepseek_sigmoid": "the auxiliary-loss-free bias update while training: the sigmoid "
+                        "router with a selection-only bias and shared experts is on main "
+                        "(components/routers.py grouped_topk, from the ports), but train/ "
+                        "never updates router_bias and top-k gives it no gradient, so it "
+                        "would stay 0",
+    "hash": "a hash (token-id table) router in the llm family (DeepSeek-V4's hash routing "
+            "is in models/deepseek_v4.py, not a components/routers.py entry llm composes)",
     "attn_gate": "per-head sigmoid attention-output gates in components/attention.py "
                  "(Qwen3-Next's gated attention)",
-    "mhc": "hyper-connections wired into the llm family's layers (components/hyper.py "
-           "exists; llm.py does not compose it yet)",
+    "mhc": "hyper-connections in the llm family's layers (components/hyper.py exists and "
+           "models/deepseek_v4.py composes it; llm.py does not)",
 }
 
 
