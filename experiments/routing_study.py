@@ -209,7 +209,7 @@ def report(out: pathlib.Path) -> dict:
             share = row["share_recovered"]
             lines.append(f"| {arm} | {layer} | {len(files)} | {fmt(row['cross_input'])} | "
                          f"{fmt(row['token_identity'])} | {fmt(row['difference'])} | "
-                         f"{share.get('estimate', float('nan')):.3f} |")
+                         f"{share['estimate']:.3f} [{share['ci_low']:.3f}, {share['ci_high']:.3f}] |")
         table[arm] = rows
         experts[arm] = [{"seed": f["seed"], "spearman": f["experts"]["spearman"],
                          "pruning": f["experts"]["pruning"]} for f in

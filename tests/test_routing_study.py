@@ -40,3 +40,27 @@ def test_the_plan_orders_each_seeds_work_and_skips_what_is_done(tmp_path):
     f.parent.mkdir(parents=True)
     f.write_text(json.dumps({"audit": {}, "layers": {}}))
     assert study.work(runs, out, seeds=(0,)) == [("experts", "softmax_topk", 0)]
+
+
+def test_the_report_combines_seeds_per_layer_with_the_share_token_identity_recovers(tmp_path):
+    """Three seeds' per-layer means in, seed-level summaries out: the estimates are the means
+    over seeds and the share is 1 - mean(ΔTI) / mean(ΔCI)."""
+    ci = [[0.10, 0.02], [0.12, 0.03], [0.08, 0.025]]
+    ti = [[0.01, 0.02], [0.02, 0.028], [0.015, 0.02]]
+    for seed in range(3):
+        f = study.seed_file(tmp_path, "softmax_topk", seed)
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps({"seed": seed, "layers": {"mean_delta": {
+            "cross_input": ci[seed], "token_identity": ti[seed]}},
+            "experts": {"spearman": [], "pruning": {}}}))
+    table = study.report(tmp_path)["softmax_topk"]
+    assert [row["seeds"] for row in table] == [3, 3]
+    for layer, row in enumerate(table):
+        mean_ci = sum(c[layer] for c in ci) / 3
+        mean_ti = sum(t[layer] for t in ti) / 3
+        assert row["cross_input"]["estimate"] == pytest.approx(mean_ci)
+        assert row["difference"]["estimate"] == pytest.approx(mean_ti - mean_ci)
+        assert row["share_recovered"]["estimate"] == pytest.approx(1 - mean_ti / mean_ci)
+    md = (tmp_path / "table.md").read_text()
+    assert md.count("| softmax_topk |") == 2
+    assert json.loads((tmp_path / "per_layer.json").read_text())["arms"]["softmax_topk"]
