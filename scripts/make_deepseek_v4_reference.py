@@ -258,11 +258,132 @@ def _index_margin(scores, cfg):
     return topk_margin(masked[:, rows], cfg.index_topk)
 
 
+V32 = dict(vocab_size=64, hidden_size=32, num_hidden_layers=3, intermediate_size=48,
+           moe_intermediate_size=12, num_attention_heads=4, num_key_value_heads=4,
+           q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8,
+           v_head_dim=8, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+           n_shared_experts=1, first_k_dense_replace=1, norm_topk_prob=True,
+           routed_scaling_factor=2.5, index_n_heads=16, index_head_dim=16, index_topk=5,
+           initializer_range=0.15,
+           rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                original_max_position_embeddings=16, beta_fast=32.0,
+                                beta_slow=1.0, mscale=1.0, mscale_all_dim=0.8))
+
+
+def build_sparse(model_type: str, sizes: dict, out: pathlib.Path) -> dict:
+    """A tiny random DeepSeek-V3.2-style checkpoint (the V3 stack plus the lightning
+    indexer): reference.npz holds input ids, logits, each indexing layer's top-k (its
+    scores' top-k margin above 1e-3 wherever a query sees more keys than it keeps), each
+    MoE layer's experts and a greedy continuation."""
+    import torch
+    import transformers
+
+    cfg = transformers.AutoConfig.for_model(model_type, **sizes)
+    cfg._attn_implementation = "eager"
+    T = SEQ_LEN
+    for seed in range(30):
+        torch.manual_seed(seed)
+        model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+        seen = {"index": [], "scores": [], "experts": []}
+        hooks = []
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("mlp.gate.weight"):
+                    p.normal_(0.0, 0.5)
+                elif ".indexer." in name and name.endswith("weight") and "norm" not in name:
+                    p.normal_(0.0, 0.5)
+        for layer in model.model.layers:
+            idx = getattr(layer.self_attn, "indexer", None)
+            if idx is not None:
+                hooks.append(idx.register_forward_hook(
+                    lambda mod, args, output: seen["index"].append(output)))
+                hooks.append(idx.register_forward_pre_hook(_capture_inputs(seen),
+                                                           with_kwargs=True))
+            gate = getattr(layer.mlp, "gate", None)
+            if gate is not None and hasattr(gate, "e_score_correction_bias"):
+                hooks.append(gate.register_forward_hook(
+                    lambda mod, args, output: seen["experts"].append(output[2])))
+        ids = torch.randint(0, cfg.vocab_size, (BATCH, T),
+                            generator=torch.Generator().manual_seed(1234))
+        with torch.no_grad():
+            logits = model(ids).logits
+        for h in hooks:
+            h.remove()
+        with torch.no_grad():
+            margin = _indexer_margin(seen, cfg.index_topk)
+            greedy = model.generate(ids[:, :PROMPT], max_new_tokens=NEW, do_sample=False,
+                                    min_new_tokens=NEW, eos_token_id=None, pad_token_id=0)
+            # the continuation must be tie-free too (relu leaves exact-zero scores whose
+            # order torch and XLA break differently), and the forward must agree with it
+            seen["scores"].clear()
+            hooks = [l.self_attn.indexer.register_forward_pre_hook(
+                _capture_inputs(seen), with_kwargs=True) for l in model.model.layers
+                if getattr(l.self_attn, "indexer", None) is not None]
+            again = model(greedy).logits
+            for h in hooks:
+                h.remove()
+            margin = min(margin, _indexer_margin(seen, cfg.index_topk))
+            agrees = bool((again[:, PROMPT - 1:-1].argmax(-1) == greedy[:, PROMPT:]).all())
+        print(f"seed {seed}: indexer top-k margin {margin:.3g}, forward agrees {agrees}")
+        if margin > MIN_MARGIN and agrees:
+            break
+    else:
+        raise SystemExit(f"no seed gave indexer margins above {MIN_MARGIN}")
+    out.mkdir(parents=True, exist_ok=True)
+    for f in out.glob("*.safetensors*"):
+        f.unlink()
+    model.save_pretrained(out)
+    (out / "generation_config.json").unlink(missing_ok=True)
+    np.savez(out / "reference.npz", input_ids=ids.numpy(), logits=logits.numpy(),
+             index=np.stack([i.numpy() for i in seen["index"]]),
+             experts=np.stack([e.reshape(BATCH, T, -1).numpy() for e in seen["experts"]]),
+             greedy=greedy.numpy(), seed=seed, index_margin=margin,
+             transformers=transformers.__version__, torch=torch.__version__)
+    return {"seed": seed, "index_margin": margin}
+
+
+def _capture_inputs(seen):
+    def hook(mod, args, kwargs):
+        seen["scores"].append((mod, args, kwargs))
+    return hook
+
+
+def _indexer_margin(seen, k):
+    """The smallest k-th minus (k+1)-th causal indexer score of any query that sees more
+    than k keys, the scores recomputed from each indexer's captured inputs (the module
+    returns only its top-k): sum_h w_h relu(q_h . k_t) d^-1/2, as its forward computes."""
+    import torch
+    from transformers.models.deepseek_v32.modeling_deepseek_v32 import apply_rotary_pos_emb
+    worst = float("inf")
+    for mod, args, kwargs in seen["scores"]:
+        x, q_res, (cos, sin) = args[0], args[1], args[2]
+        B, T, _ = x.shape
+        r = mod.qk_rope_head_dim
+        q = mod.wq_b(q_res).view(B, T, mod.n_heads, mod.head_dim)
+        kk = mod.k_norm(mod.wk(x)).unsqueeze(2)
+        q_rot, k_rot = apply_rotary_pos_emb(q[..., :r], kk[..., :r], cos, sin, unsqueeze_dim=2)
+        q = torch.cat([q_rot, q[..., r:]], -1)
+        kk = torch.cat([k_rot, kk[..., r:]], -1).squeeze(2)
+        sc = torch.relu(torch.einsum("bshd,btd->bsht", q, kk) * mod.softmax_scale)
+        w = mod.weights_proj(x) * mod.n_heads ** -0.5
+        scores = torch.einsum("bsht,bsh->bst", sc, w)
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        masked = scores.masked_fill(~causal, float("-inf"))
+        rows = causal.sum(-1) > k
+        worst = min(worst, topk_margin(masked[:, rows], k))
+    return worst
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="tests/data/deepseek_v4_parts.npz")
     ap.add_argument("--model-out", default="tests/data/hf/deepseek_v4")
+    ap.add_argument("--only", default="", help="deepseek_v32: build only that fixture")
     args = ap.parse_args()
+    if args.only == "deepseek_v32":
+        print("deepseek_v32:", build_sparse("deepseek_v32", V32,
+                                            pathlib.Path("tests/data/hf/deepseek_v32")))
+        return
     print("model:", build_model(pathlib.Path(args.model_out)))
     arrays = build()
     path = pathlib.Path(args.out)

@@ -26,6 +26,11 @@ def init_cache(cfg: llm.Config, batch: int, max_len: int):
             f"KV-cache decoding of the llm family's Mixture-of-Depths layers "
             f"(mod_layers={cfg.mod_layers}) is not built; its causal rules are scored by the "
             "sequence forward (model.mod_route='router' or 'predictor'), as train.py evaluates")
+    if cfg.index_topk:
+        raise NotImplementedError(
+            f"KV-cache decoding of DeepSeek Sparse Attention (index_topk={cfg.index_topk}) is "
+            "not built (the cache would need the indexer's keys); decode by re-running the "
+            "forward, which is causal")
     k_shape, v_shape = ATTENTION[cfg.attention].cache_shape(cfg)
     k = jnp.zeros((batch, max_len, *k_shape), cfg.compute_dtype)
     v = jnp.zeros((batch, max_len, *v_shape), cfg.compute_dtype)

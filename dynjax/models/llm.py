@@ -55,6 +55,7 @@ from dynjax.models import mod as mod_lib
 from dynjax.models.sections import ModConfig
 from dynjax.models.components import rotary as rotary_lib
 from dynjax.models.components.attention import ATTENTION
+from dynjax.models.components import indexer as indexer_lib
 from dynjax.models.components.experts import EXPERTS, experts_ffn, mlp_rows, swiglu
 from dynjax.models.components.norms import rms_norm
 from dynjax.models.components.routers import ROUTERS
@@ -116,6 +117,10 @@ class Config:
     kv_lora_rank: int = 0            # "mla": the key/value latent
     qk_nope_head_dim: int = 0        # "mla": the unrotated query/key channels per head
     v_head_dim: int = 0              # "mla": the value channels per head
+    index_topk: int = 0              # DeepSeek Sparse Attention (V3.2, GLM-5): each query
+    index_n_heads: int = 0           # attends to the top index_topk keys of a lightning
+    index_head_dim: int = 0          # indexer (components.indexer); 0: no indexer
+    index_shared: tuple = ()         # GLM-5: layers reusing the previous indexer's selection
     router: str = "softmax_topk"     # components.routers.ROUTERS
     router_score: str = "softmax"    # "grouped_topk": "sigmoid" (DeepSeek-V3, GLM) | "softmax"
     router_bias: bool = False        # "grouped_topk": a selection-only bias per expert
@@ -158,6 +163,7 @@ class Config:
         object.__setattr__(self, "moe_layers", tuple(int(i) for i in self.moe_layers))
         object.__setattr__(self, "mod_layers", tuple(int(i) for i in self.mod_layers))
         object.__setattr__(self, "sliding_layers", tuple(int(i) for i in self.sliding_layers))
+        object.__setattr__(self, "index_shared", tuple(int(i) for i in self.index_shared))
         checks = [
             (self.n_heads % self.n_kv_heads == 0,
              f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}"),
@@ -197,6 +203,10 @@ class Config:
             (self.mod_route in MOD_ROUTES, f"mod_route={self.mod_route!r}; use one of {MOD_ROUTES}"),
             (self.mod_router_weight in ("raw", "sigmoid"),
              f"mod_router_weight={self.mod_router_weight!r}; use 'raw' or 'sigmoid'"),
+            (not self.index_topk or (self.attention == "mla" and self.q_lora_rank
+                                     and 0 not in self.index_shared and not self.mod_layers),
+             "an indexer (index_topk > 0) needs attention='mla' with q_lora_rank, no MoD "
+             "layers, and layer 0 indexing (index_shared may not hold 0)"),
         ]
         for ok, message in checks:
             if not ok:
@@ -234,6 +244,8 @@ def schema(cfg: Config):
         out["mod_router"] = MOD_AXES
     if cfg.mod_layers and cfg.mod_route == "predictor":
         out["mod_predictor"] = MOD_AXES
+    if cfg.index_topk:
+        out["indexer"] = indexer_lib.AXES
     return out
 
 
@@ -258,6 +270,9 @@ def param_table(cfg: Config):
         L = ("layers", i)
         rows.append((L + ("input_norm",), (D,), ("embed",)))
         rows += ATTENTION[cfg.attention].rows(cfg, L + ("attn",))
+        if cfg.index_topk and i not in cfg.index_shared:
+            rows += indexer_lib.rows(L + ("attn", "indexer"), D, cfg.q_lora_rank,
+                                     cfg.index_n_heads, cfg.index_head_dim)
         rows.append((L + ("post_norm",), (D,), ("embed",)))
         if i in cfg.mod_layers:   # named as mod.Router's and mod.Predictor's parameters
             hid = cfg.mod_predictor_hidden
@@ -397,11 +412,36 @@ def _layer_given(given, names, j):
     return coeffs_lib.part(given, lambda v: {name: v[name][j] for name in names})
 
 
-def attention_then_ffn(cfg: Config, p, h, positions: Positions, given):
+def sparse_attention(cfg: Config, p, x, q, k, v, positions: Positions, index):
+    """DeepSeek Sparse Attention: the layer's own lightning indexer scores (a coefficient
+    site; ``index`` = (its Given, the previous layer's selection)) or the previous indexing
+    layer's selection (GLM-5's shared layers) pick each query's keys; (a, {"indexer"} or {},
+    the selection (B, T, T))."""
+    given, chosen = index
+    used = {}
+    if "indexer" in p:
+        q_res = rms_norm(x @ p["q_a"].astype(x.dtype), p["q_a_norm"], cfg.rms_norm_eps)
+        used = coeffs_lib.site({"indexer": indexer_lib.scores(
+            p["indexer"], x, q_res, positions.cos, positions.sin)}, given)
+        visible = positions.index[:, None, :] <= positions.index[:, :, None]
+        chosen = indexer_lib.select(used["indexer"], visible, cfg.index_topk)
+    out = indexer_lib.attend_selected(q, k, v, chosen, ATTENTION[cfg.attention].scale(cfg))
+    return jnp.einsum("bthk,hkd->btd", out, p["o"].astype(cfg.compute_dtype)), used, chosen
+
+
+def attention_then_ffn(cfg: Config, p, h, positions: Positions, given, index=None):
     """A layer's two updates, pre-norm: a = Attn(RMS h), then m = FFN(RMS(h + a)).
-    Returns (a, m, the FFN's coefficients after their site ({} if dense), aux losses)."""
+    Returns (a, m, the FFN's coefficients after their site ({} if dense), aux losses); with
+    ``index`` (an indexer model) also (its indexer coefficients, its selection)."""
     eps = cfg.rms_norm_eps
-    q, k, v = project_qkv(cfg, p["attn"], rms_norm(h, p["input_norm"], eps), positions)
+    x_in = rms_norm(h, p["input_norm"], eps)
+    q, k, v = project_qkv(cfg, p["attn"], x_in, positions)
+    if index is not None:
+        a, index_used, chosen = sparse_attention(cfg, p["attn"], x_in, q, k, v, positions, index)
+        x = rms_norm(h + a, p["post_norm"], eps)
+        ffn = (*moe_ffn(cfg, p["moe"], x, given),) if "moe" in p else \
+            (swiglu(p["mlp"], x, cfg.compute_dtype), {}, {})
+        return (a, *ffn, (index_used, chosen))
     a = attend(cfg, p["attn"], q, k, v, positions.index, positions.index)
     x = rms_norm(h + a, p["post_norm"], eps)
     if "moe" in p:
@@ -434,11 +474,15 @@ def mod_layer(cfg: Config, p, h, positions: Positions, given):
     return h, used, aux
 
 
-def layer(cfg: Config, p, h, positions: Positions, given):
+def layer(cfg: Config, p, h, positions: Positions, given, index=None):
     """One pre-norm layer: (new h, its coefficients after their site ({} if dense), its
-    auxiliary training losses ({} for the ports' own layers))."""
+    auxiliary training losses ({} for the ports' own layers)); with ``index`` (an indexer
+    model: :func:`sparse_attention`) also (its indexer coefficients, its selection)."""
     if "router" in p:
         return mod_layer(cfg, p, h, positions, given)
+    if index is not None:
+        a, m, used, aux, selected = attention_then_ffn(cfg, p, h, positions, given, index)
+        return h + a + m, used, aux, selected
     a, m, used, aux = attention_then_ffn(cfg, p, h, positions, given)
     h = h + a
     return h + m, used, aux
@@ -461,11 +505,20 @@ def _forward(cfg: Config, params, tokens, coeffs=None):
     run = jax.checkpoint(layer, static_argnums=0) if cfg.remat else layer
     names = {"moe": [n for n in ("router", "shared_gate") if n in schema(cfg)],
              "mod": [n for n in ("mod_router", "mod_predictor") if n in schema(cfg)]}
-    used, aux = {"moe": [], "mod": []}, {}
+    used, aux = {"moe": [], "mod": [], "indexer": []}, {}
+    chosen = None
     for i, p in enumerate(params["layers"]):
         kind = "mod" if i in cfg.mod_layers else "moe" if "moe" in p else None
-        h, c, a = run(layer_config(cfg, i), p, h, positions,
-                      None if kind is None else _layer_given(given, names[kind], len(used[kind])))
+        layer_given = None if kind is None else _layer_given(given, names[kind], len(used[kind]))
+        if cfg.index_topk:
+            index = (_layer_given(given, ["indexer"], len(used["indexer"]))
+                     if "indexer" in p["attn"] else None, chosen)
+            h, c, a, (index_used, chosen) = run(layer_config(cfg, i), p, h, positions,
+                                                layer_given, index)
+            if index_used:
+                used["indexer"].append(index_used)
+        else:
+            h, c, a = run(layer_config(cfg, i), p, h, positions, layer_given)
         if kind:
             used[kind].append(c)
         for name, value in a.items():

@@ -68,3 +68,11 @@ def select(scores, visible, topk: int):
     k = min(topk, n)
     top = jax.lax.top_k(jnp.where(visible, scores, -jnp.inf), k)[1]
     return (jnp.sum(jax.nn.one_hot(top, n, dtype=jnp.int32), axis=-2) > 0) & visible
+
+
+def attend_selected(q, k, v, chosen, scale):
+    """Softmax attention of q (B, T, H, dk) over the keys ``chosen`` (B, T, T) marks for each
+    query (already causal); out (B, T, H, dv)."""
+    logits = jnp.einsum("bthd,bshd->bhts", q.astype(F32), k.astype(F32)) * F32(scale)
+    probs = jax.nn.softmax(jnp.where(chosen[:, None], logits, -jnp.inf), axis=-1)
+    return jnp.einsum("bhts,bshd->bthd", probs.astype(v.dtype), v)

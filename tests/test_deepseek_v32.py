@@ -1,0 +1,90 @@
+"""DeepSeek-V3.2 (``deepseek_v32``: DeepSeek-V3 plus the lightning indexer) against a tiny
+transformers checkpoint (tests/data/hf/deepseek_v32, made by
+``python scripts/make_deepseek_v4_reference.py --only deepseek_v32``; no torch needed):
+logits, expert sets and indexer selections, bitwise replay in one program, the indexers'
+static control, greedy decoding."""
+from __future__ import annotations
+
+import functools
+import pathlib
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dynjax import coeffs as coeffs_lib
+from dynjax.audit import interventions
+from dynjax.loaders import hf
+from dynjax.models import llm
+from dynjax.models.components import indexer
+
+CHECKPOINT = pathlib.Path(__file__).parent / "data" / "hf" / "deepseek_v32"
+
+
+@functools.lru_cache(maxsize=None)
+def port():
+    model, params = hf.load(str(CHECKPOINT), dtype=jnp.float32)
+    ref = dict(np.load(CHECKPOINT / "reference.npz"))
+    apply = jax.jit(model.apply)
+    ids = jnp.asarray(ref["input_ids"])
+    shapes = jax.eval_shape(model.apply, params, ids)[1]
+    logits, coeffs = apply(params, ids, coeffs_lib.recording(coeffs_lib.zeros_like(shapes)))
+    return model, params, ref, apply, logits, coeffs
+
+
+def test_logits_equal_transformers():
+    _, _, ref, _, logits, _ = port()
+    err = float(np.abs(np.asarray(logits) - ref["logits"]).max())
+    assert err <= 1e-4, f"max |dlogit| {err:.3g}"
+    assert float(np.std(ref["logits"])) > 0.1
+
+
+def test_expert_sets_and_indexer_selections_equal_transformers():
+    model, params, ref, _, _, coeffs = port()
+    cfg = model.cfg
+    experts = llm.selected_experts(cfg, params, coeffs["router"])
+    np.testing.assert_array_equal(np.sort(np.asarray(experts), -1),
+                                  np.sort(ref["experts"], -1))
+    T = ref["input_ids"].shape[1]
+    causal = np.tril(np.ones((T, T), bool))
+    for j, scores in enumerate(coeffs["indexer"]):
+        chosen = np.asarray(indexer.select(scores, causal, cfg.index_topk))
+        expected = np.zeros_like(chosen)
+        np.put_along_axis(expected, ref["index"][j].astype(np.int64), True, -1)
+        np.testing.assert_array_equal(chosen, expected & causal, err_msg=f"layer {j}")
+    assert cfg.index_topk < T            # the selection is a real choice for later queries
+
+
+def test_replay_is_bitwise_and_recent_keys_is_the_static_control():
+    model, params, ref, apply, logits, coeffs = port()
+    ids = jnp.asarray(ref["input_ids"])
+    chex.assert_trees_all_equal((logits, coeffs),
+                                apply(params, ids, coeffs_lib.replaying(coeffs)))
+    recent = interventions.recent_keys(coeffs, model.schema)
+    chex.assert_trees_all_equal(recent["router"], coeffs["router"])
+    T, k = ids.shape[1], model.cfg.index_topk
+    keep = (np.arange(T)[None, :] > np.arange(T)[:, None] - k) & np.tril(np.ones((T, T), bool))
+    np.testing.assert_array_equal(
+        indexer.select(recent["indexer"][0], np.tril(np.ones((T, T), bool)), k),
+        np.broadcast_to(keep, recent["indexer"][0].shape))
+    replayed, _ = apply(params, ids, coeffs_lib.replaying(recent))
+    assert float(jnp.abs(replayed - logits).max()) > 1e-4
+    assert apply._cache_size() == 1
+
+
+def test_greedy_decoding_equals_transformers():
+    """transformers' generate (its indexer key cache) against the forward re-run over a
+    fixed buffer (KV-cache decoding of an indexer model is refused: see dynjax.decoding)."""
+    model, params, ref, _, _, _ = port()
+    greedy = ref["greedy"]
+    P = greedy.shape[1] - 8
+    buf = jnp.zeros(greedy.shape, jnp.int32).at[:, :P].set(ref["input_ids"][:, :P])
+    run = jax.jit(lambda b: model.apply(params, b)[0])
+    for t in range(P - 1, greedy.shape[1] - 1):
+        buf = buf.at[:, t + 1].set(jnp.argmax(run(buf)[:, t], -1).astype(jnp.int32))
+    np.testing.assert_array_equal(np.asarray(buf), greedy)
+    from dynjax.decoding import llm as decode_llm
+    with pytest.raises(NotImplementedError, match="Sparse Attention"):
+        decode_llm.init_cache(model.cfg, 1, 8)
