@@ -270,6 +270,13 @@ V32 = dict(vocab_size=64, hidden_size=32, num_hidden_layers=3, intermediate_size
                                 beta_slow=1.0, mscale=1.0, mscale_all_dim=0.8))
 
 
+GLM5 = dict(V32, num_hidden_layers=4, n_group=1, topk_group=1, first_k_dense_replace=1,
+            indexer_types=["full", "shared", "full", "shared"],
+            mlp_layer_types=["dense", "sparse", "sparse", "sparse"])
+GLM5.pop("rope_parameters")
+GLM5["rope_parameters"] = dict(rope_type="default", rope_theta=10000.0)
+
+
 def build_sparse(model_type: str, sizes: dict, out: pathlib.Path) -> dict:
     """A tiny random DeepSeek-V3.2-style checkpoint (the V3 stack plus the lightning
     indexer): reference.npz holds input ids, logits, each indexing layer's top-k (its
@@ -354,14 +361,17 @@ def _indexer_margin(seen, k):
     returns only its top-k): sum_h w_h relu(q_h . k_t) d^-1/2, as its forward computes."""
     import torch
     from transformers.models.deepseek_v32.modeling_deepseek_v32 import apply_rotary_pos_emb
+    from transformers.models.glm_moe_dsa import modeling_glm_moe_dsa as glm
     worst = float("inf")
     for mod, args, kwargs in seen["scores"]:
+        rotate = glm.apply_rotary_pos_emb_interleave if isinstance(mod, glm.GlmMoeDsaIndexer) \
+            else apply_rotary_pos_emb
         x, q_res, (cos, sin) = args[0], args[1], args[2]
         B, T, _ = x.shape
         r = mod.qk_rope_head_dim
         q = mod.wq_b(q_res).view(B, T, mod.n_heads, mod.head_dim)
         kk = mod.k_norm(mod.wk(x)).unsqueeze(2)
-        q_rot, k_rot = apply_rotary_pos_emb(q[..., :r], kk[..., :r], cos, sin, unsqueeze_dim=2)
+        q_rot, k_rot = rotate(q[..., :r], kk[..., :r], cos, sin, unsqueeze_dim=2)
         q = torch.cat([q_rot, q[..., r:]], -1)
         kk = torch.cat([k_rot, kk[..., r:]], -1).squeeze(2)
         sc = torch.relu(torch.einsum("bshd,btd->bsht", q, kk) * mod.softmax_scale)
@@ -380,9 +390,9 @@ def main():
     ap.add_argument("--model-out", default="tests/data/hf/deepseek_v4")
     ap.add_argument("--only", default="", help="deepseek_v32: build only that fixture")
     args = ap.parse_args()
-    if args.only == "deepseek_v32":
-        print("deepseek_v32:", build_sparse("deepseek_v32", V32,
-                                            pathlib.Path("tests/data/hf/deepseek_v32")))
+    if args.only in ("deepseek_v32", "glm_moe_dsa"):
+        sizes = V32 if args.only == "deepseek_v32" else GLM5
+        print(args.only, build_sparse(args.only, sizes, pathlib.Path("tests/data/hf") / args.only))
         return
     print("model:", build_model(pathlib.Path(args.model_out)))
     arrays = build()

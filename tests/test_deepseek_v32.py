@@ -1,6 +1,7 @@
-"""DeepSeek-V3.2 (``deepseek_v32``: DeepSeek-V3 plus the lightning indexer) against a tiny
-transformers checkpoint (tests/data/hf/deepseek_v32, made by
-``python scripts/make_deepseek_v4_reference.py --only deepseek_v32``; no torch needed):
+"""DeepSeek-V3.2 (``deepseek_v32``: DeepSeek-V3 plus the lightning indexer) and GLM-5
+(``glm_moe_dsa``: interleaved indexer rotary, "shared" layers reusing the previous top-k)
+against tiny transformers checkpoints (tests/data/hf/<model_type>, made by
+``python scripts/make_deepseek_v4_reference.py --only <model_type>``; no torch needed):
 logits, expert sets and indexer selections, bitwise replay in one program, the indexers'
 static control, greedy decoding."""
 from __future__ import annotations
@@ -20,13 +21,14 @@ from dynjax.loaders import hf
 from dynjax.models import llm
 from dynjax.models.components import indexer
 
-CHECKPOINT = pathlib.Path(__file__).parent / "data" / "hf" / "deepseek_v32"
+DATA = pathlib.Path(__file__).parent / "data" / "hf"
+ARCHS = ("deepseek_v32", "glm_moe_dsa")
 
 
 @functools.lru_cache(maxsize=None)
-def port():
-    model, params = hf.load(str(CHECKPOINT), dtype=jnp.float32)
-    ref = dict(np.load(CHECKPOINT / "reference.npz"))
+def port(arch):
+    model, params = hf.load(str(DATA / arch), dtype=jnp.float32)
+    ref = dict(np.load(DATA / arch / "reference.npz"))
     apply = jax.jit(model.apply)
     ids = jnp.asarray(ref["input_ids"])
     shapes = jax.eval_shape(model.apply, params, ids)[1]
@@ -34,15 +36,17 @@ def port():
     return model, params, ref, apply, logits, coeffs
 
 
-def test_logits_equal_transformers():
-    _, _, ref, _, logits, _ = port()
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_equal_transformers(arch):
+    _, _, ref, _, logits, _ = port(arch)
     err = float(np.abs(np.asarray(logits) - ref["logits"]).max())
-    assert err <= 1e-4, f"max |dlogit| {err:.3g}"
+    assert err <= 1e-5, f"max |dlogit| {err:.3g}"   # the issue asks 1e-4; 2.4e-6 and 2.1e-6
     assert float(np.std(ref["logits"])) > 0.1
 
 
-def test_expert_sets_and_indexer_selections_equal_transformers():
-    model, params, ref, _, _, coeffs = port()
+@pytest.mark.parametrize("arch", ARCHS)
+def test_expert_sets_and_indexer_selections_equal_transformers(arch):
+    model, params, ref, _, _, coeffs = port(arch)
     cfg = model.cfg
     experts = llm.selected_experts(cfg, params, coeffs["router"])
     np.testing.assert_array_equal(np.sort(np.asarray(experts), -1),
@@ -57,8 +61,9 @@ def test_expert_sets_and_indexer_selections_equal_transformers():
     assert cfg.index_topk < T            # the selection is a real choice for later queries
 
 
-def test_replay_is_bitwise_and_recent_keys_is_the_static_control():
-    model, params, ref, apply, logits, coeffs = port()
+@pytest.mark.parametrize("arch", ARCHS)
+def test_replay_is_bitwise_and_recent_keys_is_the_static_control(arch):
+    model, params, ref, apply, logits, coeffs = port(arch)
     ids = jnp.asarray(ref["input_ids"])
     chex.assert_trees_all_equal((logits, coeffs),
                                 apply(params, ids, coeffs_lib.replaying(coeffs)))
@@ -74,10 +79,11 @@ def test_replay_is_bitwise_and_recent_keys_is_the_static_control():
     assert apply._cache_size() == 1
 
 
-def test_greedy_decoding_equals_transformers():
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_decoding_equals_transformers(arch):
     """transformers' generate (its indexer key cache) against the forward re-run over a
     fixed buffer (KV-cache decoding of an indexer model is refused: see dynjax.decoding)."""
-    model, params, ref, _, _, _ = port()
+    model, params, ref, _, _, _ = port(arch)
     greedy = ref["greedy"]
     P = greedy.shape[1] - 8
     buf = jnp.zeros(greedy.shape, jnp.int32).at[:, :P].set(ref["input_ids"][:, :P])
@@ -88,3 +94,14 @@ def test_greedy_decoding_equals_transformers():
     from dynjax.decoding import llm as decode_llm
     with pytest.raises(NotImplementedError, match="Sparse Attention"):
         decode_llm.init_cache(model.cfg, 1, 8)
+
+
+def test_glm5_shared_layers_reuse_the_selection():
+    """GLM-5's "shared" layers have no indexer parameters nor scores (the coefficients hold
+    the full layers' only); their selection is the previous full layer's, which the logits
+    test checks against transformers."""
+    model, params, ref, apply, logits, coeffs = port("glm_moe_dsa")
+    cfg = model.cfg
+    assert cfg.index_shared == (1, 3) and cfg.index_rope_interleave
+    assert [("indexer" in p["attn"]) for p in params["layers"]] == [True, False, True, False]
+    assert coeffs["indexer"].shape[0] == 2

@@ -54,7 +54,7 @@ from dynjax.models import dispatch
 from dynjax.models import mod as mod_lib
 from dynjax.models.sections import ModConfig
 from dynjax.models.components import rotary as rotary_lib
-from dynjax.models.components.attention import ATTENTION
+from dynjax.models.components.attention import ATTENTION, LATENT_NORM_EPS
 from dynjax.models.components import indexer as indexer_lib
 from dynjax.models.components.experts import EXPERTS, experts_ffn, mlp_rows, swiglu
 from dynjax.models.components.norms import rms_norm
@@ -121,6 +121,7 @@ class Config:
     index_n_heads: int = 0           # attends to the top index_topk keys of a lightning
     index_head_dim: int = 0          # indexer (components.indexer); 0: no indexer
     index_shared: tuple = ()         # GLM-5: layers reusing the previous indexer's selection
+    index_rope_interleave: bool = False  # GLM-5: the indexer's rotary pairs (2i, 2i+1)
     router: str = "softmax_topk"     # components.routers.ROUTERS
     router_score: str = "softmax"    # "grouped_topk": "sigmoid" (DeepSeek-V3, GLM) | "softmax"
     router_bias: bool = False        # "grouped_topk": a selection-only bias per expert
@@ -420,9 +421,10 @@ def sparse_attention(cfg: Config, p, x, q, k, v, positions: Positions, index):
     given, chosen = index
     used = {}
     if "indexer" in p:
-        q_res = rms_norm(x @ p["q_a"].astype(x.dtype), p["q_a_norm"], cfg.rms_norm_eps)
+        q_res = rms_norm(x @ p["q_a"].astype(x.dtype), p["q_a_norm"], LATENT_NORM_EPS)
         used = coeffs_lib.site({"indexer": indexer_lib.scores(
-            p["indexer"], x, q_res, positions.cos, positions.sin)}, given)
+            p["indexer"], x, q_res, positions.cos, positions.sin,
+            cfg.index_rope_interleave)}, given)
         visible = positions.index[:, None, :] <= positions.index[:, :, None]
         chosen = indexer_lib.select(used["indexer"], visible, cfg.index_topk)
     out = indexer_lib.attend_selected(q, k, v, chosen, ATTENTION[cfg.attention].scale(cfg))

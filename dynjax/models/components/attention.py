@@ -98,6 +98,11 @@ class Gqa:
         return (cfg.n_kv_heads, cfg.head_dim), (cfg.n_kv_heads, cfg.head_dim)
 
 
+# transformers' MLA modules (DeepSeek-V2/V3/V3.2, GLM-4.7-Flash, GLM-5) build their q and kv
+# latent RMSNorms with the constructor's default eps, whatever config.json's rms_norm_eps
+LATENT_NORM_EPS = 1e-6
+
+
 class Mla:
     """Multi-head latent attention (the docstring above)."""
 
@@ -122,7 +127,7 @@ class Mla:
     @staticmethod
     def project(cfg, p, x, positions: Positions):
         """Queries and keys (B, T, H, qk_nope + qk_rope), values (B, T, H, v_head_dim)."""
-        dt, eps, nope = cfg.compute_dtype, cfg.rms_norm_eps, cfg.qk_nope_head_dim
+        dt, eps, nope = cfg.compute_dtype, LATENT_NORM_EPS, cfg.qk_nope_head_dim
         w = lambda name: p[name].astype(dt)
         if cfg.q_lora_rank:
             q = jnp.einsum("btr,rhk->bthk",

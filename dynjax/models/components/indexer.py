@@ -9,8 +9,8 @@ For each query s and earlier key t of a layer (B, T tokens), in float32:
 and the query attends only to its ``index_topk`` best-scored visible keys. ``q_res`` is the
 attention's normed low-rank query (MLA's ``q_a_layernorm(q_a_proj(x))``). The scores are a
 coefficient site (axes layer, example, token, key); replay recomputes the selection from
-the given scores (:func:`select`), as MoD's top-k is. GLM-5's "shared" layers reuse the
-previous indexing layer's selection (no scores of their own).
+the given scores (:func:`select`), as MoD's top-k is. GLM-5 rotates interleaved pairs, and
+its "shared" layers reuse the previous indexing layer's selection (no scores of their own).
 
 Parameters: ``q_b`` (q_lora_rank, H, d), ``k`` (D, d), ``k_norm``, ``k_norm_bias`` (d,),
 ``weights`` (D, H).
@@ -42,20 +42,27 @@ def layer_norm(x, w, b, eps=LAYER_NORM_EPS):
     return ((x32 - mu) * jax.lax.rsqrt(var + eps) * w + b).astype(x.dtype)
 
 
-def rotate_first(x, cos, sin):
+def rotate_first(x, cos, sin, interleave=False):
     """x (B, T, [H,] d) with its first 2 cos.shape[-1] channels rotated in half-split pairs
-    (i, i + r/2); cos, sin (B, T, r/2)."""
+    (i, i + r/2), or with ``interleave`` in pairs (2i, 2i+1) gathered into halves first (as
+    transformers does: queries and keys alike, so their dot products are unchanged);
+    cos, sin (B, T, r/2)."""
     r = cos.shape[-1] * 2
     if x.ndim == 4:
         cos, sin = cos[:, :, None], sin[:, :, None]
+    if interleave:
+        x = jnp.concatenate([x[..., :r:2], x[..., 1:r:2], x[..., r:]], axis=-1)
     a, b, rest = x[..., :r // 2], x[..., r // 2:r], x[..., r:]
     return jnp.concatenate([a * cos - b * sin, b * cos + a * sin, rest], axis=-1)
 
 
-def scores(p, x, q_res, cos, sin):
-    """The indexer's scores (B, T, T) float32 of every query against every key (unmasked)."""
-    q = rotate_first(jnp.einsum("btr,rhd->bthd", q_res, p["q_b"]), cos, sin).astype(F32)
-    k = rotate_first(layer_norm(x @ p["k"], p["k_norm"], p["k_norm_bias"]), cos, sin)
+def scores(p, x, q_res, cos, sin, interleave=False):
+    """The indexer's scores (B, T, T) float32 of every query against every key (unmasked);
+    ``interleave``: GLM-5's rotary pairs (DeepSeek-V3.2's are half-split)."""
+    q = rotate_first(jnp.einsum("btr,rhd->bthd", q_res, p["q_b"]), cos, sin,
+                     interleave).astype(F32)
+    k = rotate_first(layer_norm(x @ p["k"], p["k_norm"], p["k_norm_bias"]), cos, sin,
+                     interleave)
     d, H = q.shape[-1], q.shape[-2]
     s = jax.nn.relu(jnp.einsum("bshd,btd->bsht", q, k.astype(F32)) * F32(d ** -0.5))
     w = (x @ p["weights"]).astype(F32) * F32(H ** -0.5)
