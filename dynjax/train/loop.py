@@ -64,7 +64,7 @@ def train(config, workdir: str, progress: bool | str = True) -> dict:
     """Train (or resume) a run in ``workdir``; returns the final evaluation dict. A finished
     run (its final checkpoint restores and eval.json scored it) is not trained or evaluated
     again: its eval.json is returned, and a line says so. ``progress``: True, a progress bar
-    when stdout is a terminal and one line per log step otherwise (a batch job's log);
+    when stderr is a terminal and one line per log step there otherwise (a batch job's log);
     ``"lines"``, the lines always; False, neither."""
     # Every check before the run directory is written: the config (a ConfigError, also for
     # what only tracing the model finds, e.g. a MoD capacity of 0 tokens), the devices, the
@@ -147,12 +147,14 @@ def _train(task, config, source, run_dir, changes, stop, progress, main: bool) -
     # Multi-device CPU simulation can deadlock when steps are pipelined: block each step.
     block_each = jax.device_count() > 1 or tc.get("block_every_step", False)
 
-    use_bar = progress is True and sys.stdout.isatty()
+    # the bar and the lines go to stderr (tqdm's stream), so stdout keeps only the results
+    use_bar = progress is True and sys.stderr.isatty()
     lines = bool(progress) and not use_bar          # a log file: one line per log step
     bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, disable=not use_bar,
                desc=task.desc(n_params), mininterval=2)
     if lines and start < tc.steps:
-        print(f"{task.desc(n_params)}: steps {start + 1}..{tc.steps}", flush=True)
+        print(f"{task.desc(n_params)}: steps {start + 1}..{tc.steps}", file=sys.stderr,
+              flush=True)
     interval = Interval(run_dir, start, main)
     spikes = guard.SpikeWatch(tc.get("spike_factor", guard.DEFAULT_SPIKE_FACTOR),
                               log=lambda line: print(line, file=sys.stderr),
@@ -192,7 +194,8 @@ def _train(task, config, source, run_dir, changes, stop, progress, main: bool) -
             if steps:
                 bar.set_postfix(task.postfix(line))
             if lines:
-                print(_log_line(done, tc.steps, line, steps, seconds), flush=True)
+                print(_log_line(done, tc.steps, line, steps, seconds), file=sys.stderr,
+                      flush=True)
         if done % tc.eval_every == 0 and done != tc.steps:
             with interval.excluded():
                 val = task.evaluate(state, "validation", done)
