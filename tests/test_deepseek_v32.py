@@ -83,14 +83,17 @@ def test_replay_is_bitwise_and_recent_keys_is_the_static_control(arch):
 def test_greedy_decoding_equals_transformers(arch):
     """transformers' generate (its indexer key cache) against the forward re-run over a
     fixed buffer (KV-cache decoding of an indexer model is refused: see dynjax.decoding)."""
-    model, params, ref, _, _, _ = port(arch)
+    model, params, ref, apply, _, coeffs = port(arch)
     greedy = ref["greedy"]
     P = greedy.shape[1] - 8
-    buf = jnp.zeros(greedy.shape, jnp.int32).at[:, :P].set(ref["input_ids"][:, :P])
-    run = jax.jit(lambda b: model.apply(params, b)[0])
+    # the recorded program itself, over a buffer of the inputs' length (no new compile)
+    record = coeffs_lib.recording(jax.tree.map(jnp.zeros_like, coeffs))
+    buf = jnp.zeros(ref["input_ids"].shape, jnp.int32).at[:, :P].set(ref["input_ids"][:, :P])
     for t in range(P - 1, greedy.shape[1] - 1):
-        buf = buf.at[:, t + 1].set(jnp.argmax(run(buf)[:, t], -1).astype(jnp.int32))
-    np.testing.assert_array_equal(np.asarray(buf), greedy)
+        logits = apply(params, buf, record)[0]
+        buf = buf.at[:, t + 1].set(jnp.argmax(logits[:, t], -1).astype(jnp.int32))
+    np.testing.assert_array_equal(np.asarray(buf[:, :greedy.shape[1]]), greedy)
+    assert apply._cache_size() == 1
     from dynjax.decoding import llm as decode_llm
     with pytest.raises(NotImplementedError, match="Sparse Attention"):
         decode_llm.init_cache(model.cfg, 1, 8)

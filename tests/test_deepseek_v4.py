@@ -226,10 +226,12 @@ def test_replay_is_bitwise_in_one_program():
 def test_greedy_decoding_equals_transformers():
     """transformers' generate (its compressed caches) against the forward re-run over a
     fixed buffer (dynjax does not write a compressed cache: see the module docstring)."""
-    model, params, ref, _, _, _ = port()
+    model, params, ref, apply, _, coeffs = port()
     greedy = ref["greedy"]
     prompt = jnp.asarray(ref["input_ids"][:, :greedy.shape[1] - 8])
-    out = v4.greedy(model.cfg, params, prompt, 8)
+    record = coeffs_lib.recording(jax.tree.map(jnp.zeros_like, coeffs))
+    out = v4.greedy(model.cfg, params, prompt, 8, length=ref["input_ids"].shape[1],
+                    logits_fn=lambda b: apply(params, b, record)[0])   # the compiled program
     np.testing.assert_array_equal(np.asarray(out), greedy)
 
 

@@ -391,15 +391,16 @@ def _inner_given(given, name, used):
     return coeffs_lib.part(given, lambda v: {name: v[name][len(used[name])]})
 
 
-def greedy(cfg: Config, params, prompt, new_tokens: int):
-    """Greedy continuation (B, P + new) by the forward over a fixed buffer of P + new
-    tokens (one compiled program; positions after t never change the logits at t)."""
+def greedy(cfg: Config, params, prompt, new_tokens: int, length: int = 0, logits_fn=None):
+    """Greedy continuation (B, P + new) by the forward over a fixed buffer of
+    max(P + new, ``length``) tokens (one compiled program; positions after t never change
+    the logits at t). ``logits_fn(buffer)``: the forward to use (default: jitted here)."""
     B, P = prompt.shape
-    buf = jnp.zeros((B, P + new_tokens), jnp.int32).at[:, :P].set(prompt)
-    run = jax.jit(lambda b: forward(cfg, params, b)[0])
+    buf = jnp.zeros((B, max(P + new_tokens, length)), jnp.int32).at[:, :P].set(prompt)
+    run = logits_fn or jax.jit(lambda b: forward(cfg, params, b)[0])
     for t in range(P - 1, P + new_tokens - 1):
         buf = buf.at[:, t + 1].set(jnp.argmax(run(buf)[:, t], axis=-1).astype(jnp.int32))
-    return buf
+    return buf[:, :P + new_tokens]
 
 
 @dataclasses.dataclass(frozen=True)
