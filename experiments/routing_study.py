@@ -21,6 +21,12 @@ for a component), three seeds each, at the FCA sweep's tiny size (4 layers, d = 
    (dynjax.audit.expert_importance.compare): ΔNLL of removing each expert with CIs, the
    Spearman correlation per layer, the bits/byte cost of pruning the bottom 25% / 50%.
 
+4. ``hf`` (seed 0 only): the run exported as a Hugging Face directory (``python -m
+   dynjax.export``) into RUNS/hf/ARM_s0 and audited through it (audit.py --hf's path, the
+   same windows: the byte tokenizer gives the bytes); the record says whether every
+   condition's ΔNLL equals the run directory's audit (a 6-step run of the arm, 8 + 8 windows,
+   R = 2: all eight conditions' ΔNLL bitwise equal).
+
 Each seed's results go to OUT/seeds/ARM_sSEED.json as soon as they exist (commit them: run
 directories do not outlive their machine); ``--report`` combines the seeds into
 OUT/per_layer.json, OUT/expert_importance.json and OUT/table.md: per layer, ΔNLL(cross-input)
@@ -102,7 +108,7 @@ def work(runs: pathlib.Path, out: pathlib.Path, seeds=SEEDS) -> list:
             done = _read(seed_file(out, arm, seed))
             if not trained(run_dir(runs, arm, seed)) and not done:
                 items.append(("train", arm, seed))
-            for kind in ("audit", "layers", "experts"):
+            for kind in ("audit", "layers", "experts") + (("hf",) if seed == 0 else ()):
                 if kind not in done:
                     items.append((kind, arm, seed))
         if all((runs / "audit" / f"{arm}_s{s}" / "results.json").exists() for s in SEEDS) \
@@ -139,6 +145,8 @@ def analyse(kind: str, path: pathlib.Path, runs: pathlib.Path, arm: str, seed: i
                                           progress=False, log=lambda *a: None)
         return {"pooled": {name: _small(r) for name, r in res["conditions"].items()},
                 "audit_dir": str(d.relative_to(runs))}
+    if kind == "hf":
+        return hf_audit(path, runs)
     model, params, ev = _target(path)
     if kind == "layers":
         rec = ei.Recorded(model, params, ev)
@@ -147,6 +155,28 @@ def analyse(kind: str, path: pathlib.Path, runs: pathlib.Path, arm: str, seed: i
         return {"per_layer": layer_conditions.summarize(delta),
                 "mean_delta": {k: v.mean(axis=(1, 2)).tolist() for k, v in delta.items()}}
     return ei.compare(model, params, ev, seed=seed)
+
+
+def hf_audit(path: pathlib.Path, runs: pathlib.Path) -> dict:
+    """Export the run, audit the HF directory as audit.py --hf does, compare with the run's
+    own audit (RUNS/audit/RUN): every condition's ΔNLL equal?"""
+    from dynjax import export
+    from dynjax.audit import run as audit_run
+    from dynjax.runs import rundir
+
+    hf_dir = runs / "hf" / path.name
+    if not hf_dir.exists():
+        export.export_run(str(path), str(hf_dir))
+    c = audit_config()
+    run_cfg = rundir.read_config(str(path))
+    c.data.source, c.data.seq_len = run_cfg.data.source, int(run_cfg.data.seq_len)
+    c.hf.dtype = "float32"
+    res = audit_run.audit_from_config(c, hf_dir=str(hf_dir), out=str(runs / "audit" / (
+        path.name + "_hf")), progress=False, log=lambda *a: None)
+    own = json.loads((runs / "audit" / path.name / "results.json").read_text())["conditions"]
+    pairs = {k: (own[k].get("estimate"), r.get("estimate")) for k, r in res["conditions"].items()}
+    return {"hf_dir": str(hf_dir.relative_to(runs)), "estimates": pairs,
+            "same_table": all(a == b for a, b in pairs.values())}
 
 
 def run_study(runs: pathlib.Path, out: pathlib.Path, seeds=SEEDS, log=print) -> None:

@@ -35,11 +35,14 @@ def test_the_plan_orders_each_seeds_work_and_skips_what_is_done(tmp_path):
     runs, out = tmp_path / "runs", tmp_path / "out"
     items = study.work(runs, out, seeds=(0,))
     assert items == [("train", "softmax_topk", 0), ("audit", "softmax_topk", 0),
-                     ("layers", "softmax_topk", 0), ("experts", "softmax_topk", 0)]
+                     ("layers", "softmax_topk", 0), ("experts", "softmax_topk", 0),
+                     ("hf", "softmax_topk", 0)]
+    assert ("hf", "softmax_topk", 1) not in study.work(runs, out, seeds=(1,))
     f = study.seed_file(out, "softmax_topk", 0)
     f.parent.mkdir(parents=True)
     f.write_text(json.dumps({"audit": {}, "layers": {}}))
-    assert study.work(runs, out, seeds=(0,)) == [("experts", "softmax_topk", 0)]
+    assert study.work(runs, out, seeds=(0,)) == [("experts", "softmax_topk", 0),
+                                                 ("hf", "softmax_topk", 0)]
 
 
 def test_the_report_combines_seeds_per_layer_with_the_share_token_identity_recovers(tmp_path):
