@@ -72,11 +72,11 @@ def test_messages_speak_the_form_the_program_was_started_in(monkeypatch, tmp_pat
                              "--workdir=runs/none`"),
                             ("sample.py", "`python train.py --config=configs/tiny.py:"
                              "feature_gate --workdir=runs/none`")):
-        monkeypatch.setattr(programs, "_started_as", started)
+        monkeypatch.setattr(configs, "STARTED_AS", started)
         with pytest.raises(AuditError) as e:
             read_run_config("runs/none")
         assert expect in str(e.value) and "Hugging Face cache" in str(e.value)
-    monkeypatch.setattr(programs, "_started_as", None)     # the library: where it lives
+    monkeypatch.setattr(configs, "STARTED_AS", None)     # the library: where it lives
     assert programs.command("audit", "audit_tiny") == (
         "python audit.py --config=configs/audit_tiny.py" if configs.in_checkout()
         else "dynjax-audit --config=dynjax:audit_tiny")

@@ -11,6 +11,27 @@ DIR = pathlib.Path(__file__).resolve().parent
 PREFIX = "dynjax:"
 
 
+STARTED_AS = None   # the name the running program was started under (programs.start sets it)
+
+
+def installed() -> bool:
+    """Whether to speak the installed form: a console command runs, or no checkout holds
+    the package (a checkout's own ``python train.py`` speaks the checkout form)."""
+    if STARTED_AS is not None:
+        return STARTED_AS.startswith("dynjax-")
+    return not in_checkout()
+
+
+def command(program: str, config: str | None = None) -> str:
+    """How to start ``program`` (``train``, ``audit``...) with ``config`` (``NAME[:ARG]``)
+    in the form the user is in: ``dynjax-train --config=dynjax:tiny:feature_gate`` or
+    ``python train.py --config=configs/tiny.py:feature_gate``."""
+    if installed():
+        return f"dynjax-{program}" + (f" --config=dynjax:{config}" if config else "")
+    name, sep, arg = (config or "").partition(":")
+    return f"python {program}.py" + (f" --config=configs/{name}.py{sep}{arg}" if config else "")
+
+
 def names() -> list[str]:
     """The configs (files with a ``get_config``; ``common``, ``mlp_common`` are helpers)."""
     return sorted(p.stem for p in DIR.glob("*.py")

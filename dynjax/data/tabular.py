@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dynjax.data import tfds_classify
+from dynjax.data import download, tfds_classify
 from dynjax.data.split_cache import cached_splits
 from dynjax.data.text import DataError, data_dir
 
@@ -133,8 +133,7 @@ def _archive(root, name):
         return {p.name: p.read_bytes() for p in FASHION_SYSTEM_DIR.glob("*.gz")}
     path = root / DATASETS[name]
     if not path.exists():   # a program fetches it now (dynjax.data.fetch.on_demand)
-        from dynjax.data.fetch import group_of, on_demand
-        on_demand(root, [DATASETS[name]])
+        download.fetch_missing(root, [DATASETS[name]])
     if not path.exists():
         raise DataError(f"dataset {name!r} needs {path}; run `dynjax-fetch "
                         f"{group_of(DATASETS[name])}` (or set $DYNJAX_DATA / data.data_dir to "

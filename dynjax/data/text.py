@@ -33,6 +33,7 @@ import tarfile
 
 import numpy as np
 
+from dynjax.data import download
 from dynjax.jsonio import atomic_write, read_json
 
 SPLITS = ("train", "validation", "test")
@@ -76,8 +77,7 @@ def _embedded_documents(root: pathlib.Path, source: str = "embedded"):
     docs = []
     missing = [f for f in EMBEDDED_CORPORA[source] if not (root / f).exists()]
     if missing:   # a program fetches them now (dynjax.data.fetch.on_demand)
-        from dynjax.data.fetch import on_demand
-        on_demand(root, missing)
+        download.fetch_missing(root, missing)
     for fname in EMBEDDED_CORPORA[source]:
         path = root / fname
         if not path.exists():

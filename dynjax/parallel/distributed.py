@@ -26,13 +26,6 @@ import numpy as np
 from dynjax.errors import ConfigError
 
 
-def define_flags(flags) -> None:
-    """The start-up flags every program (train, audit) takes: defined in the light
-    :mod:`dynjax.programs`, so a program's ``--help`` needs no JAX."""
-    from dynjax.programs import define_distributed_flags
-    define_distributed_flags(flags)
-
-
 def initialize_from_flags(flags) -> None:
     f = flags.FLAGS
     initialize(f.coordinator_address, f.num_processes, f.process_id, f.distributed)

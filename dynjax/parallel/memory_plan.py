@@ -3,7 +3,7 @@
     python plan.py --config=configs/featuregate_76m.py:feature_gate \
         --mesh=data=8,fsdp=4 --preset=fsdp [--device-memory=16GiB] [--out=FILE.json]
 
-(installed: ``dynjax-plan``; ``python -m dynjax.parallel.memory_plan`` is the same program)
+(installed: ``dynjax-plan``; the program is :mod:`dynjax.programs.plan`, this module its library)
 
 Per device: the parameters, the optimizer state and the gradients (their shapes from
 ``jax.eval_shape``, split as the rules preset's logical axes say; nothing is allocated),
@@ -190,14 +190,3 @@ def main(argv):
     if f.out:
         pathlib.Path(f.out).absolute().parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(f.out, result)
-
-
-def start(prog: str = "dynjax.parallel.memory_plan"):
-    """The program (``python plan.py``, ``dynjax-plan``): :mod:`dynjax.programs.plan`."""
-    from dynjax.programs import plan as program
-
-    program.start(prog)
-
-
-if __name__ == "__main__":
-    start()

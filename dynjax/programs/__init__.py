@@ -9,27 +9,10 @@ console command (or the library used outside a checkout), ``python train.py
 import sys
 import textwrap
 
+from dynjax import configs
+from dynjax.configs import command, installed  # noqa: F401  (programs.command)
+
 HELP = ("-h", "--help", "-help", "--helpshort", "-?")
-_started_as = None   # the name the running program was started under (start() sets it)
-
-
-def installed() -> bool:
-    """Whether to speak the installed form: a console command runs, or no checkout holds
-    the package (a checkout's own ``python train.py`` speaks the checkout form)."""
-    if _started_as is not None:
-        return _started_as.startswith("dynjax-")
-    from dynjax import configs
-    return not configs.in_checkout()
-
-
-def command(program: str, config: str | None = None) -> str:
-    """How to start ``program`` (``train``, ``audit``...) with ``config`` (``NAME[:ARG]``)
-    in the form the user is in: ``dynjax-train --config=dynjax:tiny:feature_gate`` or
-    ``python train.py --config=configs/tiny.py:feature_gate``."""
-    if installed():
-        return f"dynjax-{program}" + (f" --config=dynjax:{config}" if config else "")
-    name, sep, arg = (config or "").partition(":")
-    return f"python {program}.py" + (f" --config=configs/{name}.py{sep}{arg}" if config else "")
 
 
 def define_distributed_flags(flags) -> None:
@@ -67,8 +50,7 @@ def start(program, prog: str):
     ``--help`` prints :func:`help_text` before JAX or the program's library is imported; a
     program with a ``DEFAULT_CONFIG`` gets it as ``--config`` when none is given; data the
     program reads and the data folder lacks is fetched on first use (dynjax.data.fetch)."""
-    global _started_as
-    _started_as = program.PROG = prog
+    configs.STARTED_AS = program.PROG = prog
     args = sys.argv[1:]
     args = args[:args.index("--")] if "--" in args else args
     if any(a in HELP for a in args):
@@ -76,7 +58,7 @@ def start(program, prog: str):
         sys.exit(0)
     from absl import app
 
-    from dynjax import configs, errors
+    from dynjax import errors
     from dynjax.data import fetch
 
     fetch.ON_DEMAND = True     # data a config needs and the data folder lacks: fetched now

@@ -8,7 +8,7 @@ Per device: the parameters, the optimizer state and the gradients (shapes only, 
 the rules preset says), the activations kept for the backward pass with and without
 rematerialisation, the batch; then whether the total fits each common chip (or
 ``--device-memory``). Nothing is allocated. Library: ``dynjax.parallel.memory_plan``
-(``python -m dynjax.parallel.memory_plan`` is the same program); docs/multihost.md.
+(``python -m dynjax.programs.plan`` is the same program); docs/multihost.md.
 """
 import sys
 
@@ -39,5 +39,9 @@ def main(argv):
 
 def start(prog: str = "plan.py"):
     """The program under the name it was started by (``plan.py``, ``dynjax-plan``,
-    ``python -m dynjax.parallel.memory_plan``)."""
+    ``python -m dynjax.programs.plan``)."""
     programs.start(sys.modules[__name__], prog)
+
+
+if __name__ == "__main__":
+    start("python -m dynjax.programs.plan")

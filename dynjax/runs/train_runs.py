@@ -19,13 +19,13 @@ from dynjax.runs.base import Target
 def read_run_config(path):
     """A run directory's config.json; an AuditError naming the fix if there is none."""
     if not pathlib.Path(path).is_dir():
-        from dynjax import programs
+        from dynjax import configs
         from dynjax.loaders import hub
 
         cached = f" or a repo id in the Hugging Face cache {hub.cache_dir()}" \
             if hub.is_repo_id(path) else ""
         raise AuditError(f"run directory {path} does not exist; train one first, e.g. "
-                         f"`{programs.command('train', 'tiny:feature_gate')} "
+                         f"`{configs.command('train', 'tiny:feature_gate')} "
                          f"--workdir={path}`, or pass an existing run directory{cached}")
     try:
         return rundir.read_config(path)

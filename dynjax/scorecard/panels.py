@@ -6,6 +6,7 @@ import jax
 import numpy as np
 
 from dynjax.coeffs import is_axes
+from dynjax.models.components.routers import ROUTERS
 
 PANEL_CONDITIONS = ("cross_input", "token_shuffle", "static_profile", "structure_removed",
                     "token_identity", "expert_relabel", "weights_flat")   # those the audit ran
@@ -50,7 +51,6 @@ def variation(audit: dict, coeffs: dict, cfg, schema=None, family: str | None = 
     if family in ("moe", "gated_mlp", "llm") and "router" in coeffs:  # MoE, MLP's Switch-MoE
         leaves = coeffs["router"] if isinstance(coeffs["router"], list) else [coeffs["router"]]
         if family == "llm":   # the recorded scores may be logits (gpt-oss): its probabilities
-            from dynjax.models.components.routers import ROUTERS
             dist = getattr(ROUTERS[cfg.router], "distribution", None)
             leaves = [dist(cfg, p) for p in leaves] if dist else leaves
         ent = [_entropy(np.asarray(p, np.float64)) for p in leaves]
