@@ -151,6 +151,7 @@ def test_v32_lightning_indexer_equals_transformers():
 
 # ------------------------------------------------------------------ the whole model (port)
 
+from dynjax.loaders import deepseek_v4 as v4_loader  # noqa: E402
 from dynjax.models import deepseek_v4 as v4  # noqa: E402
 
 CHECKPOINT = pathlib.Path(__file__).parent / "data" / "hf" / "deepseek_v4"
@@ -160,7 +161,7 @@ CHECKPOINT = pathlib.Path(__file__).parent / "data" / "hf" / "deepseek_v4"
 def port():
     """The committed tiny transformers checkpoint, its reference, and one compiled apply
     that records (a zeros Given) and replays."""
-    model, params = v4.load(str(CHECKPOINT))
+    model, params = v4_loader.load(str(CHECKPOINT))
     ref = dict(np.load(CHECKPOINT / "reference.npz"))
     apply = jax.jit(model.apply)
     ids = jnp.asarray(ref["input_ids"])

@@ -46,9 +46,6 @@ the compressed KV cache is not written.
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
-import os
 from types import SimpleNamespace
 
 import jax
@@ -57,7 +54,7 @@ import numpy as np
 
 from dynjax import coeffs as coeffs_lib
 from dynjax.coeffs import Axes
-from dynjax.errors import CheckpointError, ConfigError
+from dynjax.errors import ConfigError
 from dynjax.models import dispatch
 from dynjax.models.components import hyper
 from dynjax.models.components import indexer as indexer_lib
@@ -541,35 +538,3 @@ def params_from_tensors(cfg: Config, get):
                               "ffn_hc": hc("ffn"), "input_norm": get(L + "attn_norm.weight"),
                               "post_norm": get(L + "ffn_norm.weight")})
     return out
-
-
-# transformers' save_pretrained keeps these of its own names (and a "model." prefix)
-SAVED_AS = {"embed.weight": "embed_tokens.weight", "hc_head_fn": "hc_head.hc_fn",
-            "hc_head_base": "hc_head.hc_base", "hc_head_scale": "hc_head.hc_scale"}
-
-
-def load(path: str, dtype=jnp.float32):
-    """(DeepseekV4 model, params) of a local checkpoint directory (config.json and one or
-    more ``*.safetensors`` files)."""
-    from dynjax.loaders import tensors as tensors_lib
-    cfg_path = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg_path):
-        raise CheckpointError(f"{path} has no config.json; pass a checkpoint directory")
-    with open(cfg_path) as f:
-        cfg = config_from_hf(json.load(f))
-    files = [tensors_lib.SafetensorsFile(os.path.join(path, n))
-             for n in sorted(os.listdir(path)) if n.endswith(".safetensors")]
-    where = {k: f for f in files for k in f.keys()}
-
-    def get(name):
-        found = [n for n in (name, "model." + name, "model." + SAVED_AS.get(name, name))
-                 if n in where]
-        if not found:
-            raise CheckpointError(f"{path}: tensor {name!r} is missing; is this a complete "
-                                  "deepseek_v4 checkpoint?")
-        a = where[found[0]].read(found[0])
-        return a if a.dtype.kind in "iu" else a.astype(np.float32)
-    params = params_from_tensors(cfg, get)
-    params = jax.tree.map(lambda a: jnp.asarray(a) if a.dtype.kind in "iu"
-                          else jnp.asarray(a, dtype), params)
-    return DeepseekV4(cfg), params
