@@ -237,44 +237,66 @@ def mix(dims: Dims, p, x, given=None, state: State | None = None):
 
 # ------------------------------------------------------- checkpoint layouts (transformers)
 
-def _common_from_hf(dims: Dims, t):
-    """The tensors both layouts share: the conv kernel (channels q | k | v), decay, norm
-    and output projection. ``t`` maps transformers' names inside the layer to arrays."""
+NAMES = ("q", "k", "v", "z", "b", "a", "conv_q", "conv_k", "conv_v", "dt_bias", "A_log",
+         "norm", "out")
+
+
+def _shared_tensor(dims: Dims, get, name):
+    """The parameters both layouts store alike: the conv kernel (channels q | k | v), the
+    decay's A_log and dt_bias, the gated norm and the output projection. ``get(hf_name)``
+    reads a tensor by transformers' name inside the layer."""
     Hk, Hv, dk, dv = dims.key_heads, dims.value_heads, dims.key_dim, dims.value_dim
-    conv = t["conv1d.weight"][:, 0, :].T                                # (K, channels)
-    qk = Hk * dk
-    return {"conv_q": conv[:, :qk].reshape(-1, Hk, dk),
-            "conv_k": conv[:, qk:2 * qk].reshape(-1, Hk, dk),
-            "conv_v": conv[:, 2 * qk:].reshape(-1, Hv, dv),
-            "dt_bias": t["dt_bias"], "A_log": t["A_log"], "norm": t["norm.weight"],
-            "out": t["out_proj.weight"].T.reshape(Hv, dv, dims.hidden_size)}
+    if name.startswith("conv_"):
+        conv = get("conv1d.weight")[:, 0, :].T                          # (K, channels)
+        qk = Hk * dk
+        part = {"conv_q": (0, qk, Hk, dk), "conv_k": (qk, 2 * qk, Hk, dk),
+                "conv_v": (2 * qk, None, Hv, dv)}[name]
+        return conv[:, part[0]:part[1]].reshape(-1, part[2], part[3])
+    if name == "out":
+        return get("out_proj.weight").T.reshape(Hv, dv, dims.hidden_size)
+    return get({"dt_bias": "dt_bias", "A_log": "A_log", "norm": "norm.weight"}[name])
 
 
-def from_qwen3_next(dims: Dims, t):
-    """One layer's params from Qwen3-Next's fused projections: ``in_proj_qkvz`` holds, per
-    key head, [q, k, the v of its value heads, their z], and ``in_proj_ba`` [b, a]."""
+def qwen3_next_tensor(dims: Dims, get, name):
+    """Param ``name`` of one layer from Qwen3-Next's fused projections: ``in_proj_qkvz``
+    holds, per key head, [q, k, the v of its value heads, their z]; ``in_proj_ba`` [b, a]."""
     D, Hk, Hv, dk, dv = (dims.hidden_size, dims.key_heads, dims.value_heads, dims.key_dim,
                          dims.value_dim)
     r = Hv // Hk
-    qkvz = t["in_proj_qkvz.weight"].T.reshape(D, Hk, 2 * dk + 2 * r * dv)
-    q, k, v, z = (qkvz[..., s] for s in (slice(0, dk), slice(dk, 2 * dk),
-                                         slice(2 * dk, 2 * dk + r * dv),
-                                         slice(2 * dk + r * dv, None)))
-    ba = t["in_proj_ba.weight"].T.reshape(D, Hk, 2 * r)
-    return {"q": q, "k": k, "v": v.reshape(D, Hv, dv), "z": z.reshape(D, Hv, dv),
-            "b": ba[..., :r].reshape(D, Hv), "a": ba[..., r:].reshape(D, Hv),
-            **_common_from_hf(dims, t)}
+    if name in ("q", "k", "v", "z"):
+        qkvz = get("in_proj_qkvz.weight").T.reshape(D, Hk, 2 * dk + 2 * r * dv)
+        start = {"q": 0, "k": dk, "v": 2 * dk, "z": 2 * dk + r * dv}[name]
+        if name in ("q", "k"):
+            return qkvz[..., start:start + dk]
+        return qkvz[..., start:start + r * dv].reshape(D, Hv, dv)
+    if name in ("b", "a"):
+        ba = get("in_proj_ba.weight").T.reshape(D, Hk, 2 * r)
+        return (ba[..., :r] if name == "b" else ba[..., r:]).reshape(D, Hv)
+    return _shared_tensor(dims, get, name)
 
 
-def from_qwen3_5(dims: Dims, t):
-    """One layer's params from Qwen3.5's separate ``in_proj_qkv`` (rows q | k | v),
+def qwen3_5_tensor(dims: Dims, get, name):
+    """Param ``name`` of one layer from Qwen3.5's separate ``in_proj_qkv`` (rows q | k | v),
     ``in_proj_z``, ``in_proj_b`` and ``in_proj_a``."""
     D, Hk, Hv, dk, dv = (dims.hidden_size, dims.key_heads, dims.value_heads, dims.key_dim,
                          dims.value_dim)
-    qkv = t["in_proj_qkv.weight"].T
-    return {"q": qkv[:, :Hk * dk].reshape(D, Hk, dk),
-            "k": qkv[:, Hk * dk:2 * Hk * dk].reshape(D, Hk, dk),
-            "v": qkv[:, 2 * Hk * dk:].reshape(D, Hv, dv),
-            "z": t["in_proj_z.weight"].T.reshape(D, Hv, dv),
-            "b": t["in_proj_b.weight"].T, "a": t["in_proj_a.weight"].T,
-            **_common_from_hf(dims, t)}
+    if name in ("q", "k", "v"):
+        qkv = get("in_proj_qkv.weight").T
+        start, heads, dim = {"q": (0, Hk, dk), "k": (Hk * dk, Hk, dk),
+                             "v": (2 * Hk * dk, Hv, dv)}[name]
+        return qkv[:, start:start + heads * dim].reshape(D, heads, dim)
+    if name == "z":
+        return get("in_proj_z.weight").T.reshape(D, Hv, dv)
+    if name in ("b", "a"):
+        return get(f"in_proj_{name}.weight").T
+    return _shared_tensor(dims, get, name)
+
+
+def from_qwen3_next(dims: Dims, t):
+    """One layer's params from a mapping of transformers' names (Qwen3-Next's layout)."""
+    return {name: qwen3_next_tensor(dims, t.__getitem__, name) for name in NAMES}
+
+
+def from_qwen3_5(dims: Dims, t):
+    """One layer's params from a mapping of transformers' names (Qwen3.5's layout)."""
+    return {name: qwen3_5_tensor(dims, t.__getitem__, name) for name in NAMES}
