@@ -4,7 +4,7 @@
     python benchmarks/deltanet_scaling.py --tokens 1024 4096 16384 65536 --d-model 2048 \
         --key-heads 16 --value-heads 32 --head-dim 128   # Qwen3-Next's widths, on an accelerator
 
-One Gated DeltaNet token mixer (``dynjax.models.deltanet.mix``: projections, causal conv,
+One Gated DeltaNet token mixer (``components.deltanet.mix``: projections, causal conv,
 the chunked delta rule, gated norm, output projection; float32, batch 1) at each length in
 ``--tokens``, beside the causal softmax attention the core transformer uses
 (``dynjax.models.transformer.causal_attention``, ``--value-heads`` heads of ``--head-dim``,
@@ -24,7 +24,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from dynjax.jsonio import command_line, publish_json  # noqa: E402
 from dynjax.measure.latency import paired_times  # noqa: E402
-from dynjax.models import deltanet  # noqa: E402
+from dynjax.models.components import deltanet  # noqa: E402
 from dynjax.models.transformer import causal_attention  # noqa: E402
 
 

@@ -9,7 +9,7 @@ with their parameters under transformers' names (``next.*``, ``q35.*``), the inp
 (2, 21, 32) and each layer's float32 output (``next.y``, ``q35.y``). Weights are drawn
 at scales where every piece matters: beta spread over (0, 1), decays from near 1 to
 near 0, a gated norm weight away from 1. tests/test_deltanet.py compares
-``dynjax.models.deltanet`` against it without torch.
+``dynjax.models.components.deltanet`` against it without torch.
 """
 from __future__ import annotations
 

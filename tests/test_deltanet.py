@@ -1,4 +1,4 @@
-"""Gated DeltaNet (dynjax.models.deltanet): the chunked delta rule equals the per-token
+"""Gated DeltaNet (dynjax.models.components.deltanet): the chunked delta rule equals the per-token
 recurrence, decoding token by token equals the forward, both checkpoint layouts equal
 transformers' layers (a committed reference, and live when torch is installed), and beta
 and the decay are coefficient sites that replay bitwise in one compiled program."""
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dynjax import coeffs as coeffs_lib
-from dynjax.models import deltanet
+from dynjax.models.components import deltanet
 
 REFERENCE = pathlib.Path(__file__).parent / "data" / "deltanet_layer.npz"
 DIMS = deltanet.Dims(hidden_size=32, key_heads=2, value_heads=4, key_dim=8, value_dim=6,

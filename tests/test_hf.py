@@ -42,7 +42,7 @@ def loaded(arch):
 
 
 def test_fixtures_are_small_and_mixtral_is_sharded():
-    assert sum(f.stat().st_size for f in DATA.rglob("*") if f.is_file()) <= 8_000_000
+    assert sum(f.stat().st_size for f in DATA.rglob("*") if f.is_file()) <= 9_000_000   # 8.3 MB with qwen3_next, qwen3_5_moe (0.5, 0.6 MB)
     assert (DATA / "mixtral" / "model.safetensors.index.json").exists()
     assert len(list((DATA / "mixtral").glob("*.safetensors"))) > 1
 

@@ -6,7 +6,9 @@ token reaches its k experts, as in the sequence form: nothing depends on other t
 decoding equals the forward at every position within float tolerance. A layer's cache
 holds the keys and values of the ``n_kv_heads`` key/value heads only (grouped-query
 attention shares them; multi-head latent attention: every head's expanded key and value,
-not the latent), at the core cache's slots and positions (``decoding.cache``).
+not the latent), at the core cache's slots and positions (``decoding.cache``). A Gated
+DeltaNet layer's cache is its fixed-size state instead (the last conv inputs and the
+recurrent matrix, ``components.deltanet.State``): its memory does not grow with the sequence.
 """
 from __future__ import annotations
 
@@ -14,13 +16,14 @@ import jax.numpy as jnp
 
 from dynjax.decoding.cache import append_slots, write
 from dynjax.models import llm
+from dynjax.models.components import deltanet
 from dynjax.models.components.attention import ATTENTION
 from dynjax.models.mod import EMPTY
 
 
 def init_cache(cfg: llm.Config, batch: int, max_len: int):
     """Per layer: ``max_len`` slots of keys and values, as ``cfg.attention`` caches them
-    (GQA: (n_kv_heads, head_dim) each)."""
+    (GQA: (n_kv_heads, head_dim) each); a Gated DeltaNet layer's zero state."""
     if cfg.mod_layers:
         raise NotImplementedError(
             f"KV-cache decoding of the llm family's Mixture-of-Depths layers "
@@ -34,8 +37,12 @@ def init_cache(cfg: llm.Config, batch: int, max_len: int):
     k_shape, v_shape = ATTENTION[cfg.attention].cache_shape(cfg)
     k = jnp.zeros((batch, max_len, *k_shape), cfg.compute_dtype)
     v = jnp.zeros((batch, max_len, *v_shape), cfg.compute_dtype)
-    return [{"k": k, "v": v, "pos": jnp.full((batch, max_len), EMPTY, jnp.int32),
-             "n": jnp.zeros((batch,), jnp.int32)} for _ in range(cfg.n_layers)]
+    kv = {"k": k, "v": v, "pos": jnp.full((batch, max_len), EMPTY, jnp.int32),
+          "n": jnp.zeros((batch,), jnp.int32)}
+    state = deltanet.initial_state(cfg.deltanet, batch, cfg.compute_dtype) \
+        if cfg.deltanet_layers else None
+    return [state._asdict() if i in cfg.deltanet_layers else dict(kv)
+            for i in range(cfg.n_layers)]
 
 
 def positions(cfg: llm.Config, index):
@@ -45,17 +52,21 @@ def positions(cfg: llm.Config, index):
 def chunk(cfg: llm.Config, params, cache, tokens, pos, branch):
     """tokens (B, n) at ``pos`` -> logits (B, n, V), the new cache, info (none)."""
     del branch
-    eps = cfg.rms_norm_eps
     h = jnp.take(params["embed"], tokens, axis=0).astype(cfg.compute_dtype)
     new_cache = []
     for i, (p, c) in enumerate(zip(params["layers"], cache)):
-        q, k, v = llm.project_qkv(cfg, p["attn"], llm.rms_norm(h, p["input_norm"], eps), pos)
-        c = write(c, append_slots(c, jnp.ones(tokens.shape, bool)), k, v, pos.index)
-        h = h + llm.attend(llm.layer_config(cfg, i), p["attn"], q, c["k"], c["v"], pos.index,
-                           c["pos"])
-        x = llm.rms_norm(h, p["post_norm"], eps)
-        h = h + (llm.moe_ffn(cfg, p["moe"], x, None)[0] if "moe" in p
-                 else llm.swiglu(p["mlp"], x, cfg.compute_dtype))
+        x = llm.norm(cfg, h, p["input_norm"])
+        if "deltanet" in p:
+            a, _, state = llm.token_mixer(cfg, p, x, pos, None, deltanet.State(**c))
+            c = state._asdict()
+        else:
+            q, k, v = llm.project_qkv(cfg, p["attn"], x, pos)
+            c = write(c, append_slots(c, jnp.ones(tokens.shape, bool)), k, v, pos.index)
+            gate, _ = llm.output_gate(cfg, p["attn"], x, None)
+            a = llm.attend(llm.layer_config(cfg, i), p["attn"], q, c["k"], c["v"], pos.index,
+                           c["pos"], gate)
+        h = h + a
+        h = h + llm.ffn(cfg, p, llm.norm(cfg, h, p["post_norm"]), None)[0]
         new_cache.append(c)
-    logits = llm.head(cfg, params, llm.rms_norm(h, params["final_norm"], eps))
+    logits = llm.head(cfg, params, llm.norm(cfg, h, params["final_norm"]))
     return logits, new_cache, {}

@@ -53,6 +53,7 @@ from dynjax.coeffs import Axes
 from dynjax.models import dispatch
 from dynjax.models import mod as mod_lib
 from dynjax.models.sections import ModConfig
+from dynjax.models.components import deltanet
 from dynjax.models.components import rotary as rotary_lib
 from dynjax.models.components.attention import ATTENTION, LATENT_NORM_EPS
 from dynjax.models.components import indexer as indexer_lib
@@ -66,6 +67,8 @@ P = jax.sharding.PartitionSpec
 ROUTER_AXES = Axes(("layer", "example", "token", "expert"))
 SHARED_GATE_AXES = Axes(("layer", "example", "token"))
 MOD_AXES = Axes(("layer", "example", "token"))
+ATTN_GATE_AXES = Axes(("layer", "example", "token", "head", "unit"))
+MIXERS = ("attention", "deltanet")
 QK_NORMS = ("none", "head", "full")      # none; per head (Qwen3); over all heads (OLMoE)
 ROPE_TYPES = rotary_lib.ROPE_TYPES
 MOE_DISPATCHES = ("dropless", "dense")
@@ -80,7 +83,9 @@ ARCHITECTURE = ("vocab_size", "hidden_size", "n_layers", "n_heads", "n_kv_heads"
                 "rope_beta_slow", "rope_mscale", "rope_mscale_all_dim",
                 "rope_attention_factor", "rope_truncate", "q_lora_rank", "kv_lora_rank",
                 "qk_nope_head_dim", "v_head_dim", "sliding_window", "sliding_layers",
-                "swiglu_limit", "swiglu_alpha")
+                "swiglu_limit", "swiglu_alpha", "mixers", "deltanet_key_heads",
+                "deltanet_value_heads", "deltanet_key_dim", "deltanet_value_dim",
+                "deltanet_conv_kernel", "norm_offset", "attn_output_gate")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +135,15 @@ class Config:
     router_group_score: str = "top2_sum"  # a group's score: its top-2 sum | "max"
     routed_scaling_factor: float = 1.0    # "grouped_topk": the routed experts' weight scale
     experts: str = "swiglu"          # components.experts.EXPERTS
+    mixers: tuple = ()               # per layer "attention" | "deltanet" (); () all attention
+    deltanet_key_heads: int = 0      # Gated DeltaNet layers (components.deltanet): q/k heads,
+    deltanet_value_heads: int = 0    # value heads (each q/k head serves value/key of them),
+    deltanet_key_dim: int = 0        # head widths, the causal conv's kernel and the chunk
+    deltanet_value_dim: int = 0      # of the chunked delta rule (the forward's, not the
+    deltanet_conv_kernel: int = 4    # checkpoint's: any chunk computes the same function)
+    deltanet_chunk: int = 64
+    norm_offset: float = 0.0         # RMSNorm gain offset + w: 1 for Qwen3-Next's (1 + w)
+    attn_output_gate: bool = False   # attention output times sigmoid(x W_gate) (Qwen3-Next)
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: str = "none"
@@ -165,6 +179,7 @@ class Config:
         object.__setattr__(self, "mod_layers", tuple(int(i) for i in self.mod_layers))
         object.__setattr__(self, "sliding_layers", tuple(int(i) for i in self.sliding_layers))
         object.__setattr__(self, "index_shared", tuple(int(i) for i in self.index_shared))
+        object.__setattr__(self, "mixers", tuple(self.mixers))
         checks = [
             (self.n_heads % self.n_kv_heads == 0,
              f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}"),
@@ -192,6 +207,13 @@ class Config:
              f"moe_layers={self.moe_layers} must lie in 0..{self.n_layers - 1}"),
             (not self.moe_layers or 1 <= self.top_k <= self.num_experts,
              f"top_k={self.top_k} must be in 1..num_experts={self.num_experts}"),
+            (not self.mixers or (len(self.mixers) == self.n_layers
+                                 and set(self.mixers) <= set(MIXERS)),
+             f"mixers={self.mixers} must name one of {MIXERS} for each of the {self.n_layers} "
+             "layers (or be empty: all attention)"),
+            (not set(self.deltanet_layers) & set(self.mod_layers),
+             f"mod_layers={self.mod_layers} include Gated DeltaNet layers; MoD routes "
+             "attention layers only"),
             (self.moe_dispatch in MOE_DISPATCHES,
              f"moe_dispatch={self.moe_dispatch!r}; use one of {MOE_DISPATCHES}"),
             (all(0 <= i < self.n_layers for i in self.mod_layers)
@@ -218,6 +240,22 @@ class Config:
         return jnp.dtype(self.dtype)
 
     @property
+    def deltanet_layers(self) -> tuple:
+        return tuple(i for i, m in enumerate(self.mixers) if m == "deltanet")
+
+    @property
+    def attention_layers(self) -> tuple:
+        return tuple(i for i in range(self.n_layers) if i not in self.deltanet_layers)
+
+    @property
+    def deltanet(self) -> deltanet.Dims:
+        """The Gated DeltaNet layers' sizes as ``components.deltanet`` reads them."""
+        return deltanet.Dims(self.hidden_size, self.deltanet_key_heads,
+                             self.deltanet_value_heads, self.deltanet_key_dim,
+                             self.deltanet_value_dim, self.deltanet_conv_kernel,
+                             self.rms_norm_eps, self.deltanet_chunk)
+
+    @property
     def variant(self) -> str:
         """What the layers route: "dense", "moe", "mod" or "mod+moe" (run names, records)."""
         kinds = [k for k, on in (("mod", self.mod_layers), ("moe", self.moe_layers)) if on]
@@ -235,8 +273,14 @@ class Config:
 
 def schema(cfg: Config):
     """Router scores for the MoE layers; Qwen2-MoE's shared-expert gates; MoD router (and
-    predictor) logits for the MoD layers; none if dense."""
+    predictor) logits for the MoD layers; the Gated DeltaNet layers' beta and log decay
+    (layer, example, token, head); the attention output gates sigmoid(x W_gate) (layer,
+    example, token, head, unit); none if dense. Each leaf stacks the layers that have it."""
     out = {}
+    if cfg.deltanet_layers:
+        out.update(deltanet.SCHEMA)
+    if cfg.attn_output_gate and cfg.attention_layers:
+        out["attn_gate"] = ATTN_GATE_AXES
     if cfg.moe_layers:
         out["router"] = ROUTER_AXES
     if cfg.moe_layers and cfg.shared_expert_size and cfg.shared_expert_gate:
@@ -270,7 +314,13 @@ def param_table(cfg: Config):
     for i in range(cfg.n_layers):
         L = ("layers", i)
         rows.append((L + ("input_norm",), (D,), ("embed",)))
-        rows += ATTENTION[cfg.attention].rows(cfg, L + ("attn",))
+        if i in cfg.deltanet_layers:
+            rows += deltanet.param_rows(cfg.deltanet, L + ("deltanet",))
+        else:
+            rows += ATTENTION[cfg.attention].rows(cfg, L + ("attn",))
+            if cfg.attn_output_gate:
+                rows.append((L + ("attn", "gate"), (D, cfg.n_heads, cfg.head_dim),
+                             ("embed", "heads", "kv")))
         if cfg.index_topk and i not in cfg.index_shared:
             rows += indexer_lib.rows(L + ("attn", "indexer"), D, cfg.q_lora_rank,
                                      cfg.index_n_heads, cfg.index_head_dim)
@@ -321,11 +371,12 @@ def param_dtype(cfg: Config, path) -> str:
 
 
 def init(cfg: Config, key):
-    """Fresh parameters: weights N(0, 0.02), norms 1, biases 0."""
+    """Fresh parameters: weights N(0, 0.02), norm gains 1 (w = 1 - norm_offset), biases 0."""
     def leaf(path, shape):
         name, dt = path[-1], param_dtype(cfg, path)
-        if name.endswith("norm"):
-            return jnp.ones(shape, dt)
+        if name.endswith("norm"):   # the DeltaNet output norm's gain is w itself
+            offset = 0.0 if "deltanet" in path else cfg.norm_offset
+            return jnp.full(shape, 1.0 - offset, dt)
         if name.endswith("bias"):
             return jnp.zeros(shape, dt)
         k = jax.random.fold_in(key, zlib.crc32("/".join(map(str, path)).encode()))
@@ -358,9 +409,43 @@ def project_qkv(cfg: Config, p, x, positions: Positions):
     return ATTENTION[cfg.attention].project(cfg, p, x, positions)
 
 
-def attend(cfg: Config, p, q, k, v, q_pos, k_pos):
-    """Causal attention of q over k, v and the output projection (B, Tq, D)."""
-    return ATTENTION[cfg.attention].attend(cfg, p, q, k, v, q_pos, k_pos)
+def attend(cfg: Config, p, q, k, v, q_pos, k_pos, gate=None):
+    """Causal attention of q over k, v and the output projection (B, Tq, D); ``gate``
+    (B, Tq, H, head_dim) multiplies each head's output before the projection."""
+    return ATTENTION[cfg.attention].attend(cfg, p, q, k, v, q_pos, k_pos, gate)
+
+
+def norm(cfg: Config, x, w):
+    """The model's RMSNorm (gain ``norm_offset + w``)."""
+    return rms_norm(x, w, cfg.rms_norm_eps, offset=cfg.norm_offset)
+
+
+def _pick(given, names):
+    """The part of a layer's ``given`` coefficients one site reads."""
+    return coeffs_lib.part(given, lambda v: {n: v[n] for n in names})
+
+
+def token_mixer(cfg: Config, p, x, positions: Positions, given, state=None):
+    """The layer's token mixer on the normed x (B, T, D): (update, its coefficients after
+    their site, the new decoding state). A Gated DeltaNet layer continues from ``state``
+    (``components.deltanet.State``; None: the sequence starts here). An attention layer
+    attends within the chunk; its output gate sigmoid(x W_gate) (Qwen3-Next) is a site."""
+    if "deltanet" in p:
+        return deltanet.mix(cfg.deltanet, p["deltanet"], x,
+                            _pick(given, tuple(deltanet.SCHEMA)), state)
+    q, k, v = project_qkv(cfg, p["attn"], x, positions)
+    gate, used = output_gate(cfg, p["attn"], x, given)
+    return attend(cfg, p["attn"], q, k, v, positions.index, positions.index, gate), used, None
+
+
+def output_gate(cfg: Config, p, x, given):
+    """(sigmoid(x W_gate) (B, T, H, head_dim) after its site, {"attn_gate": it}), or
+    (None, {}) where the attention has no output gate."""
+    if not cfg.attn_output_gate:
+        return None, {}
+    computed = jax.nn.sigmoid(jnp.einsum("btd,dhk->bthk", x, p["gate"].astype(x.dtype)))
+    used = coeffs_lib.site({"attn_gate": computed.astype(F32)}, _pick(given, ("attn_gate",)))
+    return used["attn_gate"], used
 
 
 def route(cfg: Config, scores, p=None):
@@ -395,7 +480,7 @@ def moe_ffn(cfg: Config, p, x, given):
     if gated:
         computed["shared_gate"] = jax.nn.sigmoid(x @ p["shared_gate"].astype(dt))[..., 0] \
             .astype(F32)
-    used = coeffs_lib.site(computed, given)
+    used = coeffs_lib.site(computed, _pick(given, tuple(computed)))
     experts, weights = route(cfg, used["router"], p)
     y = experts_ffn(cfg, p["experts"], x.reshape(B * T, D), experts.reshape(B * T, -1),
                     weights.reshape(B * T, -1)).reshape(B, T, D)
@@ -409,8 +494,30 @@ def moe_ffn(cfg: Config, p, x, given):
 
 
 def _layer_given(given, names, j):
-    """Layer j's slice of the coefficients ``names`` (one layer kind's: MoE or MoD)."""
+    """Layer j's slice of the coefficients ``names``."""
     return coeffs_lib.part(given, lambda v: {name: v[name][j] for name in names})
+
+
+def layer_coefficients(cfg: Config, i: int) -> tuple:
+    """The coefficient names layer i records (its rows of each leaf in :func:`schema`)."""
+    names = []
+    if i in cfg.deltanet_layers:
+        names += list(deltanet.SCHEMA)
+    elif cfg.attn_output_gate:
+        names.append("attn_gate")
+    if i in cfg.mod_layers:
+        names += [n for n in ("mod_router", "mod_predictor") if n in schema(cfg)]
+    if i in cfg.moe_layers:
+        names += [n for n in ("router", "shared_gate") if n in schema(cfg)]
+    return tuple(names)
+
+
+def ffn(cfg: Config, p, x, given):
+    """The layer's FFN on the normed x: (m, its coefficients after their site ({} if
+    dense), aux losses)."""
+    if "moe" in p:
+        return moe_ffn(cfg, p["moe"], x, given)
+    return swiglu(p["mlp"], x, cfg.compute_dtype), {}, {}
 
 
 def sparse_attention(cfg: Config, p, x, q, k, v, positions: Positions, index):
@@ -432,23 +539,17 @@ def sparse_attention(cfg: Config, p, x, q, k, v, positions: Positions, index):
 
 
 def attention_then_ffn(cfg: Config, p, h, positions: Positions, given, index=None):
-    """A layer's two updates, pre-norm: a = Attn(RMS h), then m = FFN(RMS(h + a)).
-    Returns (a, m, the FFN's coefficients after their site ({} if dense), aux losses); with
-    ``index`` (an indexer model) also (its indexer coefficients, its selection)."""
-    eps = cfg.rms_norm_eps
-    x_in = rms_norm(h, p["input_norm"], eps)
-    q, k, v = project_qkv(cfg, p["attn"], x_in, positions)
+    """A layer's two updates, pre-norm: a = Mixer(RMS h), then m = FFN(RMS(h + a)).
+    Returns (a, m, the layer's coefficients after their sites ({} if none), aux losses);
+    with ``index`` (an indexer model) also (its indexer coefficients, its selection)."""
+    x_in = norm(cfg, h, p["input_norm"])
     if index is not None:
+        q, k, v = project_qkv(cfg, p["attn"], x_in, positions)
         a, index_used, chosen = sparse_attention(cfg, p["attn"], x_in, q, k, v, positions, index)
-        x = rms_norm(h + a, p["post_norm"], eps)
-        ffn = (*moe_ffn(cfg, p["moe"], x, given),) if "moe" in p else \
-            (swiglu(p["mlp"], x, cfg.compute_dtype), {}, {})
-        return (a, *ffn, (index_used, chosen))
-    a = attend(cfg, p["attn"], q, k, v, positions.index, positions.index)
-    x = rms_norm(h + a, p["post_norm"], eps)
-    if "moe" in p:
-        return (a, *moe_ffn(cfg, p["moe"], x, given))
-    return a, swiglu(p["mlp"], x, cfg.compute_dtype), {}, {}
+        return (a, *ffn(cfg, p, norm(cfg, h + a, p["post_norm"]), given), (index_used, chosen))
+    a, used, _ = token_mixer(cfg, p, x_in, positions, given)
+    m, used_ffn, aux = ffn(cfg, p, norm(cfg, h + a, p["post_norm"]), given)
+    return a, m, {**used, **used_ffn}, aux
 
 
 def mod_layer(cfg: Config, p, h, positions: Positions, given):
@@ -462,7 +563,7 @@ def mod_layer(cfg: Config, p, h, positions: Positions, given):
     computed = {"mod_router": mod_lib.Router().apply({"params": p["router"]}, h)}
     if cfg.mod_route == "predictor":
         computed["mod_predictor"] = pred
-    used = coeffs_lib.site(computed, given)
+    used = coeffs_lib.site(computed, _pick(given, tuple(computed)))
     scores = used["mod_router"]
     idx, valid, top_idx, top_valid, _ = mod_lib.choose_slots(
         cfg, scores, used.get("mod_predictor", scores))
@@ -505,31 +606,28 @@ def _forward(cfg: Config, params, tokens, coeffs=None):
     positions = positions_at(cfg, jnp.broadcast_to(jnp.arange(T), (B, T)))
     h = jnp.take(params["embed"], tokens, axis=0).astype(cfg.compute_dtype)
     run = jax.checkpoint(layer, static_argnums=0) if cfg.remat else layer
-    names = {"moe": [n for n in ("router", "shared_gate") if n in schema(cfg)],
-             "mod": [n for n in ("mod_router", "mod_predictor") if n in schema(cfg)]}
-    used, aux = {"moe": [], "mod": [], "indexer": []}, {}
+    used, aux = {}, {}
     chosen = None
     for i, p in enumerate(params["layers"]):
-        kind = "mod" if i in cfg.mod_layers else "moe" if "moe" in p else None
-        layer_given = None if kind is None else _layer_given(given, names[kind], len(used[kind]))
+        names = layer_coefficients(cfg, i)
+        rows = {n: len(used.get(n, ())) for n in names}   # this layer's row of each leaf
+        layer_given = coeffs_lib.part(
+            given, lambda v: {n: v[n][rows[n]] for n in names}) if names else None
         if cfg.index_topk:
-            index = (_layer_given(given, ["indexer"], len(used["indexer"]))
+            index = (_layer_given(given, ["indexer"], len(used.get("indexer", ())))
                      if "indexer" in p["attn"] else None, chosen)
             h, c, a, (index_used, chosen) = run(layer_config(cfg, i), p, h, positions,
                                                 layer_given, index)
             if index_used:
-                used["indexer"].append(index_used)
+                used.setdefault("indexer", []).append(index_used["indexer"])
         else:
             h, c, a = run(layer_config(cfg, i), p, h, positions, layer_given)
-        if kind:
-            used[kind].append(c)
+        for name in names:
+            used.setdefault(name, []).append(c[name])
         for name, value in a.items():
             aux.setdefault(name, []).append(value)
-    logits = head(cfg, params, rms_norm(h, params["final_norm"], cfg.rms_norm_eps))
-    coeffs = {}
-    for per_layer in used.values():
-        if per_layer:
-            coeffs.update(jax.tree.map(lambda *a: jnp.stack(a), *per_layer))
+    logits = head(cfg, params, norm(cfg, h, params["final_norm"]))
+    coeffs = {name: jnp.stack(rows) for name, rows in used.items()}
     return logits, coeffs, {name: jnp.mean(jnp.stack(v)) for name, v in aux.items()}
 
 

@@ -3,8 +3,8 @@
 - ``rows(cfg, prefix)``: its parameters as (path, shape, logical axes) rows;
 - ``project(cfg, p, x, positions)``: queries (B, T, H, dq) and the keys and values
   (B, T, KV, dk / dv) a KV cache holds, rotary applied;
-- ``attend(cfg, p, q, k, v, q_pos, k_pos)``: causal attention of q over k, v and the
-  output projection, (B, Tq, D);
+- ``attend(cfg, p, q, k, v, q_pos, k_pos, gate=None)``: causal attention of q over k, v,
+  each head's output times ``gate`` where given, and the output projection, (B, Tq, D);
 - ``cache_shape(cfg)``: ((KV, dk), (KV, dv)), the per-token key and value a cache keeps.
 
 "gqa": grouped-query attention (Llama, Qwen, Mixtral, OLMoE, Mistral): each key/value head
@@ -63,22 +63,30 @@ class Gqa:
             return y + p[name + "_bias"].astype(dt) if cfg.qkv_bias else y
         q, k, v = proj("q"), proj("k"), proj("v")
         eps = cfg.rms_norm_eps
+        off = cfg.norm_offset
         if cfg.qk_norm == "head":
-            q, k = norms.rms_norm(q, p["q_norm"], eps), norms.rms_norm(k, p["k_norm"], eps)
+            q, k = (norms.rms_norm(q, p["q_norm"], eps, offset=off),
+                    norms.rms_norm(k, p["k_norm"], eps, offset=off))
         elif cfg.qk_norm == "full":
-            q = norms.rms_norm(q, p["q_norm"], eps, axes=(-2, -1))
-            k = norms.rms_norm(k, p["k_norm"], eps, axes=(-2, -1))
+            q = norms.rms_norm(q, p["q_norm"], eps, axes=(-2, -1), offset=off)
+            k = norms.rms_norm(k, p["k_norm"], eps, axes=(-2, -1), offset=off)
         if cfg.clip_qkv is not None:
             q, k, v = (jnp.clip(a, -cfg.clip_qkv, cfg.clip_qkv) for a in (q, k, v))
         return rotary.apply(cfg, q, positions), rotary.apply(cfg, k, positions), v
 
     @staticmethod
-    def attend(cfg, p, q, k, v, q_pos, k_pos):
-        """GQA softmax attention of q against k, v, then the output projection: (B, Tq, D)."""
+    def attend(cfg, p, q, k, v, q_pos, k_pos, gate=None):
+        """GQA softmax attention of q against k, v, times ``gate`` (B, Tq, H, hd) where
+        given (Qwen3-Next's output gate), then the output projection: (B, Tq, D)."""
         k, v = Gqa.share(cfg, k, v)
         block = cfg.attn_block if q.shape[1] == k.shape[1] else 0
         out, _, _ = causal_attention(q, k, v, q_pos, k_pos, block)
-        return Gqa.output(cfg, p, out)
+        return Gqa.output(cfg, p, Gqa.gated(out, gate))
+
+    @staticmethod
+    def gated(out, gate):
+        """Each head's output (B, T, H, hd) times the output gate, where there is one."""
+        return out if gate is None else out * gate.astype(out.dtype)
 
     @staticmethod
     def share(cfg, k, v):
@@ -201,11 +209,11 @@ class GqaSinks(Gqa):
         return Gqa.rows(cfg, A) + [(A + ("sinks",), (cfg.n_heads,), ("heads",))]
 
     @staticmethod
-    def attend(cfg, p, q, k, v, q_pos, k_pos):
+    def attend(cfg, p, q, k, v, q_pos, k_pos, gate=None):
         k, v = Gqa.share(cfg, k, v)
         block = cfg.attn_block if q.shape[1] == k.shape[1] else 0
         out = sink_attention(q, k, v, q_pos, k_pos, p["sinks"], cfg.sliding_window, block)
-        return Gqa.output(cfg, p, out)
+        return Gqa.output(cfg, p, Gqa.gated(out, gate))
 
 
 ATTENTION = {"gqa": Gqa, "mla": Mla, "gqa_sinks": GqaSinks}
