@@ -2,6 +2,7 @@
 
     pip install -e '.[hf]'          # torch (CPU) + transformers: this script only
     python scripts/make_hf_hybrid_fixtures.py [--only=qwen3_next] [--out=tests/data/hf]
+    python scripts/make_hf_hybrid_fixtures.py --check   # parity of the committed ones (no torch)
 
 The hybrid architectures beside scripts/make_hf_fixtures.py's (whose conventions, sizes,
 tokenizer and ``reference.npz`` format they share): three Gated DeltaNet layers, then a
@@ -14,6 +15,8 @@ matters: router margins far above float noise (as make_hf_fixtures.py's), attent
 shared-expert gates spread over (0, 1), DeltaNet decays from near 1 to near 0, norm gains
 away from 1. ``reference.npz`` adds each DeltaNet layer's beta and decay
 (``deltanet_beta``, ``deltanet_decay``) to transformers' logits and router logits.
+The parity table (make_hf_fixtures.py's ``parity``: max |dlogit|, top-k sets) goes to
+``--results``.
 """
 from __future__ import annotations
 
@@ -172,11 +175,25 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "tests/data/hf"))
     ap.add_argument("--only", default=",".join(ARCHS))
+    ap.add_argument("--check", action="store_true", help="build nothing; parity only")
+    ap.add_argument("--results", default=str(ROOT / "results/hf_parity_hybrid.json"))
     args = ap.parse_args()
+    from dynjax import jsonio
+
     out = pathlib.Path(args.out)
     tokenizer = ROOT / "tests/data/hf/llama/tokenizer.json"   # make_hf_fixtures.py trained it
+    table = {}
     for arch in args.only.split(","):
-        print(arch, build(arch, out / arch, tokenizer), flush=True)
+        made = {} if args.check else build(arch, out / arch, tokenizer)
+        ref = np.load(out / arch / "reference.npz")
+        table[arch] = {"seed": int(ref["seed"]), "top_k_margin": float(ref["top_k_margin"]),
+                       "transformers": str(ref["transformers"]), "torch": str(ref["torch"]),
+                       "bytes": sum(f.stat().st_size for f in (out / arch).iterdir()),
+                       **made, **base.parity(out / arch)}
+        print(arch, table[arch], flush=True)
+    jsonio.write_json_atomic(args.results, {
+        "command": jsonio.command_line(), "batch": base.BATCH, "seq_len": base.SEQ_LEN,
+        "dtype": "float32", "architectures": table})
 
 
 if __name__ == "__main__":
