@@ -162,7 +162,7 @@ class Mla:
     def attend(cfg, p, q, k, v, q_pos, k_pos, gate=None):
         block = cfg.attn_block if q.shape[1] == k.shape[1] else 0
         out, _, _ = causal_attention(q, k, v, q_pos, k_pos, block, scale=Mla.scale(cfg))
-        out = out if gate is None else out * gate.astype(out.dtype)
+        out = Gqa.gated(out, gate)
         return jnp.einsum("bthk,hkd->btd", out, p["o"].astype(cfg.compute_dtype))
 
     @staticmethod
