@@ -1097,7 +1097,13 @@ MUTANTS = (
            "            c = state._asdict()", "            c = c",
            ("tests/test_hf_hybrid.py::test_decoding_equals_the_forward",),
            "decoding carries each DeltaNet layer's conv and recurrent state to the next step"),
+    Mutant("dense_hf_scorecard_not_refused", "dynjax/runs/hf.py",
+           '        self.require_coefficients("score")\n', "",
+           ("tests/test_audit_hf.py::test_open_target_tells_hf_directories_apart",),
+           "scorecard.py --hf on a dense checkpoint is one line before any work (no KeyError)"),
 )
+
+
 def copy_tree(dest: pathlib.Path) -> None:
     """The repo's tracked and untracked-but-not-ignored files (working-tree contents), and
     tests' data, into ``dest``."""

@@ -138,6 +138,11 @@ def test_open_target_tells_hf_directories_apart(tmp_path):
     assert isinstance(dense, HfDir) and dense.condition_facts == {}
     with pytest.raises(AuditError, match="dense llama checkpoint: it has no router"):
         dense.require_coefficients()
+    from dynjax.configs import scorecard_hf
+    from dynjax.scorecard import run as scorecard_run
+    with pytest.raises(AuditError, match="dense llama checkpoint: .* nothing to score"):
+        scorecard_run.score(f"{HF}/llama", scorecard_hf.get_config(), tmp_path / "sc",
+                            log=lambda *a: None)   # refused before any audit or timing
     with pytest.raises(AuditError, match="HF checkpoint directory .* does not exist"):
         open_target(tmp_path / "nope", kind="hf")
     # a safetensors folder of another architecture does not fall through to MUDDPythia

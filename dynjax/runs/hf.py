@@ -71,11 +71,17 @@ class HfDir(Target):
     def condition_facts(self) -> dict:
         return {"top_k": int(self.cfg.top_k)} if self.cfg.moe_layers else {}
 
-    def require_coefficients(self):
+    def require_coefficients(self, what: str = "audit"):
         if not self.has_coefficients:
             raise AuditError(f"{self.path} is a dense {self.cfg.model_type} checkpoint: it has "
-                             "no router, so there is nothing to audit; audit an MoE checkpoint "
-                             "(mixtral, olmoe, qwen2_moe, qwen3_moe)")
+                             f"no router, so there is nothing to {what}; {what} an MoE "
+                             "checkpoint (e.g. mixtral, olmoe, qwen3_moe, deepseek_v3, gpt_oss)")
+
+    def scorecard_audit_config(self, config):
+        """Refused before any work for a dense checkpoint: the scorecard's panels are its
+        routers' variation, dependence and execution."""
+        self.require_coefficients("score")
+        return super().scorecard_audit_config(config)
 
     @classmethod
     def title(cls, targets) -> str:
