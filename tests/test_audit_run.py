@@ -448,7 +448,8 @@ def test_scorecard_reuses_the_audit_and_flop_report_numbers(fg_run, fg_audit, tm
     assert scorecard.verdicts(card, config.thresholds)["dependence"].startswith("function depends")
     scorecard.write([card], tmp_path / "out")
     assert {p.name for p in (tmp_path / "out").iterdir()} == {
-        "scorecard.json", "scorecard.md", "scorecard_0.png", "scorecard_0.svg"}
+        "scorecard.json", "scorecard.md", "scorecard_0.png", "scorecard_0.svg",
+        "scorecard_0.pdf"}
 
 
 def test_scorecard_input_share_counts_only_what_varies_with_input():

@@ -163,7 +163,8 @@ def test_report_writes_all_files(tmp_path):
     out = report.write_report(res, tmp_path / "audit")
     names = sorted(p.name for p in out.iterdir())
     assert names == sorted(["report.md", "results.json", *report.PLOTS,
-                            *(p.replace(".png", ".svg") for p in report.PLOTS)])
+                            *(p.replace(".png", twin) for p in report.PLOTS
+                              for twin in (".svg", ".pdf"))])
     loaded = json.loads((out / "results.json").read_text())
     lm = loaded["conditions"]["static_profile"]
     assert lm["estimate"] == pytest.approx(0.0089 / 7) and lm["p"] == 2 / 128

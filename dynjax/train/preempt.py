@@ -68,6 +68,7 @@ class StopOnSignal:
         self._old = {}
         self._old_wakeup = None
         self._write_fd = None
+        self._watcher = None
 
     def _handle(self, signum, frame):   # the main thread, when it next runs Python code
         del frame
@@ -115,8 +116,9 @@ class StopOnSignal:
         read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._write_fd, False)   # the C handler must never block on it
         self._old_wakeup = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
-        threading.Thread(target=self._watch, args=(read_fd,), name="dynjax-signals",
-                         daemon=True).start()
+        self._watcher = threading.Thread(target=self._watch, args=(read_fd,),
+                                         name="dynjax-signals", daemon=True)
+        self._watcher.start()
         for s in SIGNALS:
             self._old[s] = signal.signal(s, self._handle)
         return self
@@ -132,6 +134,7 @@ class StopOnSignal:
             signal.set_wakeup_fd(self._old_wakeup)
             os.close(self._write_fd)   # the watcher reads what is left, then EOF, and ends
             self._write_fd = None
+            self._watcher.join(timeout=10)   # every signal received is reported before we go on
         return False
 
 
