@@ -153,11 +153,10 @@ def _train(task, config, source, run_dir, changes, stop, progress, main: bool) -
     bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, disable=not use_bar,
                desc=task.desc(n_params), mininterval=2)
     if lines and start < tc.steps:
-        print(f"{task.desc(n_params)}: steps {start + 1}..{tc.steps}", file=sys.stderr,
-              flush=True)
+        preempt.say(f"{task.desc(n_params)}: steps {start + 1}..{tc.steps}")
     interval = Interval(run_dir, start, main)
     spikes = guard.SpikeWatch(tc.get("spike_factor", guard.DEFAULT_SPIKE_FACTOR),
-                              log=lambda line: print(line, file=sys.stderr),
+                              log=preempt.say,
                               chance=getattr(task, "chance_loss", None))
     spikes.seed(writer.jsonl.kept or [])   # a spike right after a resume is one too
     saved = _Saved(start, changes if main else [])
@@ -194,8 +193,7 @@ def _train(task, config, source, run_dir, changes, stop, progress, main: bool) -
             if steps:
                 bar.set_postfix(task.postfix(line))
             if lines:
-                print(_log_line(done, tc.steps, line, steps, seconds), file=sys.stderr,
-                      flush=True)
+                preempt.say(_log_line(done, tc.steps, line, steps, seconds))
         if done % tc.eval_every == 0 and done != tc.steps:
             with interval.excluded():
                 val = task.evaluate(state, "validation", done)

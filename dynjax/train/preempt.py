@@ -42,6 +42,13 @@ IDLE, TRAIN, FINAL = "idle", "train", "final"
 _installed = None   # the StopOnSignal from_the_start() installed, if any
 
 
+def say(line: str) -> None:
+    """``line`` on stderr in one write: a line from the signal watcher thread never lands
+    inside a log line the loop is printing (print writes the text and the newline apart)."""
+    sys.stderr.write(f"{line}\n")
+    sys.stderr.flush()
+
+
 def exit_status(signum: int) -> int:
     return 128 + signum
 
@@ -64,7 +71,7 @@ class StopOnSignal:
 
     def __init__(self, log=None, phase: str = TRAIN):
         self.signum, self.phase, self.outer = None, phase, None
-        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        self.log = log or say
         self._old = {}
         self._old_wakeup = None
         self._write_fd = None
