@@ -35,6 +35,8 @@ import argparse  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+import make_hf_fixtures as base  # noqa: E402  save_checkpoint
+
 SIZES = dict(hidden_size=16, hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6, rms_norm_eps=1e-6,
              n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=12,
              vocab_size=32, num_hidden_layers=2, swiglu_limit=1.5,
@@ -233,11 +235,7 @@ def build_model(out: pathlib.Path) -> dict:
     with torch.no_grad():
         greedy = model.generate(ids[:, :PROMPT], max_new_tokens=NEW, do_sample=False,
                                 min_new_tokens=NEW, eos_token_id=None, pad_token_id=0)
-    out.mkdir(parents=True, exist_ok=True)
-    for f in out.glob("*.safetensors*"):
-        f.unlink()
-    model.save_pretrained(out)
-    (out / "generation_config.json").unlink(missing_ok=True)
+    base.save_checkpoint(model, out)
     np.savez(out / "reference.npz", input_ids=ids.numpy(), logits=logits.numpy(),
              experts=np.stack([e.numpy() for e in seen["experts"]]),
              index=np.stack([i.numpy() for i in seen["index"]]),
@@ -336,11 +334,7 @@ def build_sparse(model_type: str, sizes: dict, out: pathlib.Path) -> dict:
             break
     else:
         raise SystemExit(f"no seed gave indexer margins above {MIN_MARGIN}")
-    out.mkdir(parents=True, exist_ok=True)
-    for f in out.glob("*.safetensors*"):
-        f.unlink()
-    model.save_pretrained(out)
-    (out / "generation_config.json").unlink(missing_ok=True)
+    base.save_checkpoint(model, out)
     np.savez(out / "reference.npz", input_ids=ids.numpy(), logits=logits.numpy(),
              index=np.stack([i.numpy() for i in seen["index"]]),
              experts=np.stack([e.reshape(BATCH, T, -1).numpy() for e in seen["experts"]]),

@@ -172,6 +172,16 @@ def train_tokenizer(out: pathlib.Path):
     tok.save(str(out))
 
 
+def save_checkpoint(model, out: pathlib.Path, **kwargs):
+    """``model.save_pretrained`` into ``out`` in place of an earlier build's shards, without
+    the generation_config.json transformers adds (a fixture carries none)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for f in out.glob("*.safetensors*"):
+        f.unlink()
+    model.save_pretrained(out, **kwargs)
+    (out / "generation_config.json").unlink(missing_ok=True)
+
+
 def margins(router_logits, k):
     """Smallest gap between a token's k-th and (k+1)-th router logit (softmax keeps order)."""
     z = router_logits.float().sort(-1, descending=True).values
@@ -267,10 +277,7 @@ def build(arch: str, out: pathlib.Path, tokenizer: pathlib.Path):
             break
     else:
         raise SystemExit(f"{arch}: no seed gave top-k margins above {MIN_MARGIN}")
-    for f in out.glob("*.safetensors*"):
-        f.unlink()
-    model.save_pretrained(out, max_shard_size="200KB" if arch in SHARDED else "50GB")
-    (out / "generation_config.json").unlink(missing_ok=True)
+    save_checkpoint(model, out, max_shard_size="200KB" if arch in SHARDED else "50GB")
     extra = {"router_experts": np.stack([np.sort(p.numpy(), -1) for p in picks]),
              "bias_moved_tokens": moved} if picks else {}
     np.savez(out / "reference.npz", input_ids=ids, logits=res.logits.numpy(),

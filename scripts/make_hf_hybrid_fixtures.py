@@ -157,10 +157,7 @@ def build(arch: str, out: pathlib.Path, tokenizer: pathlib.Path) -> dict:
             break
     else:
         raise SystemExit(f"{arch}: no seed gave top-k margins above {base.MIN_MARGIN}")
-    for f in out.glob("*.safetensors*"):
-        f.unlink()
-    model.save_pretrained(out)
-    (out / "generation_config.json").unlink(missing_ok=True)
+    base.save_checkpoint(model, out)
     if arch == "qwen3_5_moe":
         add_mtp_tensors(out)
     np.savez(out / "reference.npz", input_ids=ids, logits=res.logits.float().numpy(),
