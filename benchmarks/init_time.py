@@ -6,7 +6,7 @@ shipped tiny configs' sizes, in one run.
 
 Each form runs in its own subprocess with no compilation cache, so neither reuses the
 other's compiled operations: the time a user waits at the first ``model.init`` of a session.
-The two forms' parameters are bit for bit equal (tests/test_registry.py); JSON out.
+The two forms' parameters are bit for bit equal (tests/unit/models/test_registry.py); JSON out.
 """
 from dynjax._alloc import reexec, runtime  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
 reexec(__name__)

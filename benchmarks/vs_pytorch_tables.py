@@ -1,5 +1,5 @@
 """The four tables of docs/performance.md, rendered from a vs_pytorch.py JSON, so the page
-shows what the file says (tests/test_docs.py checks that it does).
+shows what the file says (tests/unit/test_docs.py checks that it does).
 
     python -m benchmarks.vs_pytorch_tables results/vs_pytorch.json           # print them
     python -m benchmarks.vs_pytorch_tables results/vs_pytorch.json --write   # into the page

@@ -7,7 +7,7 @@ For an audit whose checkpoints are gone but whose statistics code changed: the p
 measurements; every summary (CIs, p-values, Holm, retention, verdicts, warnings) is
 recomputed from them by the current code (dynjax.audit.summary.summarize_stored) and
 report.md, results.json and the plots are rewritten atomically (report.write_report).
-Nothing measured changes; meta.restat records when and how. tests/test_results_files.py
+Nothing measured changes; meta.restat records when and how. tests/unit/test_results_files.py
 checks that every results.json agrees with the current code.
 """
 from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)

@@ -5,7 +5,7 @@
 
 No training, no audit: each figure is a function of one committed JSON (an audit's
 results.json, a scorecard.json, the FCA sweep's results.json, skipping.json,
-conversion.json, a DynamicGate-MLP curve), found by its name and keys. tests/test_figures.py
+conversion.json, a DynamicGate-MLP curve), found by its name and keys. tests/unit/test_figures.py
 checks the same figures.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
 # On the device machine (JAX with CUDA preinstalled; ml_collections carried as a wheel in
 # .whl/), from the repo root, with $OUT the folder whose files come back:
 #   bash scripts/gpu_checks.sh
-# 1. the coefficient contract on the GPU: causality and bitwise replay tests (tests/test_gates.py;
+# 1. the coefficient contract on the GPU: causality and bitwise replay tests (tests/unit/models/test_gates.py;
 #    pytest_families: MoD, MoE, MoDE, MUDD, DynamicGate, MUDDPythia parity - not yet run on a
 #    GPU) and the audit engine's exact-replay gate at d=128 (benchmarks/audit_throughput.py);
 # 2. FeatureGate step overhead at the paper's 76M size (bf16, batch 64 x 512);
@@ -20,7 +20,7 @@
 # under remat (remat_save_dots). The audit step reads the
 # embedded corpus: carry .data/embedded_v1 and the two archives in .data/.
 # `bash scripts/gpu_checks.sh moe_dispatch` runs the dropless MoE checks alone (issue 27, ~4 min):
-# tests/test_dispatch.py on the GPU (there the default grouped matmul is jax.lax.ragged_dot),
+# tests/unit/models/test_dispatch.py on the GPU (there the default grouped matmul is jax.lax.ragged_dot),
 # then benchmarks/moe_dispatch.py at d=1024, d_ff=2048, E = 8, 64, 128, 4k-64k tokens.
 # `bash scripts/gpu_checks.sh hf` runs the Hugging Face ports alone: parity of the committed
 # fixtures on the GPU (scripts/make_hf_fixtures.py --check, no torch needed) and, where torch
@@ -70,11 +70,11 @@ step() {  # step SECONDS NAME CMD...: run with a limit (cut to the budget left),
   timeout "$limit" "$@" >>"$OUT/log.txt" 2>&1
   echo "=== $name: exit $? in $((SECONDS - t0)) s" | tee -a "$OUT/log.txt"
 }
-step 150 pytest_contract $PY -m pytest -q -p no:cacheprovider tests/test_gates.py -k "replay or causality or dense_equals"
-step 240 pytest_families $PY -m pytest -q -p no:cacheprovider tests/test_mod.py tests/test_moe.py \
-  tests/test_mode.py tests/test_mudd.py tests/test_gated_mlp.py tests/test_muddpythia.py \
-  tests/test_decoding.py -k "replay or bitwise or kv_cache or parity or reference or decoding"
-step 120 moe_dispatch_tests $PY -m pytest -q -p no:cacheprovider tests/test_dispatch.py
+step 150 pytest_contract $PY -m pytest -q -p no:cacheprovider tests/unit/models/test_gates.py -k "replay or causality or dense_equals"
+step 240 pytest_families $PY -m pytest -q -p no:cacheprovider tests/unit/models/test_mod.py tests/unit/models/test_moe.py \
+  tests/unit/models/test_mode.py tests/unit/models/test_mudd.py tests/unit/models/test_gated_mlp.py tests/unit/loaders/test_muddpythia.py \
+  tests/unit/decoding/test_decoding.py -k "replay or bitwise or kv_cache or parity or reference or decoding"
+step 120 moe_dispatch_tests $PY -m pytest -q -p no:cacheprovider tests/unit/models/test_dispatch.py
 step 240 moe_dispatch $PY benchmarks/moe_dispatch.py --experts 8 64 128 --top-k 1 2 8 \
   --tokens 4096 16384 65536 --memory-tokens 4096 16384 65536 --seq-len 2048 --d-model 1024 \
   --d-ff 2048 --repeats 9 --max-onehot-elems 2e9 --out "$OUT/moe_dispatch_gpu.json"
@@ -110,7 +110,7 @@ step 90 fg_remat_off $PY benchmarks/train_throughput.py --config featuregate_76m
 step 90 fg_t256 $PY benchmarks/train_throughput.py --config featuregate_76m --batch-size 128 \
   --seq-len 256 --variants dense,feature_gate --steps 5 --repeats 3 \
   --out "$OUT/train_76m_t256_gpu.json"
-step 90 perf_tests $PY -m pytest -q -p no:cacheprovider tests/test_perf.py \
+step 90 perf_tests $PY -m pytest -q -p no:cacheprovider tests/integration/test_perf.py \
   -k "fused or online or block_causal"
 for impl in cudnn jnp; do
   step 130 perf_76m_$impl $PY benchmarks/train_throughput.py --config featuregate_76m \

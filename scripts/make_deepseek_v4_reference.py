@@ -19,7 +19,7 @@ Tiny random modules of ``transformers.models.deepseek_v4`` in float32 (hc_mult 4
 Weights are drawn at scales where every piece matters: ``fn`` large enough that pre, post
 and comb vary by token, ``scale`` and ``base`` away from 1 and 0; router weights so the
 top-k margins are far above float32 noise (the script checks); MLP weights so the clamp
-binds on some entries (the script checks). tests/test_deepseek_v4.py compares
+binds on some entries (the script checks). tests/integration/loaders/test_deepseek_v4.py compares
 ``dynjax.models.components`` against it without torch.
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ separate ``in_proj_qkv``/``z``/``b``/``a``), 2 key heads serving 4 value heads, 
 with their parameters under transformers' names (``next.*``, ``q35.*``), the input ``x``
 (2, 21, 32) and each layer's float32 output (``next.y``, ``q35.y``). Weights are drawn
 at scales where every piece matters: beta spread over (0, 1), decays from near 1 to
-near 0, a gated norm weight away from 1. tests/test_deltanet.py compares
+near 0, a gated norm weight away from 1. tests/unit/models/test_deltanet.py compares
 ``dynjax.models.components.deltanet`` against it without torch.
 """
 from __future__ import annotations

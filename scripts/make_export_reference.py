@@ -3,7 +3,7 @@
     pip install -e '.[hf]'          # torch (CPU) + transformers: this script only
     python scripts/make_export_reference.py [--out=tests/data/export_reference.npz]
 
-For each case of tests/test_export.py (``CASES``: a Llama upcycled into MoE, which goes out
+For each case of tests/integration/test_export.py (``CASES``: a Llama upcycled into MoE, which goes out
 as Mixtral, and the routing study's OLMoE-style arm, tiny), the model is exported with
 ``dynjax.export.export_params``, loaded by ``transformers.AutoModelForCausalLM`` in
 float32, and run on the case's tokens. Stored per case: ``tokens``, transformers'
@@ -37,7 +37,7 @@ def main():
 
     from dynjax import export
     from dynjax.models import llm
-    from tests.test_export import CASES, TOL, case
+    from tests.integration.test_export import CASES, TOL, case
 
     out = {}
     for name in CASES:

@@ -43,7 +43,7 @@ def make_config():
 @pytest.fixture(scope="session")
 def faults_base(tmp_path_factory):
     """A finished 6-step tiny run (checkpoints 3 and 6) and its evaluation, trained once for
-    the fault suites (tests/test_faults*.py), which copy it before damaging it."""
+    the fault suites (tests/integration/train/test_faults*.py), which copy it before damaging it."""
     from dynjax.train import loop
 
     run = tmp_path_factory.mktemp("faults_base") / "run"

@@ -14,7 +14,7 @@ Two FLOP counts, always reported side by side and never mixed up:
   (masked) under causal routing. Attention is counted over the full score matrix, as the
   program computes it, not the causal half. Elementwise work (softmax, norms,
   activations, FeatureGate's attention features) is not counted: at d_model >= 128 it is
-  a few percent of the total (``tests/test_mod_measure.py`` holds every family to 5%).
+  a few percent of the total (``tests/unit/measure/test_mod_measure.py`` holds every family to 5%).
 """
 from __future__ import annotations
 

@@ -1,0 +1,69 @@
+"""One runtime set-up for every program dynjax starts: each entry point re-executes itself
+under the allocator setting before JAX starts (dynjax/_alloc.py; the mechanism's own test is
+tests/integration/test_perf.py), and each benchmark's JSON records the settings it ran under."""
+import ast
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+ROOT_P = pathlib.Path(ROOT)
+PROGRAMS = sorted([*ROOT_P.glob("*.py"), *ROOT_P.glob("benchmarks/*.py"), *ROOT_P.glob("scripts/*.py"),
+                   *ROOT_P.glob("experiments/*.py")])
+LIBRARY_FILES = {"benchmarks/common.py", "benchmarks/__init__.py", "experiments/__init__.py",
+                 "benchmarks/cpu_limit.py", "benchmarks/user_path.py",
+                 "scripts/mutation_check.py"}   # imported helpers; the mutation check runs pytest
+
+
+def _programs():
+    return [p for p in PROGRAMS if str(p.relative_to(ROOT_P)) not in LIBRARY_FILES]
+
+
+def _reexec_index_and_first_heavy_import(tree):
+    """(index of the top-level ``reexec(__name__)`` call, index of the first top-level
+    import of jax / flax / numpy / torch, or of a dynjax module other than _alloc)."""
+    reexec_at = heavy_at = None
+    for i, node in enumerate(tree.body):
+        if (reexec_at is None and isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+                and getattr(node.value.func, "attr", getattr(node.value.func, "id", "")) == "reexec"):
+            reexec_at = i
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        heavy = [n for n in names if n.split(".")[0] in ("jax", "flax", "numpy", "torch", "optax")
+                 or (n.startswith("dynjax") and n not in ("dynjax", "dynjax._alloc"))]
+        if heavy and heavy_at is None:
+            heavy_at = i
+    return reexec_at, heavy_at
+
+
+@pytest.mark.parametrize("path", _programs(), ids=lambda p: str(p.relative_to(ROOT_P)))
+def test_every_program_starts_under_the_runtime_setting(path):
+    reexec_at, heavy_at = _reexec_index_and_first_heavy_import(ast.parse(path.read_text()))
+    assert reexec_at is not None, f"{path.name} never calls reexec(__name__)"
+    assert heavy_at is None or reexec_at < heavy_at, f"{path.name} imports JAX before reexec"
+
+
+@pytest.mark.parametrize("path", sorted(p for p in ROOT_P.glob("benchmarks/*.py")
+                                        if '"command": command_line()' in p.read_text()),
+                         ids=lambda p: p.name)
+def test_every_benchmark_json_records_its_runtime(path):
+    text = path.read_text()
+    assert text.count('"command": command_line()') == text.count('"runtime": runtime()')
+
+
+def test_runtime_names_the_allocator_and_xla_flags():
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GLIBC_TUNABLES", "DYNJAX_MALLOC", "DYNJAX_MALLOC_APPLIED")}
+    env["XLA_FLAGS"] = "--xla_cpu_enable_fast_math=false"
+    code = ("from dynjax._alloc import reexec, runtime; reexec(__name__); import json; "
+            "print(json.dumps(runtime()))")
+    out = json.loads(subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, timeout=120,
+                                    capture_output=True, text=True, check=True).stdout)
+    assert out["malloc"] == "hugetlb" and out["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+    assert out["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false"
+    assert out["backend"] == "cpu" and out["cores"] >= 1 and out["jax"]
