@@ -36,7 +36,7 @@ def main():
     from dynjax.loaders.hf_architectures import CONFIGS
     from dynjax.measure import panels
     from dynjax.models import llm
-    from dynjax.runs import audit_plan
+    from dynjax.audit import plan as audit_plan
 
     config = audit_hf.get_config()
     settings = Settings.from_config(config)

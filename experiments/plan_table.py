@@ -26,7 +26,7 @@ ROWS = [  # (name, config, mesh, preset)
 
 def run(name, config, mesh, preset):
     out = OUT / f"{name}.json"
-    subprocess.run([sys.executable, "-m", "dynjax.parallel.memory_plan", f"--config={config}", f"--mesh={mesh}",
+    subprocess.run([sys.executable, "-m", "dynjax.programs.plan", f"--config={config}", f"--mesh={mesh}",
                     f"--preset={preset}", f"--out={out.relative_to(ROOT)}"],
                    cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())

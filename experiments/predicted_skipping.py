@@ -6,7 +6,7 @@
 On a frozen FeatureGate checkpoint, for each tau (quantiles of the gates recorded on
 training windows): fit one pre-block predictor per block to "gate >= tau"
 (``dynjax.measure.skip_predictors``), give each block a fixed capacity, and run
-``dynjax.models.predicted_skip``: test bits/byte, the fraction of (block, token) executions, analytic FLOPs,
+``dynjax.decoding.predicted_skip``: test bits/byte, the fraction of (block, token) executions, analytic FLOPs,
 prefill latency (batch 8) and per-token decode latency (batch 1, teacher forcing), all
 timers interleaved in one run. Against: the plain forward, the same checkpoint truncated to
 its first K blocks (FixedDepthK on it), and a MoD model of the same size under causal
@@ -28,7 +28,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from dynjax import decoding  # noqa: E402
 from dynjax.runs import rundir  # noqa: E402
-from dynjax.models import predicted_skip  # noqa: E402
+from dynjax.decoding import predicted_skip  # noqa: E402
 from dynjax.data import text  # noqa: E402
 from dynjax.measure import latency, update_removal  # noqa: E402
 from dynjax.measure import skip_predictors as ps  # noqa: E402

@@ -119,7 +119,7 @@ def work(runs: pathlib.Path, out: pathlib.Path, seeds=SEEDS) -> list:
 
 def _target(path: pathlib.Path):
     """(model, params, evaluation windows) of a trained run: the audit's windows (test split)."""
-    from dynjax.runs import open_target
+    from dynjax.audit.targets import open_target
 
     t = open_target(str(path))
     _, ev, _ = t.windows(audit_config().data, 1, STUDY["eval_windows"])

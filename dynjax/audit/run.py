@@ -1,6 +1,6 @@
 """The audit's driver and audit.py's program: config in, report out.
 
-:func:`audit_from_config` ties the checkpoints (:mod:`dynjax.runs`: model, params,
+:func:`audit_from_config` ties the checkpoints (:mod:`dynjax.audit.targets`: model, params,
 windows), the engine (per checkpoint),
 summary.py (statistics) and report.py together; :func:`audit_targets` audits several
 checkpoints on the same windows; :func:`combine_dirs` joins audits run apart;
@@ -26,8 +26,8 @@ from dynjax.audit.settings import (LM, AuditError, ReplayError, Settings, Task, 
 from dynjax.audit.summary import assemble_results, combine_stored
 from dynjax.jsonio import command_line
 from dynjax.parallel import distributed, sharding
-from dynjax.runs import check_compatible, open_target
-from dynjax.runs.windows import opt
+from dynjax.audit.targets import check_compatible, open_target
+from dynjax.audit.targets.windows import opt
 
 __all__ = ["AuditError", "ReplayError", "audit_from_config", "combine_dirs", "verdict_table"]
 
@@ -36,7 +36,7 @@ def audit_from_config(config, run_dirs: Sequence[str] = (), muddpythia_dir: str 
                       out: str | None = None, progress: bool = True, log=print,
                       targets: Sequence | None = None, hf_dir: str | None = None) -> dict:
     """The whole audit.py program: checkpoints, windows, engine, statistics, report; returns
-    the results. The checkpoints are ``run_dirs`` (any kind :func:`dynjax.runs.open_target`
+    the results. The checkpoints are ``run_dirs`` (any kind :func:`dynjax.audit.targets.open_target`
     recognises), a MUDDPythia or HF directory, or ``targets`` already opened."""
     from dynjax.audit import report
 

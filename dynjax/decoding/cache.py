@@ -51,7 +51,7 @@ class CachedAttention(nn.Module):
     ``xk``, ``xv`` (B, n, d) of the chunk plus the cache. Returns the output, the new cache
     and the attention logits (B, H, n, S) and log-sum-exp over the cache's slots. The rotary
     queries and keys are sown as "intermediates" (kept only when that collection is mutable:
-    ``dynjax.models.predicted_skip`` carries them as the next block's KL reference)."""
+    ``dynjax.decoding.predicted_skip`` carries them as the next block's KL reference)."""
 
     cfg: ModelConfig
 

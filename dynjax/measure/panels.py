@@ -4,7 +4,7 @@ A language model against its dense twin (executed blocks, FLOPs, KV cache, laten
 classifier against the dense MLP of the same widths (open units, RelMAC), MUDDPythia
 against the same weights with static mixing, a production MoE (``llm``) against the dense
 model of the same total parameters (tokens per expert, active parameters). The scorecard
-shows them; each kind of checkpoint (:mod:`dynjax.runs`) says which is its own. Timers of a model and its baseline
+shows them; each kind of checkpoint (:mod:`dynjax.audit.targets`) says which is its own. Timers of a model and its baseline
 take turns in one run (``dynjax.measure.latency``).
 """
 from __future__ import annotations

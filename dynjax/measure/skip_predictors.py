@@ -1,4 +1,4 @@
-"""Fitting and scoring ``dynjax.models.predicted_skip``'s predictors on a frozen FeatureGate checkpoint.
+"""Fitting and scoring ``dynjax.decoding.predicted_skip``'s predictors on a frozen FeatureGate checkpoint.
 
 The predictor of block l learns "gate[l, t] >= tau" from h[l, t], both recorded by the
 plain forward (every token in every block) on training windows: binary cross-entropy, Adam,
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dynjax.models import predicted_skip
+from dynjax.decoding import predicted_skip
 from dynjax.measure.lm_execution import _attention_flops, _mlp_flops
 from dynjax.measure.routing import classification
 from dynjax.models import mod
@@ -92,7 +92,7 @@ def capacity_slots(counts, seq_len: int, quantile: float = 0.9) -> list:
 
 
 def skip_flops(cfg, seq_len: int, slots, hidden: int) -> dict:
-    """Analytic matmul FLOPs of one window of ``dynjax.models.predicted_skip.forward`` with ``slots``."""
+    """Analytic matmul FLOPs of one window of ``dynjax.decoding.predicted_skip.forward`` with ``slots``."""
     d, c = cfg.d_model, cfg.gates.controller_hidden
     parts = {"predictors": cfg.n_layers * 2 * seq_len * (d * hidden + hidden),
              "blocks": sum(_attention_flops(cfg, n) + _mlp_flops(cfg, n) for n in slots),

@@ -24,7 +24,7 @@ as not applicable for coefficients without one, and so are the factorial effects
 ``--hf=DIR`` (or ``ORG/NAME[@REV]`` in the local Hugging Face cache) audits a Hugging Face
 MoE's router scores (``dynjax:audit_hf`` adds the routing conditions token_identity,
 expert_relabel, weights_flat; docs/audit_hf.md). Checkpoints are
-opened through ``dynjax.runs.open_target`` (docs/targets.md).
+opened through ``dynjax.audit.targets.open_target`` (docs/targets.md).
 Writes DIR/results.json (every number, seeds, config, sha256 of each checkpoint's params),
 DIR/report.md and PNG plots, atomically; prints a verdict table. Override any config field
 with ``--config.reassignments=5``. Library: ``dynjax.audit`` (docs/audit.md).

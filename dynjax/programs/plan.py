@@ -7,7 +7,7 @@
 Per device: the parameters, the optimizer state and the gradients (shapes only, split as
 the rules preset says), the activations kept for the backward pass with and without
 rematerialisation, the batch; then whether the total fits each common chip (or
-``--device-memory``). Nothing is allocated. Library: ``dynjax.parallel.memory_plan``
+``--device-memory``). Nothing is allocated. Library: ``dynjax.train.memory_plan``
 (``python -m dynjax.programs.plan`` is the same program); docs/multihost.md.
 """
 import sys
@@ -32,7 +32,7 @@ flags.mark_flags_as_required(["config"])
 
 
 def main(argv):
-    from dynjax.parallel import memory_plan
+    from dynjax.train import memory_plan
 
     errors.run_program(PROG, lambda: memory_plan.main(argv))
 

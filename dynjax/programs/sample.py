@@ -52,10 +52,10 @@ def prompts() -> list[str]:
 
 
 def open_model(path: str):
-    """``(cfg, params, text)`` of any checkpoint :func:`dynjax.runs.open_target` opens whose
+    """``(cfg, params, text)`` of any checkpoint :func:`dynjax.audit.targets.open_target` opens whose
     model decodes (``text``: :mod:`dynjax.decoding.text`, as the checkpoint reads text)."""
     from dynjax import decoding
-    from dynjax.runs import open_target
+    from dynjax.audit.targets import open_target
 
     f = flags.FLAGS
     target = open_target(path, config={"hf": {"dtype": f.dtype}}, step=f.step)

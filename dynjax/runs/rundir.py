@@ -14,7 +14,7 @@ A run directory (written by ``train.py``) holds::
 Reading parameters restores only the ``params`` subtree (orbax partial restore), so
 opening a run needs its model, not its optimizer: a RigL or pruned run opens like any
 other, and the audit and scripts never import the trainer. Layer order: data -> models ->
-runs.rundir -> train -> audit -> the rest of runs.
+runs -> train -> audit (whose targets open runs through here).
 """
 from __future__ import annotations
 

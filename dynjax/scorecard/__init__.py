@@ -16,7 +16,7 @@ for any checkpoint dynjax can load, with a one-line verdict whose threshold live
   batch 1 and 8, KV-cache bytes.
 
 Checkpoints without coefficients (dense, fixed_depth) have no variation or dependence to
-report; they get the execution panel only. Each kind of checkpoint (:mod:`dynjax.runs`)
+report; they get the execution panel only. Each kind of checkpoint (:mod:`dynjax.audit.targets`)
 brings its own execution question (:mod:`dynjax.measure.panels`):
 
 - DynamicGate-MLP classifiers (``train.py`` runs of ``configs/dgmlp_*.py``): open units

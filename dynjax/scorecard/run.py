@@ -7,12 +7,12 @@ import jax
 import numpy as np
 
 from dynjax.audit import run as audit_run
-from dynjax.runs import open_target
+from dynjax.audit.targets import open_target
 from dynjax.scorecard.panels import dependence, variation, verdicts
 
 
 def score(path: str, config, out_dir, log=print, kind: str | None = None) -> dict:
-    """The scorecard of one checkpoint of any kind (:func:`dynjax.runs.open_target`; ``kind``
+    """The scorecard of one checkpoint of any kind (:func:`dynjax.audit.targets.open_target`; ``kind``
     as there): the audit (``config.audit``, as the kind adapts it) for variation and
     dependence, then the kind's execution panel; verdicts by ``config.thresholds``."""
     target = open_target(path, kind=kind, config=config.audit)

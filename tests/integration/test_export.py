@@ -220,7 +220,7 @@ def test_a_trained_run_exports_through_the_command_and_loads_back_bitwise(tmp_pa
     _, model, params = rundir.load_params(str(run))
     model2, params2 = hf.load(str(tmp_path / "hf"))
     chex.assert_trees_all_equal(params2, jax.device_get(params))
-    from dynjax.runs import open_target   # weights_flat needs the run's top_k
+    from dynjax.audit.targets import open_target   # weights_flat needs the run's top_k
     assert open_target(str(run)).condition_facts == {"top_k": 2}
     recorded = json.loads((tmp_path / "hf" / "dynjax_export.json").read_text())
     assert recorded["step"] == 2 and recorded["run"] == "run"

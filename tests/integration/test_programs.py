@@ -28,7 +28,7 @@ def test_program_modules_import_no_jax(program):
     program's library: that is why --help answers in well under a second."""
     out = _run(["-c", f"import sys, dynjax.programs.{program}; print(sorted(m for m in ("
                 "'jax', 'flax', 'dynjax.train.loop', 'dynjax.audit.run', "
-                "'dynjax.parallel.memory_plan', 'dynjax.scorecard') if m in sys.modules))"])
+                "'dynjax.train.memory_plan', 'dynjax.scorecard') if m in sys.modules))"])
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
 
@@ -65,7 +65,7 @@ def test_a_checkout_config_path_outside_a_checkout_names_the_installed_form(tmp_
 
 
 def test_messages_speak_the_form_the_program_was_started_in(monkeypatch, tmp_path):
-    from dynjax.runs.train_runs import read_run_config
+    from dynjax.audit.targets.train_runs import read_run_config
     from dynjax.audit.settings import AuditError
 
     for started, expect in (("dynjax-sample", "`dynjax-train --config=dynjax:tiny:feature_gate "

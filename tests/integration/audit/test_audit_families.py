@@ -193,7 +193,7 @@ def test_dynamic_gate_scorecard_reuses_the_audit_and_relmac(audits, runs, tmp_pa
     from configs import scorecard as scorecard_config
     from dynjax import scorecard
     from dynjax.models import gate_schedule
-    from dynjax.runs import open_target
+    from dynjax.audit.targets import open_target
     from dynjax.audit.report import to_jsonable
     from dynjax.measure import macs
     from dynjax.measure.lm_execution import compiled_cost
@@ -246,7 +246,7 @@ def test_open_target_opens_every_kind(runs, tmp_path):
 
     import chex
 
-    from dynjax.runs import ClassifierRun, LmRun, MuddPythiaDir, open_target
+    from dynjax.audit.targets import ClassifierRun, LmRun, MuddPythiaDir, open_target
     from tests.unit.loaders.test_muddpythia import write_tiny_hf_dir
 
     lm = open_target(runs["moe"])

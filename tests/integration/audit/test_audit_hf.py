@@ -63,7 +63,7 @@ def test_audit_hf_prints_the_plan_and_the_routing_table(hf_audit):
 def test_scorecard_hf_tokens_per_expert_and_parameters(tmp_path):
     from dynjax.loaders import hf
     from dynjax.models import llm
-    from dynjax.runs import open_target
+    from dynjax.audit.targets import open_target
 
     out = str(tmp_path / "card")
     stdout = _run(["scorecard.py", "--config=configs/scorecard_hf.py", f"--hf={HF}/deepseek_v3",
@@ -106,7 +106,7 @@ def test_weights_flat_replays_the_same_experts_with_equal_weights(name):
     are equal (1/k where norm_topk_prob renormalises: olmoe; else their mean: qwen2_moe)."""
     from dynjax.loaders import hf
     from dynjax.models import llm
-    from dynjax.runs import open_target
+    from dynjax.audit.targets import open_target
 
     target = open_target(f"{HF}/{name}")
     cfg = target.cfg
@@ -128,7 +128,7 @@ def test_weights_flat_replays_the_same_experts_with_equal_weights(name):
 
 
 def test_open_target_tells_hf_directories_apart(tmp_path):
-    from dynjax.runs import HfDir, open_target
+    from dynjax.audit.targets import HfDir, open_target
 
     moe = open_target(f"{HF}/olmoe")
     assert isinstance(moe, HfDir) and moe.label == "llm/olmoe" and moe.has_coefficients

@@ -18,7 +18,7 @@ from dynjax.errors import CheckpointError, ConfigError, DataError
 from dynjax.loaders import hf
 from dynjax.models import build
 from dynjax.parallel import sharding
-from dynjax.parallel.memory_plan import per_device_bytes, tree_bytes
+from dynjax.train.memory_plan import per_device_bytes, tree_bytes
 
 DATA = pathlib.Path(__file__).parents[3] / "tests" / "data" / "hf"
 ARCHS = ("llama", "qwen2", "mistral", "qwen3", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe",
@@ -205,14 +205,14 @@ def test_logical_axes_shard_experts_with_the_ep_preset():
 
 
 def test_plan_takes_a_port_with_expert_parallelism():
-    """``dynjax.parallel.memory_plan`` sizes a training run of a port (the ep preset splits the experts;
+    """``dynjax.train.memory_plan`` sizes a training run of a port (the ep preset splits the experts;
     remat keeps fewer activations)."""
     import dataclasses
 
     from ml_collections import ConfigDict
 
     from configs import tiny
-    from dynjax.parallel import memory_plan as plan
+    from dynjax.train import memory_plan as plan
 
     config = tiny.get_config()
     config.model = ConfigDict(dict(dataclasses.asdict(loaded("olmoe")[0].cfg), family="llm"))

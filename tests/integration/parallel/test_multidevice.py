@@ -249,7 +249,7 @@ ACTIVATIONS = textwrap.dedent(r"""
     ref, m1 = jax.jit(step)(state, batch)
     diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
                for a, b in zip(jax.tree.leaves(new["params"]), jax.tree.leaves(ref["params"])))
-    from dynjax.parallel import memory_plan as plan  # its per-device state: the compiled step's arguments
+    from dynjax.train import memory_plan as plan  # its per-device state: the compiled step's arguments
     planned = plan.plan(c, dict(data=2, fsdp=2, tensor=2), rules)
     print(json.dumps({{"shapes": shapes, "loss": float(m["loss"]), "loss_ref": float(m1["loss"]),
                       "arguments": compiled.memory_analysis().argument_size_in_bytes,
@@ -362,7 +362,7 @@ def test_activations_are_sharded_under_fsdp_tp(runs):
     MLP and query projections run on 1/4 of the tokens (batch over data x fsdp) and 1/2 of
     the columns (tensor); without the constraints XLA gathers the batch over fsdp instead
     (128 token rows). The step equals the one-device step within float tolerance, and
-    dynjax.parallel.memory_plan predicts its per-device arguments."""
+    dynjax.train.memory_plan predicts its per-device arguments."""
     info, _ = runs[8]["activations"]
     assert info["constraints"] > 0
     tokens = 8 * 32 // 4
@@ -386,7 +386,7 @@ AUDIT = textwrap.dedent(r"""
     from dynjax.audit.placement import Placement
     from dynjax.audit.settings import AuditError
     from dynjax.parallel import sharding
-    from dynjax.runs import open_target
+    from dynjax.audit.targets import open_target
     from tests.integration.audit.test_audit_run import muddpythia_audit_config, small
     from tests.unit.loaders.test_muddpythia import write_tiny_hf_dir
     tmp = pathlib.Path(sys.argv[1]).parent

@@ -285,7 +285,7 @@ def _cli(args, timeout=TIMEOUT, env=None):
 
 
 def test_the_audits_run_loader_names_a_damaged_eval_json(faults_base, tmp_path):
-    from dynjax.runs.target import open_target
+    from dynjax.audit.targets.kinds import open_target
 
     run = _copy(faults_base, tmp_path, unfinished=False)
     text = (run / "eval.json").read_text()
@@ -297,7 +297,8 @@ def test_the_audits_run_loader_names_a_damaged_eval_json(faults_base, tmp_path):
 
 def test_plan_and_train_refuse_a_mesh_that_does_not_divide_the_model(tmp_path):
     """plan.py used to say "fits"; train.py met JAX's IndivisibleError at its first step."""
-    from dynjax.parallel import memory_plan, sharding
+    from dynjax.parallel import sharding
+    from dynjax.train import memory_plan
 
     c = tiny_config()
     with pytest.raises(ValueError, match=re.escape(

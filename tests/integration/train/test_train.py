@@ -109,8 +109,8 @@ def test_rundir_opens_the_params_alone_at_every_step(straight_run):
 def test_audit_and_rundir_import_no_training_code():
     """Layers run one way: opening a run for the audit never imports the trainer, and the
     trainer, which reads runs through ``dynjax.runs.rundir``, never imports the audit (the
-    targets of ``dynjax.runs`` load on first use)."""
-    for imported, above in (("dynjax.runs.rundir, dynjax.runs", "dynjax.train"),
+    checkpoint targets live in ``dynjax.audit.targets``)."""
+    for imported, above in (("dynjax.runs.rundir, dynjax.audit.targets", "dynjax.train"),
                             ("dynjax.train.loop", "dynjax.audit")):
         code = (f"import sys, {imported}; "
                 f"print(sorted(m for m in sys.modules if m.startswith('{above}')))")

@@ -119,7 +119,7 @@ def test_torch_dtype_is_the_default():
 
 def test_programs_say_which_dtype_they_load(tmp_path, capsys):
     """HfDir (sample.py, audit.py --hf, scorecard.py --hf) prints one line with the dtype."""
-    from dynjax.runs.hf import HfDir
+    from dynjax.audit.targets.hf import HfDir
 
     d = _copy(DATA / "hf" / "qwen3", tmp_path / "q")
     cfg = json.load(open(d / "config.json"))

@@ -127,7 +127,7 @@ def jax_leaves_differ(a, b) -> bool:
 
 
 def test_open_target_takes_a_repo_id(cache):
-    from dynjax.runs import open_target
+    from dynjax.audit.targets import open_target
 
     target = open_target("org/tiny-lm@v1", kind="hf")
     assert target.path.name == OLD and target.cfg.model_type == "qwen3"

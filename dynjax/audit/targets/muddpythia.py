@@ -9,8 +9,9 @@ import numpy as np
 
 from dynjax.audit.settings import AuditError
 from dynjax.measure import panels
-from dynjax.runs import audit_plan, windows
-from dynjax.runs.base import Target
+from dynjax.audit import plan as audit_plan
+from dynjax.audit.targets import windows
+from dynjax.audit.targets.base import Target
 
 DEFAULT_SEQ_LEN = 512
 
@@ -86,7 +87,7 @@ class MuddPythiaDir(Target):
         return audit_plan.format_plan(plan, "MUDDPythia", "muddpythia")
 
     def windows(self, data_cfg, n_calib: int, n_eval: int):
-        """Token windows of local text (:func:`dynjax.runs.windows.local_text`), tokenized
+        """Token windows of local text (:func:`dynjax.audit.targets.windows.local_text`), tokenized
         with the checkpoint's tokenizer.json; without one, bytes are the tokens (only for
         byte-vocabulary models)."""
         seq_len = int(windows.opt(data_cfg, "seq_len", DEFAULT_SEQ_LEN))

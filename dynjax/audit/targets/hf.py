@@ -9,8 +9,9 @@ from dynjax.audit.settings import AuditError
 from dynjax.decoding.text import TokenizerText
 from dynjax.errors import CheckpointError, ConfigError
 from dynjax.measure import panels
-from dynjax.runs import audit_plan, windows
-from dynjax.runs.base import Target
+from dynjax.audit import plan as audit_plan
+from dynjax.audit.targets import windows
+from dynjax.audit.targets.base import Target
 
 DEFAULT_SEQ_LEN = 256
 

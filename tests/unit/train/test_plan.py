@@ -1,4 +1,4 @@
-"""The memory plan (dynjax.parallel.memory_plan) against XLA's memory analysis of the compiled train step:
+"""The memory plan (dynjax.train.memory_plan) against XLA's memory analysis of the compiled train step:
 the state it counts is exactly the step's arguments, and its activation estimate brackets
 the step's temporaries (close without remat, an upper bound with it). The per-device split
 over a real 8-device mesh is checked in tests/integration/parallel/test_multidevice.py."""
@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from dynjax.parallel import memory_plan as plan
+from dynjax.train import memory_plan as plan
 from dynjax.models import build
 from dynjax.parallel import sharding
 from dynjax.train import lm

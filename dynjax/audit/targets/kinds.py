@@ -1,4 +1,4 @@
-"""``open_target(path)``: any checkpoint dynjax can read, as one :class:`~dynjax.runs.base.Target`.
+"""``open_target(path)``: any checkpoint dynjax can read, as one :class:`~dynjax.audit.targets.base.Target`.
 
 The kinds, in the order they are recognised:
 
@@ -23,10 +23,10 @@ from dynjax.runs import rundir
 from dynjax.loaders import hf, hub, muddpythia_hf
 from dynjax.audit.settings import AuditError
 from dynjax.errors import CheckpointError
-from dynjax.runs.base import Target
-from dynjax.runs.hf import HfDir
-from dynjax.runs.muddpythia import MuddPythiaDir
-from dynjax.runs.train_runs import ClassifierRun, LmRun, read_run_config
+from dynjax.audit.targets.base import Target
+from dynjax.audit.targets.hf import HfDir
+from dynjax.audit.targets.muddpythia import MuddPythiaDir
+from dynjax.audit.targets.train_runs import ClassifierRun, LmRun, read_run_config
 
 KINDS = {k.kind: k for k in (LmRun, ClassifierRun, MuddPythiaDir, HfDir)}
 

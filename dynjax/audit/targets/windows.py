@@ -1,6 +1,6 @@
 """Calibration and evaluation windows of a checkpoint's data, disjoint by construction.
 
-Each kind of checkpoint (:mod:`dynjax.runs.target`) cuts its windows here: token windows of
+Each kind of checkpoint (:mod:`dynjax.audit.targets.kinds`) cuts its windows here: token windows of
 the text a language-model run trained on, labelled examples of a classifier run's dataset,
 or local text tokenized with an HF directory's own tokenizer. Each returns ``(calibration,
 evaluation, info)``; ``info["notes"]`` says where fewer windows exist than were asked for.

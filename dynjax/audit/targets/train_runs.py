@@ -12,8 +12,8 @@ from dynjax.runs import rundir
 from dynjax.models import gate_schedule
 from dynjax.audit.settings import CLASSIFY, AuditError
 from dynjax.measure import panels
-from dynjax.runs import windows
-from dynjax.runs.base import Target
+from dynjax.audit.targets import windows
+from dynjax.audit.targets.base import Target
 
 
 def read_run_config(path):

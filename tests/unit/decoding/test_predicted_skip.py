@@ -1,4 +1,4 @@
-"""Predicted skipping (dynjax.models.predicted_skip): a block runs on exactly the tokens its predictor
+"""Predicted skipping (dynjax.decoding.predicted_skip): a block runs on exactly the tokens its predictor
 selects; all selected is the model's forward, none selected removes every update; decoding
 token by token equals the window's pass; the post-hoc fit learns its target."""
 import chex
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dynjax.models import predicted_skip
+from dynjax.decoding import predicted_skip
 from dynjax.measure import skip_predictors as ps
 from dynjax.models import build, mod
 from dynjax.models.transformer import ModelConfig

@@ -16,7 +16,7 @@ import numpy as np
 
 from dynjax.audit.settings import LM, AuditError, Task, params_sha256
 from dynjax.coeffs import is_axes
-from dynjax.runs import audit_plan
+from dynjax.audit import plan as audit_plan
 
 
 class Target:
@@ -153,7 +153,7 @@ class Target:
 
     def windows(self, data_cfg, n_calib: int, n_eval: int):
         """``(calibration, evaluation, info)`` windows for the audit (see
-        :mod:`dynjax.runs.windows`)."""
+        :mod:`dynjax.audit.targets.windows`)."""
         raise NotImplementedError
 
     # -- the scorecard
