@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The test command: set up whatever is missing, then run the whole suite.
+# The test command: set up whatever is missing, then run the whole suite; with --quick, only
+# the unit tier (tests/unit: in process, the inner loop). Other arguments go to pytest.
 set -euo pipefail
+tier=()
+if [ "${1:-}" = "--quick" ]; then shift; tier=(tests/unit); fi
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 bash scripts/setup.sh
@@ -18,4 +21,4 @@ unset JAX_COMPILATION_CACHE_MAX_SIZE
 [ -n "${DYNJAX_TEST_XLA_CACHE:-}" ] || trap 'rm -rf "$JAX_COMPILATION_CACHE_DIR"' EXIT
 # Two workers, whole files each (a file's module fixtures, e.g. a trained model, are built
 # once): compilation uses one core.
-.venv/bin/python -m pytest -q --durations=15 -n "${DYNJAX_TEST_WORKERS:-2}" --dist loadfile "$@"
+.venv/bin/python -m pytest -q --durations=15 -n "${DYNJAX_TEST_WORKERS:-2}" --dist loadfile "${tier[@]}" "$@"

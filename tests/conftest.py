@@ -122,6 +122,15 @@ class CompileProfile:
             json.dump(self.tests, f)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Every test of the integration tier is ``slow``: ``-m "not slow"`` is the unit tier
+    wherever its files are named."""
+    integration = os.path.join(ROOT, "tests", "integration") + os.sep
+    for item in items:
+        if str(item.path).startswith(integration):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_configure(config):
     prefix = os.environ.get("DYNJAX_COMPILE_PROFILE")
     if prefix:

@@ -176,6 +176,7 @@ def test_an_existing_directory_is_refused_and_a_failed_export_leaves_nothing(tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["there"]
 
 
+@pytest.mark.subprocess
 def test_a_run_of_another_family_is_refused_by_the_command_in_one_line(tmp_path):
     import subprocess
     import sys

@@ -54,6 +54,7 @@ def _site_packages(prefix: pathlib.Path) -> pathlib.Path:
     return prefix / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(900)
 def test_the_wheel_installs_and_its_commands_run_outside_the_checkout(tmp_path):
     """pip builds the wheel; a fresh venv (which sees this environment's site-packages

@@ -200,6 +200,7 @@ def test_online_row_features_equal_blockwise():
     np.testing.assert_allclose(got_lse, lse, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("setting", ["retain", "hugetlb", "system", None])
 def test_entry_points_reexec_with_the_allocator_setting(setting):
     """A program that calls _alloc.reexec(__name__) runs with the setting without being told
@@ -217,6 +218,7 @@ def test_entry_points_reexec_with_the_allocator_setting(setting):
     assert out.strip() == str(want)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("setting", ["retain", "hugetlb", "system", None])
 def test_env_sh_sets_what_alloc_sets(setting):
     """scripts/env.sh (sourced by the shell scripts, twice here: it is idempotent) and

@@ -22,6 +22,7 @@ def _run(args, cwd=ROOT, timeout=120):
                           timeout=timeout, env=env)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("program", sorted(PROGRAMS))
 def test_program_modules_import_no_jax(program):
     """What --help needs (the program module and its flags) loads without JAX or the
@@ -33,6 +34,7 @@ def test_program_modules_import_no_jax(program):
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("program", sorted(PROGRAMS))
 def test_help_shows_the_installed_form_and_the_main_flags(program):
     out = _run([f"{program}.py", "--help"])
@@ -51,6 +53,7 @@ def test_configs_offered_are_configs():
         assert "\ndef get_config(" in open(configs.path(name)).read(), name
 
 
+@pytest.mark.subprocess
 def test_a_checkout_config_path_outside_a_checkout_names_the_installed_form(tmp_path):
     out = _run([os.path.join(ROOT, "train.py"), "--config=configs/tiny.py:feature_gate",
                 "--workdir=run"], cwd=tmp_path)

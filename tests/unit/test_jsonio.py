@@ -37,31 +37,6 @@ def test_failed_write_keeps_the_old_file_and_no_temp(tmp_path):
     assert path.read_text() == "old"
 
 
-@pytest.mark.parametrize("how", ["module", "path", "module_reexec"])
-def test_command_line_is_the_command_a_user_retypes(tmp_path, how):
-    """A results file names the command that made it: ``-m`` stays ``-m`` (also after
-    _alloc's re-execution, where sys.argv[0] becomes a path), a script path stays a path
-    relative to where it ran, and arguments are shell-quoted."""
-    import subprocess
-    import sys
-
-    pkg = tmp_path / "bench"
-    pkg.mkdir()
-    reexec = "from dynjax import _alloc\n_alloc.reexec(__name__)\n" if "reexec" in how else ""
-    (pkg / "probe.py").write_text(f"{reexec}import os\nfrom dynjax.jsonio import command_line\n"
-                                  "print(os.environ.get('DYNJAX_MALLOC_APPLIED'))\n"
-                                  "print(command_line())\n")
-    program = ["bench/probe.py"] if how == "path" else ["-m", "bench.probe"]
-    env = {k: v for k, v in os.environ.items() if k not in ("DYNJAX_MALLOC_APPLIED",)}
-    env["DYNJAX_MALLOC"] = "retain" if "reexec" in how else "system"
-    out = subprocess.run([sys.executable, *program, "--label", "two words"], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=120, check=True)
-    applied, line = out.stdout.strip().splitlines()
-    assert applied == ("retain" if "reexec" in how else "None")   # it did re-execute
-    shown = "bench/probe.py" if how == "path" else "-m bench.probe"
-    assert line == f"python {shown} --label 'two words'"
-
-
 def test_command_line_of_a_main_run_in_process_is_its_argv(monkeypatch):
     """A test (or a sweep) that runs audit.py's main in-process sets sys.argv; the report names
     that command, not the test runner's ``python -m pytest``."""

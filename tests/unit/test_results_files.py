@@ -173,25 +173,6 @@ def test_the_machine_path_check_and_the_writers_agree(tmp_path, monkeypatch):
         "dynjax-sample allenai/OLMoE-1B-7B-0924@abc123 --prompt=x"   # the repo id, retypeable
 
 
-def test_results_writers_record_dynjax_version_and_commit():
-    """Every results JSON the programs write carries dynjax's version and the commit beside
-    jax's (``jsonio.versions``: ``git describe`` in a checkout)."""
-    import subprocess
-
-    import jax
-
-    import dynjax
-    from dynjax._alloc import runtime
-    from dynjax.jsonio import stamp, versions
-
-    v = versions()
-    described = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()
-    assert v == {"dynjax": dynjax.__version__, "commit": described or "unknown",
-                 "jax": jax.__version__}
-    assert stamp()["versions"] == v and runtime()["commit"] == v["commit"]
-
-
 def test_an_audit_report_names_its_run_without_a_machine_path(tmp_path):
     """write_report turns the absolute run_dir a target reports into a portable name, in
     results.json and report.md alike (the title takes the run's name)."""

@@ -40,6 +40,7 @@ def hf_audit(tmp_path_factory):
         return stdout, json.load(f), out
 
 
+@pytest.mark.subprocess
 def test_audit_hf_prints_the_plan_and_the_routing_table(hf_audit):
     stdout, res, out = hf_audit
     assert stdout.startswith("HF deepseek_v3 audit plan: 3 layers, dim 48")
@@ -60,6 +61,7 @@ def test_audit_hf_prints_the_plan_and_the_routing_table(hf_audit):
     assert "Token-identity" in open(os.path.join(out, "report.md")).read()
 
 
+@pytest.mark.subprocess
 def test_scorecard_hf_tokens_per_expert_and_parameters(tmp_path):
     from dynjax.loaders import hf
     from dynjax.models import llm
@@ -180,6 +182,7 @@ def test_real_configs_for_the_plan():
         hf_llm.get_config("deepseek_v3")
 
 
+@pytest.mark.subprocess
 def test_audit_and_scorecard_run_on_gpt_oss(tmp_path):
     """gpt-oss records its router logits: the audit replays them exactly and runs every
     condition; the scorecard's routing entropy is that of softmax(logits) (within ln 8) and

@@ -86,6 +86,7 @@ def _run_fetch(tmp_path, data):
                           timeout=300)
 
 
+@pytest.mark.subprocess
 def test_unreachable_registry_is_one_message_with_the_offline_fix(tmp_path):
     data = tmp_path / "data"
     done = _run_fetch(tmp_path, data)
@@ -98,6 +99,7 @@ def test_unreachable_registry_is_one_message_with_the_offline_fix(tmp_path):
     assert not list(data.glob("*.tar.gz")) and not list(data.glob("tmp*"))  # nothing half-written
 
 
+@pytest.mark.subprocess
 def test_optional_data_that_cannot_be_fetched_is_a_warning(tmp_path):
     data = tmp_path / "data"
     data.mkdir()

@@ -24,6 +24,8 @@ import pytest
 
 from tests.conftest import ROOT, cpu_devices_env
 
+pytestmark = pytest.mark.subprocess   # every test here starts processes
+
 SCRIPT = textwrap.dedent("""
     import os, sys, json, numpy as np, jax
     sys.path.insert(0, {root!r})

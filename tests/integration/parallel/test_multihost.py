@@ -17,8 +17,11 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 from tests.conftest import ROOT, cpu_devices_env
+
+pytestmark = pytest.mark.subprocess   # every test here starts processes
 
 TINY = ["--config=configs/tiny.py:feature_gate", "--config.model.d_model=32",
         "--config.model.n_heads=2", "--config.model.d_ff=64", "--config.model.n_layers=2",

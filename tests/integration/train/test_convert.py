@@ -268,6 +268,7 @@ def _cli(args, timeout=180):
                           text=True, timeout=timeout, env=dict(os.environ, JAX_PLATFORMS="cpu"))
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("extra, message", [
     (["--config.model.d_ff=96"], "model.d_ff: source 64, target 96"),
     (["--config.train.init_from={src}:2"], "has no checkpoint at step 2 (saved: ["),

@@ -320,6 +320,7 @@ def not_ported(tmp_path_factory):
     return path
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("variant, extra, message", [
     ("moe", ["--config.model.hidden_size=32"], "model.hidden_size: source 48, target 32"),
     ("mod", ["--config.model.n_layers=3"], "model.n_layers: source 2, target 3"),

@@ -317,6 +317,7 @@ def test_optimizer_nonsense_is_refused(tmp_path, field, value, message):
 
 # ------------------------------------------------------------------ filesystem errors
 
+@pytest.mark.subprocess
 def test_an_unwritable_workdir_is_refused_before_any_compute(tmp_path, monkeypatch):
     """--workdir under a file (ENOTDIR), and on a read-only mount (EROFS) where the machine
     lets a test mount one: refused before the data is read."""
@@ -340,6 +341,7 @@ def test_an_unwritable_workdir_is_refused_before_any_compute(tmp_path, monkeypat
         subprocess.run(["umount", ro], check=True)
 
 
+@pytest.mark.subprocess
 def test_a_full_disk_is_one_line_and_loses_nothing(tmp_path):
     """train.py on a 300 KB tmpfs: the first checkpoint does not fit. One line (no orbax
     thread tracebacks), exit status 2; no step directory is left looking complete."""
@@ -373,6 +375,7 @@ TINY_FLAGS = ["--config=configs/tiny.py:feature_gate", "--noprogress",
               *[f"--config.{s}.{k}={v}" for s, d in TINY.items() for k, v in d.items()]]
 
 
+@pytest.mark.subprocess
 def test_audit_and_plan_check_their_output_before_any_compute(base, tmp_path):
     (tmp_path / "file").write_text("")
     out = _cli(["audit.py", f"--out={tmp_path}/file/audit", f"--checkpoints={base[0]}"])
@@ -394,6 +397,7 @@ def test_audit_and_plan_check_their_output_before_any_compute(base, tmp_path):
     assert json.loads((tmp_path / "new/folder/plan.json").read_text())["preset"] == "dp"
 
 
+@pytest.mark.subprocess
 def test_fetch_parses_its_arguments(tmp_path):
     out = _cli(["-m", "dynjax.data.fetch", "--help"], timeout=60)
     assert out.returncode == 0 and out.stdout.startswith("usage: python -m dynjax.data.fetch")
@@ -496,6 +500,7 @@ def _wait_for_training(proc, run):
         time.sleep(0.05)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_saves_at_the_next_step_and_resumes_bitwise(uninterrupted, tmp_path, popen,
                                                              sig):
@@ -519,6 +524,7 @@ def test_a_signal_saves_at_the_next_step_and_resumes_bitwise(uninterrupted, tmp_
         [r["step"] for r in read_jsonl(uninterrupted / "metrics.jsonl")]
 
 
+@pytest.mark.subprocess
 def test_a_second_signal_exits_at_once(tmp_path, popen):
     """Both signals reach a stopped (SIGSTOP) run, so it cannot save between them however
     slow the machine; the run's threads may take them in either order: the one said
@@ -610,6 +616,7 @@ class _Lines:
         return "".join(self.seen["stderr"])
 
 
+@pytest.mark.subprocess
 def test_a_second_signal_exits_at_once_while_the_main_thread_computes(popen):
     """Python runs a signal handler only when the main thread runs Python again; here it
     waits for a device computation that never ends (what a long step, a compilation or a

@@ -295,6 +295,7 @@ def test_the_audits_run_loader_names_a_damaged_eval_json(faults_base, tmp_path):
         open_target(run).step
 
 
+@pytest.mark.subprocess
 def test_plan_and_train_refuse_a_mesh_that_does_not_divide_the_model(tmp_path):
     """plan.py used to say "fits"; train.py met JAX's IndivisibleError at its first step."""
     from dynjax.parallel import sharding
@@ -315,6 +316,7 @@ def test_plan_and_train_refuse_a_mesh_that_does_not_divide_the_model(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.subprocess
 def test_a_gs_workdir_without_gcsfs_is_one_line_naming_the_package(tmp_path):
     pytest.importorskip("etils.epath")
     if importlib.util.find_spec("gcsfs") is not None:
@@ -326,6 +328,7 @@ def test_a_gs_workdir_without_gcsfs_is_one_line_naming_the_package(tmp_path):
         "pip install gcsfs" in line
 
 
+@pytest.mark.subprocess
 def test_a_missing_peer_is_announced_and_one_line(tmp_path):
     """A process waiting for peers that never come: what it waits for, up front, then one
     line when the timeout passes (JAX's own timeout aborts with a C++ stack)."""
@@ -344,6 +347,7 @@ def test_a_missing_peer_is_announced_and_one_line(tmp_path):
         "again")
 
 
+@pytest.mark.subprocess
 def test_scorecard_checks_its_output_before_any_audit(faults_base, tmp_path):
     (tmp_path / "file").write_text("")
     out = _cli(["scorecard.py", "--config=configs/scorecard.py", f"--out={tmp_path}/file/sc",
@@ -394,6 +398,7 @@ def test_an_atomic_write_onto_a_folder_names_the_folder(tmp_path):
 
 # ------------------------------------------------------------------ signals (7)
 
+@pytest.mark.subprocess
 def test_sighup_and_sigusr1_stop_like_sigterm():
     """Slurm's --signal=USR1@90 and a closed ssh session: flagged for the loop (which saves
     and stops), not a kill."""
@@ -433,6 +438,7 @@ def _handles(pid: int, sig) -> bool:
     return False
 
 
+@pytest.mark.subprocess
 def test_a_signal_before_training_begins_exits_at_once(tmp_path):
     """SIGINT as soon as train.py's handlers are in (it is still importing JAX): exit 130
     with one line, nothing trained; it used to be swallowed by a JAX callback."""

@@ -106,6 +106,7 @@ def test_rundir_opens_the_params_alone_at_every_step(straight_run):
     assert rundir.load(run).step == 6
 
 
+@pytest.mark.subprocess
 def test_audit_and_rundir_import_no_training_code():
     """Layers run one way: opening a run for the audit never imports the trainer, and the
     trainer, which reads runs through ``dynjax.runs.rundir``, never imports the audit (the
@@ -178,6 +179,7 @@ def test_bad_configs_give_clear_errors(straight_run, tmp_path):
         loop.train(c, str(straight_run[0]), progress=False)
 
 
+@pytest.mark.subprocess
 def test_train_cli_overrides(tmp_path):
     """The command line: --config.field overrides and the printed bits per byte."""
     cmd = [sys.executable, "train.py", "--config=configs/tiny.py:layer_static",
@@ -268,6 +270,7 @@ TINY = ["--config.model.d_model=32", "--config.model.n_heads=2", "--config.model
         "--config.model.n_layers=2", "--config.data.seq_len=32", "--config.train.batch_size=4"]
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("args, message", [
     (["--config=configs/tiny.py:sparse"], "unknown variant 'sparse'"),
     (["--config=configs/tiny.py:feature_gate", "--config.train.steps=-1"],
@@ -306,6 +309,7 @@ def test_a_run_made_before_its_config_gained_a_field_still_resumes(tmp_path):
         checkpoint.check_same_run(tmp_path, c)
 
 
+@pytest.mark.subprocess
 def test_train_refuses_another_configs_run_directory(straight_run):
     """scripts/main.sh re-run on a run directory trained with a different config."""
     run = straight_run[0]
@@ -318,6 +322,7 @@ def test_train_refuses_another_configs_run_directory(straight_run):
     assert (run / "config.json").read_text() == before
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("args, message", [
     (["--config.gate.lambda_g=-1"], "gate.lambda_g and the gate schedule lengths must be >= 0"),
     (["--config.train.batch_size=0"], "train.batch_size=0 must be positive"),
@@ -331,6 +336,7 @@ def test_classifier_config_errors_are_one_line(tmp_path, args, message):
     assert not workdir.exists()
 
 
+@pytest.mark.subprocess
 def test_audit_names_a_damaged_checkpoint(straight_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(straight_run[0], run)

@@ -1,9 +1,6 @@
 """Sampled decoding: top-k / nucleus masks, the sampled distribution, greedy as before,
-streaming equal to generate, and sample.py on a trained run."""
-import os
-import subprocess
-import sys
-
+streaming equal to generate (sample.py as a command:
+tests/integration/decoding/test_sample_program.py)."""
 import chex
 import jax
 import jax.numpy as jnp
@@ -13,7 +10,7 @@ import pytest
 from dynjax import decoding
 from dynjax.decoding.sampling import Sampling, filtered_logits, next_token
 from dynjax.models import build
-from tests.conftest import ROOT, tiny_config
+from tests.conftest import tiny_config
 
 PROBS = jnp.log(jnp.asarray([[0.15, 0.5, 0.05, 0.3]]))   # ranked: 1, 3, 0, 2
 
@@ -91,65 +88,3 @@ def test_sampling_without_a_key_is_refused(tiny_lm):
     cfg, params, prompt = tiny_lm
     with pytest.raises(ValueError, match="needs a PRNG key"):
         decoding.generate(cfg, params, prompt, 2, Sampling(1.0))
-
-
-def test_sample_py_streams_text_from_a_run(tmp_path):
-    from dynjax.train import loop
-
-    c = tiny_config("feature_gate", n_layers=2)
-    c.train.update(steps=2, ckpt_every=2)
-    loop.train(c, str(tmp_path / "run"), progress=False)
-    cmd = [sys.executable, "sample.py", str(tmp_path / "run"), "--prompt=The ",
-           "--max_new_tokens=12", "--temperature=0.9", "--top_k=20", "--seed=3"]
-    env = {**os.environ, "PYTHONPATH": ROOT}
-    first = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
-    assert first.returncode == 0, first.stderr
-    assert first.stdout.startswith("The ") and first.stdout.endswith("\n\n")
-    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
-    assert again.stdout == first.stdout                # the seed decides the text
-    bad = subprocess.run(cmd[:3] + ["--top_p=2"], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=180)
-    assert bad.returncode == 2
-    assert bad.stderr.strip().count("\n") == 0 and "top_p=2" in bad.stderr
-
-
-def _sample_py(path, *args):
-    cmd = [sys.executable, "sample.py", str(path), *args]
-    return subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT},
-                          capture_output=True, text=True, timeout=240)
-
-
-def test_sample_py_decodes_an_hf_checkpoint_through_its_tokenizer(tmp_path):
-    """Greedy text from an HF MoE directory is the tokenizer's decoding of the argmax
-    continuation of the full forward (no cache), and the checkpoint's eos_token_id stops it."""
-    import json
-    import shutil
-
-    from dynjax.loaders import hf
-
-    src = os.path.join(ROOT, "tests", "data", "hf", "qwen3_moe")
-    model, params = hf.load(src)
-    tok = hf.tokenizer(src)
-    ids = tok.encode("The cat").ids
-    seq = jnp.asarray(ids, jnp.int32)[None]
-    apply = jax.jit(model.apply)
-    for _ in range(6):
-        nxt = jnp.argmax(apply(params, seq)[0][:, -1], -1).astype(jnp.int32)
-        seq = jnp.concatenate([seq, nxt[:, None]], axis=1)
-    new = [int(t) for t in seq[0, len(ids):]]
-    expected = tok.decode(ids + new)[len(tok.decode(ids)):]
-    run = _sample_py(src, "--prompt=The cat", "--max_new_tokens=6")
-    assert run.returncode == 0, run.stderr
-    assert run.stdout == "The cat" + expected + "\n\n"
-
-    stop_at = new[2]                       # the first occurrence of this token ends the text
-    shutil.copytree(src, tmp_path / "ckpt")
-    cfg = json.loads((tmp_path / "ckpt" / "config.json").read_text())
-    (tmp_path / "ckpt" / "config.json").write_text(json.dumps({**cfg, "eos_token_id": [stop_at]}))
-    cut = new[:new.index(stop_at)]
-    stopped = _sample_py(tmp_path / "ckpt", "--prompt=The cat", "--max_new_tokens=6")
-    assert stopped.returncode == 0, stopped.stderr
-    assert stopped.stdout == "The cat" + tok.decode(ids + cut)[len(tok.decode(ids)):] + "\n\n"
-    refused = _sample_py(src, "--prompt=The cat", "--step=3")
-    assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0
-    assert "--step" in refused.stderr

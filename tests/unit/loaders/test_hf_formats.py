@@ -2,15 +2,14 @@
 dequantisation equal to transformers' own (tests/data/hf_quant/, made by
 scripts/make_quant_fixtures.py), an FP8 checkpoint's logits, the checkpoint's torch_dtype as
 the default, tensors a text forward does not use skipped by name, a wrapper's prefix
-rewritten, each tensor placed in its device shard, and broken files as one line."""
+rewritten, and broken files as one line (each tensor in its device shard, and the programs'
+one line: tests/integration/loaders/test_hf_formats_processes.py)."""
 from __future__ import annotations
 
 import json
 import os
 import pathlib
 import shutil
-import subprocess
-import sys
 
 import chex
 import jax
@@ -20,7 +19,7 @@ import pytest
 
 from dynjax.errors import CheckpointError, ConfigError
 from dynjax.loaders import hf, tensors
-from tests.conftest import ROOT, cpu_devices_env
+from tests.conftest import ROOT
 
 DATA = pathlib.Path(ROOT) / "tests" / "data"
 QUANT = DATA / "hf_quant"
@@ -210,27 +209,6 @@ def test_a_wrappers_text_model_is_read_through_its_prefix(tmp_path, monkeypatch,
 # Placement
 # ---------------------------------------------------------------------------------------------
 
-def test_each_tensor_goes_to_its_device_shard():
-    """Under a 2-device mesh and the ep preset, every expert tensor arrives split over the
-    devices (each holds 4 of mixtral's 8 experts) and equals the unsharded load."""
-    script = (
-        "import jax, numpy as np\n"
-        "from jax.sharding import Mesh\n"
-        "from dynjax.loaders import hf\n"
-        "mesh = Mesh(np.array(jax.devices()).reshape(1, 1, 2), ('data', 'fsdp', 'tensor'))\n"
-        "d = 'tests/data/hf/mixtral'\n"
-        "_, p = hf.load(d, mesh=mesh, preset='ep')\n"
-        "_, q = hf.load(d)\n"
-        "g = p['layers'][0]['moe']['experts']['gate']\n"
-        "assert [s.data.shape[0] for s in g.addressable_shards] == [4, 4], g.sharding\n"
-        "assert len(p['embed'].addressable_shards) == 2 and p['embed'].sharding.is_fully_replicated\n"
-        "jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), p, q)\n"
-        "print('ok')\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         cwd=ROOT, env={**cpu_devices_env(2), "PYTHONPATH": ROOT}, timeout=300)
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
-
-
 def test_no_shard_stays_mapped_or_open():
     """Streaming: after the load no shard is memory-mapped (whose touched pages would count
     in host memory beside the params) or open."""
@@ -309,20 +287,3 @@ def test_broken_files_are_one_line_naming_the_file(tmp_path, damage, match):
         hf.load(str(d))
     assert str(f) in str(e.value) and "\n" not in str(e.value)
     assert "again" in str(e.value)
-
-
-def test_programs_report_a_broken_checkpoint_in_one_line(tmp_path):
-    """Issue 51's commands: sample.py on a truncated shard, audit.py --hf on a truncated
-    index: exit 2 and one line on stderr, no traceback."""
-    shard = tmp_path / "shard"
-    _truncate_shard(_copy(DATA / "hf" / "mixtral", shard))
-    index = tmp_path / "index"
-    _truncate_index(_copy(DATA / "hf" / "mixtral", index))
-    for args, bad in ((["sample.py", str(shard), "--prompt=x", "--max_new_tokens=1"], shard),
-                      (["audit.py", "--config=configs/audit_hf.py", f"--hf={index}",
-                        f"--out={tmp_path / 'aud'}"], index)):
-        out = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT,
-                             env={**os.environ, "PYTHONPATH": ROOT}, timeout=300)
-        errors = [line for line in out.stderr.splitlines() if "error" in line]
-        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
-        assert len(errors) == 1 and str(bad) in errors[0], out.stderr[-2000:]
