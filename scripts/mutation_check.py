@@ -750,7 +750,7 @@ MUTANTS = (
            (EDGES + "test_a_change_is_recorded_only_with_a_checkpoint_saved_under_it",),
            "config_history.jsonl records a change only with a checkpoint saved under it"),
     Mutant("torn_history_line_silent", "dynjax/train/checkpoint.py",
-           "                           warn=lambda line: print(line, file=sys.stderr))",
+           "                           warn=preempt.say)",
            "                           warn=None)",
            (EDGES + "test_a_torn_history_line_is_said",),
            "a torn line of config_history.jsonl is dropped with a warning"),

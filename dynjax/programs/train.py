@@ -54,7 +54,7 @@ def main(argv):
         # a --config.train.warmup_steps given beside them is the user's and is checked as is
         config = flags.FLAGS.config if any(a.startswith("--config.train.warmup_steps")
                                            for a in sys.argv) else \
-            clamp_warmup(flags.FLAGS.config, log=lambda line: print(line, file=sys.stderr)
+            clamp_warmup(flags.FLAGS.config, log=preempt.say
                          if distributed.is_main() else None)
         result = errors.run_program(PROG, lambda: loop.train(
             config, flags.FLAGS.workdir,

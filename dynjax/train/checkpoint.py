@@ -30,7 +30,6 @@ import os
 import pathlib
 import re
 import shutil
-import sys
 import time
 
 import jax
@@ -38,6 +37,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from dynjax.runs import integrity, rundir
+from dynjax.train import preempt
 from dynjax.errors import CheckpointError, ConfigError
 from dynjax.jsonio import is_local, read_json
 
@@ -129,7 +129,7 @@ def restore_newest(mngr: ocp.CheckpointManager, abstract_state, run_dir, log=Non
     one restored, with a warning. If no step restores, nothing is moved and a
     CheckpointError says why.
     """
-    log = log or (lambda line: print(line, file=sys.stderr))
+    log = log or preempt.say
     folder = pathlib.Path(mngr.directory)
     failed, unverified = [], []
     for step in sorted(mngr.all_steps(), reverse=True):
@@ -219,7 +219,7 @@ def effective_train(run_dir, original: dict) -> dict:
     from dynjax.train.metrics import read_records
 
     history = read_records(epath.Path(run_dir) / HISTORY,
-                           warn=lambda line: print(line, file=sys.stderr))
+                           warn=preempt.say)
     return history[-1]["train"] if history else original
 
 

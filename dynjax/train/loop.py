@@ -73,7 +73,7 @@ def train(config, workdir: str, progress: bool | str = True) -> dict:
     with errors.config_errors():
         # a resumed conversion's model as recorded: the source may be gone
         task = task_of(config)(convert.with_recorded_model(config, run_dir))
-    config, tc = task.config, task.config.train
+    config = task.config
     config = rundir.with_recorded_family(config, run_dir)
     changes = checkpoint.check_same_run(run_dir, config, keys=task.same_run_keys)
     main = distributed.is_main()

@@ -12,13 +12,13 @@ import contextlib
 import json
 import math
 import os
-import sys
 import time
 
 import jax
 from etils import epath
 
 from dynjax.jsonio import CorruptFile, is_local, to_python, write_text_atomic
+from dynjax.train import preempt
 from dynjax.train.tensorboard import EventWriter
 
 
@@ -77,7 +77,7 @@ class JsonlWriter:
         self.active = jax.process_index() == 0
         self.kept = [] if resume_step is not None else None   # the records the log keeps
         if self.active and resume_step is not None and self.path.exists():
-            warn = lambda line: print(line, file=sys.stderr)  # noqa: E731
+            warn = preempt.say
             self.kept = [r for r in read_records(self.path, warn)
                          if r.get("step", 0) < resume_step
                          or (r.get("step", 0) == resume_step and not redo(r))]
