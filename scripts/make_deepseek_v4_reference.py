@@ -236,6 +236,7 @@ def build_model(out: pathlib.Path) -> dict:
         greedy = model.generate(ids[:, :PROMPT], max_new_tokens=NEW, do_sample=False,
                                 min_new_tokens=NEW, eos_token_id=None, pad_token_id=0)
     base.save_checkpoint(model, out)
+    write_tokenizer(out)
     np.savez(out / "reference.npz", input_ids=ids.numpy(), logits=logits.numpy(),
              experts=np.stack([e.numpy() for e in seen["experts"]]),
              index=np.stack([i.numpy() for i in seen["index"]]),
@@ -335,6 +336,7 @@ def build_sparse(model_type: str, sizes: dict, out: pathlib.Path) -> dict:
     else:
         raise SystemExit(f"no seed gave indexer margins above {MIN_MARGIN}")
     base.save_checkpoint(model, out)
+    write_tokenizer(out)
     np.savez(out / "reference.npz", input_ids=ids.numpy(), logits=logits.numpy(),
              index=np.stack([i.numpy() for i in seen["index"]]),
              experts=np.stack([e.reshape(BATCH, T, -1).numpy() for e in seen["experts"]]),
@@ -378,12 +380,30 @@ def _indexer_margin(seen, k):
     return worst
 
 
+FIXTURES = ("deepseek_v4", "deepseek_v32", "glm_moe_dsa")
+
+
+def write_tokenizer(out: pathlib.Path):
+    """A BPE of the fixture's vocabulary over the embedded corpus (``tokenizer.json``), so
+    ``audit.py --hf`` reads real text into it; the reference logits do not depend on it."""
+    import json
+
+    vocab = json.loads((out / "config.json").read_text())["vocab_size"]
+    base.train_tokenizer(out / "tokenizer.json", vocab)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="tests/data/deepseek_v4_parts.npz")
     ap.add_argument("--model-out", default="tests/data/hf/deepseek_v4")
     ap.add_argument("--only", default="", help="deepseek_v32: build only that fixture")
+    ap.add_argument("--tokenizers", action="store_true",
+                    help="only write each fixture's tokenizer.json (no torch needed)")
     args = ap.parse_args()
+    if args.tokenizers:
+        for name in FIXTURES:
+            write_tokenizer(pathlib.Path("tests/data/hf") / name)
+        return
     if args.only in ("deepseek_v32", "glm_moe_dsa"):
         sizes = V32 if args.only == "deepseek_v32" else GLM5
         print(args.only, build_sparse(args.only, sizes, pathlib.Path("tests/data/hf") / args.only))

@@ -156,8 +156,10 @@ MXFP4 = dict(vocab_size=64, hidden_size=64, num_attention_heads=4, num_key_value
 VARIANTS = {"gpt_oss_mxfp4": "gpt_oss"}   # built with (and after) their architecture
 
 
-def train_tokenizer(out: pathlib.Path):
-    """A 256-token BPE over the embedded corpus's training text (first 400 kB)."""
+def train_tokenizer(out: pathlib.Path, vocab_size: int = COMMON["vocab_size"]):
+    """A ``vocab_size``-token BPE (256 by default) over the embedded corpus's training text
+    (first 400 kB); a small vocabulary keeps the most frequent characters as its alphabet
+    (the rest become [UNK])."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from dynjax.data import text
@@ -167,8 +169,9 @@ def train_tokenizer(out: pathlib.Path):
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
     tok.train_from_iterator(corpus.splitlines(), trainers.BpeTrainer(
-        vocab_size=COMMON["vocab_size"], special_tokens=["[UNK]"], show_progress=False))
-    assert tok.get_vocab_size() == COMMON["vocab_size"], tok.get_vocab_size()
+        vocab_size=vocab_size, special_tokens=["[UNK]"], show_progress=False,
+        **({"limit_alphabet": vocab_size - 16} if vocab_size < COMMON["vocab_size"] else {})))
+    assert tok.get_vocab_size() == vocab_size, tok.get_vocab_size()
     tok.save(str(out))
 
 

@@ -33,50 +33,80 @@ from dynjax.loaders.tensors import Tensors  # noqa: F401  (hf.Tensors: the readi
 from dynjax.models import build, llm
 
 __all__ = ["NOT_YET", "SUPPORTED", "Tensors", "config_from_hf", "is_hf_dir", "load",
-           "params_from_tensors", "read_config", "token_windows", "tokenizer"]
+           "model_of", "params_from_tensors", "port", "read_config", "token_windows",
+           "tokenizer"]
 SUPPORTED = archs.SUPPORTED
 NOT_YET = {  # model_type -> what this port still lacks
 }
-_IGNORED = ("rotary_emb.inv_freq",)  # buffers some exports carry; recomputed here
 
 
-def config_from_hf(hf: Mapping[str, Any], dtype="float32") -> llm.Config:
-    """llm.Config of a config.json dict; one-line ConfigError for what is not ported."""
+class LlmPort:
+    """How an architecture whose plug-in names no ``port`` becomes a model: an
+    ``llm.Config`` from its config mapping, the ``llm`` family, its tensor table."""
+
+    @staticmethod
+    def config(arch, hf: Mapping[str, Any], dtype) -> llm.Config:
+        tensors.check_quantization(hf)
+        try:
+            return llm.Config(**arch.config({**arch.defaults, **hf}),
+                              dtype=jnp.dtype(dtype).name)
+        except (KeyError, TypeError) as e:
+            raise ConfigError(f"config.json lacks or mistypes a field {arch.model_type} needs "
+                              f"({e}); use the checkpoint's own config.json") from None
+        except ValueError as e:
+            raise ConfigError(f"config.json describes an invalid {arch.model_type} model: "
+                              f"{e}") from None
+
+    @staticmethod
+    def build(cfg: llm.Config):
+        return build(cfg)
+
+    @staticmethod
+    def params(cfg: llm.Config, t: Tensors, strict: bool = True, shardings=None):
+        """The params pytree of ``cfg`` from a checkpoint's tensors, each cast to its dtype
+        (``llm.param_dtype``: ``cfg.dtype``; a DeepSeek router's weight and bias float32)
+        (and put on its ``shardings`` leaf, a pytree like the params) as it is read."""
+        table = archs.get(cfg.model_type).tensors
+        params = llm.params_from_table(cfg, lambda path, shape: tensors.place(
+            common.read_param(table, cfg, t, path, shape),
+            jnp.dtype(llm.param_dtype(cfg, path)), _leaf(shardings, path)))
+        if strict:
+            tensors.refuse_unused(t, cfg)
+        return params
+
+
+LLM = LlmPort()
+
+
+def port(model_type):
+    """The port (:class:`LlmPort` or the plug-in's own ``port``) of ``model_type``."""
+    return archs.get(model_type).port or LLM
+
+
+def config_from_hf(hf: Mapping[str, Any], dtype="float32"):
+    """The model config of a config.json dict (``llm.Config``, or the plug-in port's own);
+    one-line ConfigError for what is not ported."""
     kind = hf.get("model_type")
     if kind in NOT_YET:
         common.fail(f"config.json model_type={kind!r} is not ported yet (missing: "
                     f"{NOT_YET[kind]}); supported: {', '.join(SUPPORTED)}")
-    arch = archs.get(kind)
-    tensors.check_quantization(hf)
-    try:
-        return llm.Config(**arch.config({**arch.defaults, **hf}), dtype=jnp.dtype(dtype).name)
-    except (KeyError, TypeError) as e:
-        raise ConfigError(f"config.json lacks or mistypes a field {kind} needs ({e}); use the "
-                          "checkpoint's own config.json") from None
-    except ValueError as e:
-        raise ConfigError(f"config.json describes an invalid {kind} model: {e}") from None
+    return port(kind).config(archs.get(kind), hf, dtype)
+
+
+def model_of(cfg):
+    """The model of a config :func:`config_from_hf` returned."""
+    return port(cfg.model_type).build(cfg)
 
 
 # --------------------------------------------------------------------------------------------
 # Tensors
 # --------------------------------------------------------------------------------------------
 
-def params_from_tensors(cfg: llm.Config, t: Tensors, strict: bool = True, shardings=None):
-    """The params pytree of ``cfg`` from a checkpoint's tensors, each cast to its dtype
-    (``llm.param_dtype``: ``cfg.dtype``; a DeepSeek router's weight and bias float32)
-    (and put on its ``shardings`` leaf, a pytree like the params) as it is read."""
-    table = archs.get(cfg.model_type).tensors
-    params = llm.params_from_table(cfg, lambda path, shape: tensors.place(
-        common.read_param(table, cfg, t, path, shape), jnp.dtype(llm.param_dtype(cfg, path)),
-        _leaf(shardings, path)))
-    if strict:
-        extra = sorted(k for k in t.where if k not in t.used and not k.endswith(_IGNORED)
-                       and not (cfg.tie_word_embeddings and k == "lm_head.weight"))
-        if extra:
-            raise CheckpointError(f"checkpoint has {len(extra)} tensor(s) this {cfg.model_type} "
-                                  f"port does not use, e.g. {extra[0]!r}; config.json may "
-                                  "describe another model (or pass strict=False)")
-    return params
+def params_from_tensors(cfg, t: Tensors, strict: bool = True, shardings=None):
+    """The params pytree of ``cfg`` from a checkpoint's tensors, by its port (each leaf cast
+    to its dtype and put on its ``shardings`` leaf as it is read); ``strict``: a tensor the
+    port never read is one CheckpointError."""
+    return port(cfg.model_type).params(cfg, t, strict, shardings)
 
 
 def _leaf(tree, path):
@@ -113,7 +143,7 @@ def load(path: str, dtype=None, strict: bool = True, mesh=None, preset: str = "d
     path = hub.resolve(path, revision)
     hf = read_config(path)
     cfg = config_from_hf(hf, tensors.resolve_dtype(hf, dtype)[0])
-    model = build(cfg)
+    model = model_of(cfg)
     shardings = None
     if mesh is not None:
         from dynjax.parallel import sharding

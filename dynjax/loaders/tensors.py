@@ -367,8 +367,10 @@ class Tensors:
         f, raw = self.source[name]
         return self._files[f].read(raw)
 
-    def get(self, name: str, shape: tuple) -> np.ndarray:
-        """The tensor ``name`` of shape ``shape``: as stored, or float32 where dequantised."""
+    def get(self, name: str, shape: tuple | None = None, integer: bool = False) -> np.ndarray:
+        """The tensor ``name`` of shape ``shape`` (None: any): as stored, or float32 where
+        dequantised. ``integer``: an index table (DeepSeek-V4's ``tid2eid``), read as the
+        integers it holds; any other integer tensor is a quantized payload."""
         if name not in self.where:
             raise CheckpointError(f"checkpoint lacks tensor {name!r} (shape {shape}); the "
                                   "safetensors files are incomplete or config.json describes "
@@ -380,16 +382,33 @@ class Tensors:
                                      self.fp8_block)
         else:
             a = self._raw(name)
-            if a.dtype.kind not in "f" and a.dtype.name != "bfloat16" or a.dtype.itemsize < 2:
+            if integer and a.dtype.kind in "iu":
+                pass
+            elif a.dtype.kind not in "f" and a.dtype.name != "bfloat16" or a.dtype.itemsize < 2:
                 raise CheckpointError(f"tensor {name!r} is {a.dtype} with no scales beside it "
                                       f"({name}_scale_inv or {name}_blocks/_scales); the "
                                       "checkpoint is quantized in a format dynjax does not "
                                       "read: dequantize it to bf16 first")
-        if tuple(a.shape) != tuple(shape):
+        if shape is not None and tuple(a.shape) != tuple(shape):
             raise CheckpointError(f"tensor {name!r} has shape {tuple(a.shape)} but config.json "
                                   f"implies {tuple(shape)}; use the checkpoint's own config.json")
         self.used.add(name)
         return a
+
+
+_IGNORED = ("rotary_emb.inv_freq",)  # buffers some exports carry; recomputed by the ports
+
+
+def refuse_unused(t: Tensors, cfg) -> None:
+    """One CheckpointError if the checkpoint holds tensors the port of ``cfg`` (its
+    ``model_type``, ``tie_word_embeddings``) never read: config.json may describe another
+    model."""
+    extra = sorted(k for k in t.where if k not in t.used and not k.endswith(_IGNORED)
+                   and not (cfg.tie_word_embeddings and k == "lm_head.weight"))
+    if extra:
+        raise CheckpointError(f"checkpoint has {len(extra)} tensor(s) this {cfg.model_type} "
+                              f"port does not use, e.g. {extra[0]!r}; config.json may "
+                              "describe another model (or pass strict=False)")
 
 
 def _rewrite(name: str, prefixes: Mapping[str, str]) -> str:

@@ -149,6 +149,14 @@ def llm_flops_per_window(cfg, seq_len: int, params_per_token: int) -> int:
     return 2 * seq_len * (params_per_token - embed) + attn
 
 
+def estimate(model, n_windows: int, seq_len: int, batch: int) -> dict:
+    """:func:`llm_estimate`'s sizes of ``model``'s audit; a model outside the ``llm`` family
+    gives its own (``model.sizes``: DeepSeek-V4)."""
+    if hasattr(model, "sizes"):
+        return model.sizes(n_windows, seq_len, batch)
+    return llm_estimate(model.cfg, n_windows, seq_len, batch)
+
+
 def llm_estimate(cfg, n_windows: int, seq_len: int, batch: int) -> dict:
     """Sizes of an audit of an ``llm`` model from its config alone (no weights): the
     parameters (all, and those one token reads), the coefficient cache of ``n_windows``,

@@ -59,6 +59,8 @@ from dynjax.models import dispatch
 from dynjax.models.components import hyper
 from dynjax.models.components import indexer as indexer_lib
 from dynjax.models.components import rotary as rotary_lib
+from dynjax.models.components import table
+from dynjax.models.components.experts import mlp_rows
 from dynjax.models.components.norms import rms_norm
 
 F32 = jnp.float32
@@ -72,6 +74,8 @@ MLP_TYPES = ("hash_moe", "moe")
 @dataclasses.dataclass(frozen=True)
 class Config:
     """One DeepSeek-V4 model (hashable: a static jit argument). Defaults: transformers'."""
+
+    model_type = "deepseek_v4"       # what dynjax.loaders.archs registers it under
 
     vocab_size: int = 129280
     hidden_size: int = 4096
@@ -144,6 +148,11 @@ class Config:
             rope_beta_slow=float(p.get("beta_slow", 1.0)),
             rope_truncate=bool(p.get("truncate", True)))
 
+    @property
+    def moe_layers(self) -> tuple:
+        """The layers whose router is learned (top-k of scores + bias)."""
+        return self.layers_of("moe")
+
     def layers_of(self, kind: str) -> tuple:
         table = self.mlp_layer_types if kind in MLP_TYPES else self.layer_types
         return tuple(i for i, t in enumerate(table) if t == kind)
@@ -164,6 +173,100 @@ def schema(cfg: Config):
     if cfg.layers_of("compressed_sparse_attention"):
         out["indexer"] = INDEXER_AXES
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# Parameters
+# --------------------------------------------------------------------------------------------
+
+def _compressor_rows(path, D, dim, rate, overlap):
+    width = 2 * dim if overlap else dim
+    return [(path + ("kv",), (D, width), ("embed", None)),
+            (path + ("gate",), (D, width), ("embed", None)),
+            (path + ("position_bias",), (rate, width), (None, None)),
+            (path + ("kv_norm",), (dim,), (None,))]
+
+
+def param_table(cfg: Config):
+    """(path, shape, logical axes) of every parameter (what :func:`params_from_tensors`
+    builds): the model's shapes, shardings and counts from its config alone."""
+    D, H, hd, r = cfg.hidden_size, cfg.n_heads, cfg.head_dim, cfg.q_lora_rank
+    E, F = cfg.num_experts, cfg.moe_intermediate_size
+    rows = [(("embed",), (cfg.vocab_size, D), ("vocab", "embed")),
+            (("norm",), (D,), ("embed",))]
+    rows += hyper.head_rows(cfg.hc_dims, ("hc_head",))
+    if not cfg.tie_word_embeddings:
+        rows.append((("lm_head",), (D, cfg.vocab_size), ("embed", "vocab")))
+    for i, kind in enumerate(cfg.layer_types):
+        L = ("layers", i)
+        A = L + ("attn",)
+        rows += [(A + ("q_a",), (D, r), ("embed", None)), (A + ("q_a_norm",), (r,), (None,)),
+                 (A + ("q_b",), (r, H * hd), (None, "heads")),
+                 (A + ("kv",), (D, hd), ("embed", None)), (A + ("kv_norm",), (hd,), (None,)),
+                 (A + ("o_a",), (cfg.o_groups, H * hd // cfg.o_groups, cfg.o_lora_rank),
+                  (None, "heads", None)),
+                 (A + ("o_b",), (cfg.o_groups * cfg.o_lora_rank, D), (None, "embed")),
+                 (A + ("sinks",), (H,), ("heads",))]
+        if kind == "heavily_compressed_attention":
+            rows += _compressor_rows(A + ("compressor",), D, hd, cfg.hca_rate, False)
+        elif kind == "compressed_sparse_attention":
+            C = A + ("compressor",)
+            d, n = cfg.index_head_dim, cfg.index_n_heads
+            rows += _compressor_rows(C, D, hd, cfg.csa_rate, True)
+            rows += _compressor_rows(C + ("indexer",), D, d, cfg.csa_rate, True)
+            rows += [(C + ("indexer", "q_b"), (r, n * d), (None, None)),
+                     (C + ("indexer", "weights"), (D, n), ("embed", None))]
+        M = L + ("moe",)
+        rows.append((M + ("router",), (D, E), ("embed", None)))
+        rows += mlp_rows(M + ("experts",), D, F, E)
+        rows += mlp_rows(M + ("shared",), D, F)
+        if cfg.mlp_layer_types[i] == "hash_moe":
+            rows.append((M + ("tid2eid",), (cfg.vocab_size, cfg.top_k), ("vocab", None)))
+        else:
+            rows.append((M + ("router_bias",), (E,), (None,)))
+        for n in ("attn_hc", "ffn_hc"):
+            rows += hyper.rows(cfg.hc_dims, L + (n,))
+        rows += [(L + ("input_norm",), (D,), ("embed",)), (L + ("post_norm",), (D,), ("embed",))]
+    return rows
+
+
+def param_count(cfg: Config) -> dict:
+    """Total parameters and those one token reads (k of the routed experts); the hash
+    layers' token-id tables are counted (they are parameters, integers)."""
+    rows = param_table(cfg)
+    total = sum(int(np.prod(s)) for _, s, _ in rows)
+    routed = sum(int(np.prod(s)) for p, s, _ in rows if "experts" in p)
+    return {"total": total, "active": total - routed // cfg.num_experts
+            * (cfg.num_experts - cfg.top_k)}
+
+
+def param_dtype(cfg: Config, path) -> str:
+    """``cfg.dtype``, except the hash layers' token-id table (int32)."""
+    return "int32" if path[-1] == "tid2eid" else cfg.dtype
+
+
+def init(cfg: Config, key):
+    """Fresh parameters (a training plan's shapes; no trained meaning): weights N(0, 0.02),
+    norm gains 1, biases 0, each hash table token t -> experts (t + j) mod E."""
+    import zlib
+
+    def leaf(path, shape):
+        name, dt = path[-1], param_dtype(cfg, path)
+        if name == "tid2eid":
+            return (jnp.arange(shape[0])[:, None] + jnp.arange(shape[1])) % cfg.num_experts
+        if name.endswith("norm") or name == "scale":
+            return jnp.ones(shape, dt)
+        if name in ("router_bias", "base", "sinks", "position_bias"):
+            return jnp.zeros(shape, dt)
+        k = jax.random.fold_in(key, zlib.crc32("/".join(map(str, path)).encode()))
+        return (0.02 * jax.random.normal(k, shape)).astype(dt)
+    return table.tree(param_table(cfg), leaf)
+
+
+def logical_axes(cfg: Config):
+    """Logical axis names of every parameter (a pytree of PartitionSpec)."""
+    axes = {p: a for p, _, a in param_table(cfg)}
+    return table.tree(param_table(cfg), lambda path, _: jax.sharding.PartitionSpec(*axes[path]))
 
 
 # --------------------------------------------------------------------------------------------
@@ -403,7 +506,7 @@ def greedy(cfg: Config, params, prompt, new_tokens: int, length: int = 0, logits
 @dataclasses.dataclass(frozen=True)
 class DeepseekV4:
     """The registry-style interface: ``apply(params, tokens, coeffs=None) -> (logits,
-    coeffs)``, ``schema``."""
+    coeffs)``, ``schema``, ``init``, ``logical_axes``."""
 
     cfg: Config
 
@@ -411,11 +514,45 @@ class DeepseekV4:
     def schema(self):
         return schema(self.cfg)
 
-    def apply(self, params, tokens, coeffs=None):
+    def init(self, key, tokens=None):
+        return init(self.cfg, key)
+
+    def logical_axes(self, tokens=None):
+        return logical_axes(self.cfg)
+
+    def sizes(self, n_windows: int, seq_len: int, batch: int) -> dict:
+        """An audit's sizes from the config alone (the keys of ``dynjax.measure.panels.
+        llm_estimate``): parameters, the coefficient cache of ``n_windows`` (shapes traced,
+        nothing computed), a rough upper bound of one forward's live activations at
+        ``batch`` rows (the hc streams, one layer's float32 attention logits, the logits)
+        and 2 x active parameters FLOPs per token (attention's own FLOPs not counted)."""
+        cfg = self.cfg
+        count = param_count(cfg)
+        params = table.tree(param_table(cfg), lambda path, shape: jax.ShapeDtypeStruct(
+            shape, jnp.dtype(param_dtype(cfg, path))))
+        coeffs = jax.eval_shape(lambda p, t: forward(cfg, p, t)[1], params,
+                                jax.ShapeDtypeStruct((1, seq_len), jnp.int32))
+        per_window = sum(int(np.prod(a.shape)) * a.dtype.itemsize
+                         for a in jax.tree.leaves(coeffs))
+        item = jnp.dtype(cfg.dtype).itemsize
+        act = batch * seq_len * (3 * cfg.hc * cfg.hidden_size * item + cfg.vocab_size * 4
+                                 + 2 * cfg.top_k * cfg.moe_intermediate_size * item)
+        act += 2 * batch * cfg.n_heads * seq_len * (seq_len + seq_len // cfg.csa_rate) * 4
+        flops = 2 * count["active"] * seq_len
+        return {"param_count": count["total"], "active_param_count": count["active"],
+                "param_bytes": count["total"] * item,
+                "coeff_cache_bytes": n_windows * per_window,
+                "activation_bytes_per_batch": act, "record_flops_per_window": flops,
+                "replay_flops_per_window": flops}
+
+    def apply(self, params, tokens, coeffs=None, *, with_aux=False):
+        """``(logits, coeffs)``; ``with_aux`` adds the auxiliary losses: none (a port of a
+        trained checkpoint)."""
         given = coeffs_lib.as_given(coeffs)
         if given.values is not None:
             coeffs_lib.check(given.values, self.schema)
-        return forward(self.cfg, params, tokens, given)
+        logits, used = forward(self.cfg, params, tokens, given)
+        return (logits, used, {}) if with_aux else (logits, used)
 
 
 # --------------------------------------------------------------------------------------------
@@ -425,15 +562,13 @@ class DeepseekV4:
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(Config)}
 
 
-def config_from_hf(hf: dict) -> Config:
+def config_from_hf(hf: dict, dtype: str = "float32") -> Config:
     """``Config`` of a deepseek_v4 config.json (transformers' defaults where omitted,
-    legacy ``compress_ratios`` / ``num_hash_layers`` / ``qk_rope_head_dim`` folded in)."""
+    legacy ``compress_ratios`` / ``num_hash_layers`` / ``qk_rope_head_dim`` folded in);
+    its quantization is the reader's business (``dynjax.loaders.deepseek_v4``)."""
     if hf.get("model_type") != "deepseek_v4":
         raise ConfigError(f"config.json model_type={hf.get('model_type')!r}; this loader reads "
                           "deepseek_v4")
-    if hf.get("quantization_config"):
-        raise ConfigError("deepseek_v4: quantized checkpoints (FP4 experts, FP8) are not read "
-                          "yet; dequantize to bf16 first")
     n = int(hf.get("num_hidden_layers", 43))
     rates = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128,
              **(hf.get("compress_rates") or {})}
@@ -488,20 +623,29 @@ def config_from_hf(hf: dict) -> Config:
         compress_rope_theta=(rp.get("compress") or {}).get(
             "rope_theta", g("compress_rope_theta", 160000.0)),
         compress_rope=tuple(sorted(compress.items())),
-        tie_word_embeddings=g("tie_word_embeddings", False))
+        tie_word_embeddings=g("tie_word_embeddings", False), dtype=jnp.dtype(dtype).name)
 
 
-def params_from_tensors(cfg: Config, get):
+def params_from_tensors(cfg: Config, get, place=None):
     """The params pytree from ``get(name) -> np.ndarray`` under DeepSeek's checkpoint names
     (``layers.0.attn.wq_a.weight``, ``layers.0.ffn.experts.3.w1.weight``, ...; the names
     transformers' save_pretrained writes back), linear weights transposed to (in, out), the
-    grouped ``wo_a`` split by group, the per-expert w1/w3/w2 stacked as gate/up/down."""
+    grouped ``wo_a`` split by group, the per-expert w1/w3/w2 stacked as gate/up/down.
+    ``place(path, array)``: what each leaf becomes (e.g. a device array), applied a layer at
+    a time, so the host holds one layer's tensors, not the checkpoint."""
+    place = place or (lambda path, a: a)
+
+    def placed(tree, path):
+        return jax.tree_util.tree_map_with_path(
+            lambda p, a: place(path + tuple(getattr(k, "key", getattr(k, "idx", k))
+                                            for k in p), a), tree)
     lin = lambda name: get(name + ".weight").T
-    out = {"embed": get("embed.weight"), "norm": get("norm.weight"),
-           "hc_head": {"fn": get("hc_head_fn").T, "base": get("hc_head_base"),
-                       "scale": get("hc_head_scale")}, "layers": []}
+    out = placed({"embed": get("embed.weight"), "norm": get("norm.weight"),
+                  "hc_head": {"fn": get("hc_head_fn").T, "base": get("hc_head_base"),
+                              "scale": get("hc_head_scale")}}, ())
+    out["layers"] = []
     if not cfg.tie_word_embeddings:
-        out["lm_head"] = lin("head")
+        out["lm_head"] = place(("lm_head",), lin("head"))
 
     def compressor(pre):
         return {"kv": lin(pre + ".wkv"), "gate": lin(pre + ".wgate"),
@@ -534,7 +678,8 @@ def params_from_tensors(cfg: Config, get):
             moe_p["router_bias"] = get(F + "gate.bias")
         hc = lambda n: {"fn": get(L + f"hc_{n}_fn").T, "base": get(L + f"hc_{n}_base"),
                         "scale": get(L + f"hc_{n}_scale")}
-        out["layers"].append({"attn": attn, "moe": moe_p, "attn_hc": hc("attn"),
-                              "ffn_hc": hc("ffn"), "input_norm": get(L + "attn_norm.weight"),
-                              "post_norm": get(L + "ffn_norm.weight")})
+        out["layers"].append(placed({
+            "attn": attn, "moe": moe_p, "attn_hc": hc("attn"), "ffn_hc": hc("ffn"),
+            "input_norm": get(L + "attn_norm.weight"), "post_norm": get(L + "ffn_norm.weight")},
+            ("layers", i)))
     return out

@@ -55,6 +55,7 @@ from dynjax.models import mod as mod_lib
 from dynjax.models.sections import ModConfig
 from dynjax.models.components import deltanet
 from dynjax.models.components import rotary as rotary_lib
+from dynjax.models.components import table
 from dynjax.models.components.attention import ATTENTION, LATENT_NORM_EPS
 from dynjax.models.components import indexer as indexer_lib
 from dynjax.models.components.experts import EXPERTS, experts_ffn, mlp_rows, swiglu
@@ -351,14 +352,7 @@ def param_table(cfg: Config):
 
 def params_from_table(cfg: Config, leaf):
     """The params pytree with ``leaf(path, shape)`` at every :func:`param_table` row."""
-    params: dict = {}
-    for path, shape, _ in param_table(cfg):
-        node = params
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = leaf(path, shape)
-    params["layers"] = [params["layers"][i] for i in range(cfg.n_layers)]
-    return params
+    return table.tree(param_table(cfg), leaf)
 
 
 def param_dtype(cfg: Config, path) -> str:

@@ -23,7 +23,6 @@ class HfDir(Target):
 
     def __init__(self, path, config=None, step: int | None = None):
         from dynjax.loaders import hf, tensors
-        from dynjax.models import build
 
         super().__init__(path, step)
         if not self.path.is_dir():
@@ -40,7 +39,7 @@ class HfDir(Target):
         except (ConfigError, CheckpointError) as e:
             raise AuditError(str(e)) from None
         print(f"{self.path}: weights load in {self.dtype} ({why})", file=sys.stderr)
-        self.model = build(self.cfg)
+        self.model = hf.model_of(self.cfg)
 
     @property
     def label(self) -> str:
@@ -79,9 +78,13 @@ class HfDir(Target):
                              "checkpoint (e.g. mixtral, olmoe, qwen3_moe, deepseek_v3, gpt_oss)")
 
     def scorecard_audit_config(self, config):
-        """Refused before any work for a dense checkpoint: the scorecard's panels are its
-        routers' variation, dependence and execution."""
+        """Refused before any work for a dense checkpoint (the scorecard's panels are its
+        routers' variation, dependence and execution) and for a model outside the ``llm``
+        family (DeepSeek-V4: its execution panel is not written; audit it)."""
         self.require_coefficients("score")
+        if not hasattr(self.cfg, "moe_dispatch"):
+            raise AuditError(f"scorecard.py --hf does not score {self.cfg.model_type} yet (its "
+                             "execution panel is the llm family's); audit it with audit.py --hf")
         return super().scorecard_audit_config(config)
 
     @classmethod
@@ -93,7 +96,7 @@ class HfDir(Target):
         n_calib, n_eval = int(dc.calib_windows), int(dc.eval_windows)
         seq_len = int(windows.opt(dc, "seq_len", DEFAULT_SEQ_LEN))
         rows = min(settings.batch_size, n_calib, n_eval)
-        est = panels.llm_estimate(self.cfg, n_eval, seq_len, rows)
+        est = panels.estimate(self.model, n_eval, seq_len, rows)
         model = {"n_layer": self.cfg.n_layers, "dim": self.cfg.hidden_size,
                  "dtype": self.cfg.dtype, "params": est["param_count"],
                  "active_params": est["active_param_count"]}

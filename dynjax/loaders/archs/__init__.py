@@ -10,7 +10,12 @@ A module here (``llama.py``, ``qwen2_moe.py``, ...) defines ``ARCH``, an :class:
   components it composes (``attention``, ``router``, ``experts``, ``rope_type``, ...) and
   refusing in one line a setting it does not compute;
 - ``tensors``: params path -> checkpoint tensor name (:mod:`.common`'s tables, extended or
-  overridden).
+  overridden);
+- ``port``: None for an ``llm.Config`` model (every port so far but one); an architecture
+  whose layer ``llm.Config`` cannot describe (DeepSeek-V4's hyper-connection streams) names
+  its own model here: an object with ``config(hf, dtype) -> cfg``, ``build(cfg) -> model``
+  and ``params(cfg, tensors, strict, shardings) -> params`` (``dynjax.loaders.hf`` calls
+  the same three for every architecture, the ``llm`` one by default).
 
 Every module in this package that defines ``ARCH`` is registered by its model_type when
 the package is imported: adding an architecture is adding its module (docs/hf.md).
@@ -28,9 +33,10 @@ from dynjax.errors import ConfigError
 @dataclasses.dataclass(frozen=True)
 class Arch:
     model_type: str
-    config: Callable[[Mapping], dict]
-    tensors: Mapping
+    config: Callable[[Mapping], dict] | None
+    tensors: Mapping = dataclasses.field(default_factory=dict)
     defaults: Mapping = dataclasses.field(default_factory=dict)
+    port: object = None
 
 
 def _discover() -> dict:

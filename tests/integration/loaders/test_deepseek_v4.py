@@ -11,6 +11,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from dynjax import coeffs as coeffs_lib
 from dynjax.models.components import hyper
@@ -170,6 +171,35 @@ def port():
     return model, params, ref, apply, logits, coeffs
 
 
+def test_the_architecture_layout_reads_v4():
+    """deepseek_v4 is a plug-in of dynjax.loaders.archs (its own model through its port):
+    hf.load and open_target reach DeepseekV4; the params are what param_table says (shapes,
+    logical axes, counts); a config.json that disagrees with a tensor is one line."""
+    import dataclasses
+
+    from dynjax.errors import CheckpointError
+    from dynjax.loaders import archs, hf, tensors
+    from dynjax.runs import open_target
+    assert "deepseek_v4" in archs.SUPPORTED
+    model, params = port()[:2]
+    assert isinstance(model, v4.DeepseekV4) and model.cfg.model_type == "deepseek_v4"
+    rows = {p: s for p, s, _ in v4.param_table(model.cfg)}
+    flat = {tuple(getattr(k, "key", getattr(k, "idx", None)) for k in path): a
+            for path, a in jax.tree_util.tree_flatten_with_path(params)[0]}
+    assert {p: tuple(a.shape) for p, a in flat.items()} == {p: tuple(s) for p, s in rows.items()}
+    assert flat[("layers", 0, "moe", "tid2eid")].dtype == jnp.int32
+    assert v4.param_count(model.cfg)["total"] == sum(a.size for a in flat.values())
+    specs = model.logical_axes()
+    assert jax.tree.structure(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)
+                              ) == jax.tree.structure(params)
+    target = open_target(str(CHECKPOINT))
+    assert target.kind == "hf" and isinstance(target.model, v4.DeepseekV4)
+    bad = dataclasses.replace(model.cfg, moe_intermediate_size=10)
+    with pytest.raises(CheckpointError, match="config.json implies"):
+        hf.params_from_tensors(bad, tensors.Tensors(str(CHECKPOINT), hf.read_config(
+            str(CHECKPOINT))))
+
+
 def test_logits_equal_transformers():
     """float32 logits of a 4-layer model (HCA, CSA, sliding, CSA; 2 hash-routed layers)."""
     _, _, ref, _, logits, _ = port()
@@ -248,8 +278,10 @@ def test_config_defaults_and_refusals():
         "heavily_compressed_attention",) * 2 + ("heavily_compressed_attention",)
     import pytest
     from dynjax.errors import ConfigError
-    with pytest.raises(ConfigError, match="quantized"):
-        v4.config_from_hf({"model_type": "deepseek_v4", "quantization_config": {"x": 1}})
+    from dynjax.loaders import hf
+    with pytest.raises(ConfigError, match="'gptq'"):   # FP8 / FP4 load (hf.md, Formats)
+        hf.config_from_hf({"model_type": "deepseek_v4",
+                           "quantization_config": {"quant_method": "gptq"}})
     with pytest.raises(ConfigError, match="scoring_func"):
         v4.config_from_hf({"model_type": "deepseek_v4", "scoring_func": "softmax"})
 
