@@ -60,7 +60,8 @@ from dynjax.models.components import hyper
 from dynjax.models.components import indexer as indexer_lib
 from dynjax.models.components import rotary as rotary_lib
 from dynjax.models.components import table
-from dynjax.models.components.experts import mlp_rows
+from dynjax.models.components import attention as attention_lib
+from dynjax.models.components.experts import clamped_glu, mlp_rows
 from dynjax.models.components.norms import rms_norm
 
 F32 = jnp.float32
@@ -380,10 +381,7 @@ def attention(cfg: Config, kind: str, p, x, positions, given):
         keys = jnp.concatenate([kv, entries], axis=1)
         mask = jnp.concatenate([mask, chosen], axis=-1)
     logits = jnp.einsum("bthd,bsd->bhts", q, keys) * F32(hd ** -0.5)
-    logits = jnp.where(mask[:, None], logits, -jnp.inf)
-    sinks = jnp.broadcast_to(p["sinks"].astype(logits.dtype)[None, :, None, None],
-                             (*logits.shape[:-1], 1))
-    probs = jax.nn.softmax(jnp.concatenate([logits, sinks], axis=-1), axis=-1)[..., :-1]
+    probs = attention_lib.sink_softmax(jnp.where(mask[:, None], logits, -jnp.inf), p["sinks"])
     out = jnp.einsum("bhts,bsd->bthd", probs, keys)
     out = rotate(out, cos, -sin)                          # undo the values' rotation
     G = cfg.o_groups
@@ -411,11 +409,6 @@ def route(cfg: Config, p, scores, tokens):
     return experts, w / (jnp.sum(w, -1, keepdims=True) + 1e-20) * F32(cfg.routed_scaling_factor)
 
 
-def clamped_swiglu_rows(limit, gate, up):
-    """silu(min(gate, limit)) * clip(up, -limit, limit): V4's SwiGLU activation."""
-    return jax.nn.silu(jnp.minimum(gate, limit)) * jnp.clip(up, -limit, limit)
-
-
 def moe(cfg: Config, p, x, tokens, given):
     """The MoE FFN of x (B, T, D): (y, {"router" | "hash_router": s} after its site)."""
     B, T, D = x.shape
@@ -429,11 +422,11 @@ def moe(cfg: Config, p, x, tokens, given):
 
     def grouped(ws, rows, groups):
         mm = lambda a, n: dispatch.grouped_matmul(a, ws[n], groups)
-        return mm(clamped_swiglu_rows(limit, mm(rows, "gate"), mm(rows, "up")), "down")
+        return mm(clamped_glu(mm(rows, "gate"), mm(rows, "up"), limit), "down")
     y = dispatch.dropless(x.reshape(B * T, D), e, w.astype(x.dtype), cfg.num_experts,
                           grouped, expert_params=p["experts"]).reshape(B, T, D)
     s = p["shared"]
-    shared = clamped_swiglu_rows(limit, x @ s["gate"], x @ s["up"]) @ s["down"]
+    shared = clamped_glu(x @ s["gate"], x @ s["up"], limit) @ s["down"]
     return y + shared, used
 
 

@@ -171,16 +171,22 @@ class Mla:
                 (cfg.n_heads, cfg.v_head_dim))
 
 
+def sink_softmax(logits, sinks):
+    """Attention probabilities (B, H, Tq, Tk) of masked ``logits`` with one learned sink
+    logit per head (``sinks`` (H,)) joining each row's softmax, its probability dropped:
+    gpt-oss's and DeepSeek-V4's attention sinks."""
+    sink = jnp.broadcast_to(sinks.astype(logits.dtype)[None, :, None, None],
+                            logits.shape[:-1] + (1,))
+    return jax.nn.softmax(jnp.concatenate([logits, sink], axis=-1), axis=-1)[..., :-1]
+
+
 def _sink_attend(q, k, v, q_pos, k_pos, sinks, window: int):
     logits = attention_scores(q, k)                                 # (B, H, Tq, Tk) float32
     gap = q_pos[:, :, None] - k_pos[:, None, :]
     visible = gap >= 0
     if window:
         visible &= gap < window
-    logits = jnp.where(visible[:, None], logits, MASK_VALUE)
-    sink = jnp.broadcast_to(sinks.astype(jnp.float32)[None, :, None, None],
-                            logits.shape[:-1] + (1,))
-    probs = jax.nn.softmax(jnp.concatenate([logits, sink], axis=-1), axis=-1)[..., :-1]
+    probs = sink_softmax(jnp.where(visible[:, None], logits, MASK_VALUE), sinks)
     return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
 
 

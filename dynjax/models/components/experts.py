@@ -56,6 +56,17 @@ class SwiGLU:
         return jnp.einsum("nef,efd->ned", h, w["down"])
 
 
+def clamped_glu(gate, up, limit: float, alpha: float = 1.0, up_offset: float = 0.0):
+    """The clamped SwiGLU activation: (clip(up, -limit, limit) + up_offset) g sigmoid(alpha g),
+    g = min(gate, limit). gpt-oss: alpha 1.702, offset 1; DeepSeek-V4 (experts and shared
+    expert): alpha 1, offset 0, i.e. silu(min(gate, limit)) clip(up)."""
+    gate = jnp.minimum(gate, limit)
+    up = jnp.clip(up, -limit, limit)
+    if up_offset:
+        up = up + up_offset
+    return up * (gate * jax.nn.sigmoid(gate * alpha))
+
+
 class ClampedSwiGLU:
     """gpt-oss's experts: interleaved gate/up with biases, clamped SwiGLU, down with bias."""
 
@@ -70,10 +81,7 @@ class ClampedSwiGLU:
                 (path + ("down_bias",), (experts, d), ("expert", "embed"))]
 
     def glu(self, h):
-        gate, up = h[..., 0::2], h[..., 1::2]
-        gate = jnp.minimum(gate, self.limit)
-        up = jnp.clip(up, -self.limit, self.limit)
-        return (up + 1) * (gate * jax.nn.sigmoid(gate * self.alpha))
+        return clamped_glu(h[..., 0::2], h[..., 1::2], self.limit, self.alpha, 1.0)
 
     def grouped(self, w, rows, groups):
         e = groups.row_expert

@@ -15,6 +15,7 @@ import pytest
 
 from dynjax import coeffs as coeffs_lib
 from dynjax.models.components import hyper
+from dynjax.models.components.experts import clamped_glu
 
 REFERENCE = pathlib.Path(__file__).parents[3] / "tests" / "data" / "deepseek_v4_parts.npz"
 DIMS = hyper.Dims(hidden_size=16, hc=4, sinkhorn_iters=20, eps=1e-6, norm_eps=1e-6)
@@ -117,7 +118,7 @@ def test_routers_and_clamped_swiglu_equal_transformers():
     np.testing.assert_array_equal(experts, data["hash.idx"])
     np.testing.assert_allclose(w, data["hash.w"], atol=1e-6)
     xm = jnp.asarray(data["mlp.x"])
-    y = v4.clamped_swiglu_rows(1.5, xm @ data["mlp.gate"].T, xm @ data["mlp.up"].T) \
+    y = clamped_glu(xm @ data["mlp.gate"].T, xm @ data["mlp.up"].T, 1.5) \
         @ data["mlp.down"].T
     np.testing.assert_allclose(y, data["mlp.y"], atol=2e-6)
 
