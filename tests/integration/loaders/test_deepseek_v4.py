@@ -180,7 +180,7 @@ def test_the_architecture_layout_reads_v4():
 
     from dynjax.errors import CheckpointError
     from dynjax.loaders import archs, hf, tensors
-    from dynjax.runs import open_target
+    from dynjax.audit.targets import open_target
     assert "deepseek_v4" in archs.SUPPORTED
     model, params = port()[:2]
     assert isinstance(model, v4.DeepseekV4) and model.cfg.model_type == "deepseek_v4"
