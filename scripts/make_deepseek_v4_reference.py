@@ -167,15 +167,75 @@ def topk_margin(scores, k):
     return float(gap.min()) if gap.numel() else float("inf")
 
 
-def build_model(out: pathlib.Path) -> dict:
+# The FP4 fixture (tests/data/hf/deepseek_v4_fp4): experts as V4-Flash ships them, int8
+# pairs of e2m1 values with one e8m0 scale per row and 32 inputs, so every expert matrix
+# is 32 wide; two layers (sliding + hash, CSA + learned router)
+FP4_MODEL = dict(MODEL, num_hidden_layers=2, moe_intermediate_size=32,
+                 layer_types=["sliding_attention", "compressed_sparse_attention"],
+                 mlp_layer_types=["hash_moe", "moe"])
+FP4_QUANTIZATION = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
+                    "weight_block_size": [128, 128], "activation_scheme": "dynamic",
+                    "expert_dtype": "fp4"}
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
+
+
+def quantize_fp4(w: np.ndarray):
+    """(packed int8 (N, K/2), e8m0 exponent bytes (N, K/32), the values they hold (N, K)):
+    per row and 32 inputs, the power of two that brings the largest |w| to at most 6,
+    then each value to its nearest e2m1 (low nibble first in each byte)."""
+    N, K = w.shape
+    g = w.reshape(N, K // 32, 32).astype(np.float32)
+    amax = np.maximum(np.abs(g).max(-1, keepdims=True), 1e-30)
+    exp = np.ceil(np.log2(amax / 6.0)).astype(np.int32)
+    q = g / np.exp2(exp)
+    code = np.abs(np.abs(q)[..., None] - E2M1).argmin(-1).astype(np.uint8)
+    code |= np.where((q < 0) & (code > 0), 8, 0).astype(np.uint8)
+    values = (np.sign(q) * E2M1[code & 7] * np.exp2(exp)).reshape(N, K)
+    code = code.reshape(N, K)
+    packed = (code[:, 0::2] | (code[:, 1::2] << 4)).astype(np.uint8).view(np.int8)
+    return packed, (exp[..., 0] + 127).astype(np.uint8), values.astype(np.float32)
+
+
+def _round_experts_to_fp4(model):
+    """Every routed expert's weights replaced by the FP4 values they will be stored as."""
+    import torch
+    for layer in model.model.layers:
+        ex = layer.mlp.experts
+        for p in (ex.gate_up_proj, ex.down_proj):
+            p.copy_(torch.from_numpy(np.stack([quantize_fp4(w)[2] for w in p.numpy()])))
+
+
+def _store_experts_as_fp4(out: pathlib.Path):
+    """Rewrite model.safetensors with each ``experts.E.wN.weight`` FP4-packed beside its
+    ``.scale`` (F8_E8M0), and config.json's quantization_config as V4-Flash's."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path = out / "model.safetensors"
+    tensors = load_file(path)
+    for name in [n for n in tensors if ".experts." in n and n.endswith(".weight")]:
+        packed, scale, values = quantize_fp4(tensors[name].numpy())
+        assert np.array_equal(values, tensors[name].numpy()), name   # already FP4 values
+        tensors[name] = torch.from_numpy(packed)
+        tensors[name[:-7] + ".scale"] = torch.from_numpy(scale).view(torch.float8_e8m0fnu)
+    save_file(tensors, path, metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = FP4_QUANTIZATION
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def build_model(out: pathlib.Path, sizes: dict = MODEL, fp4: bool = False) -> dict:
     """A tiny random DeepseekV4ForCausalLM (HCA, CSA, sliding, CSA layers; two hash-routed
     layers) saved with its config; reference.npz: input ids, logits, each MoE layer's expert
-    indices, each CSA layer's indexer selection (-1: none), a greedy continuation."""
+    indices, each CSA layer's indexer selection (-1: none), a greedy continuation. ``fp4``:
+    the experts rounded to FP4 before the reference runs and stored FP4-packed."""
     import torch
     import transformers
     from transformers.models.deepseek_v4 import modeling_deepseek_v4 as m
 
-    cfg = transformers.DeepseekV4Config(**MODEL)
+    cfg = transformers.DeepseekV4Config(**sizes)
     cfg._attn_implementation = "eager"
     for seed in range(20):
         torch.manual_seed(seed)
@@ -201,6 +261,8 @@ def build_model(out: pathlib.Path) -> dict:
                         :cfg.num_experts_per_tok] for _ in range(cfg.vocab_size)]))
                 else:
                     gate.e_score_correction_bias.normal_(0.0, 0.2)
+            if fp4:
+                _round_experts_to_fp4(model)
         seen = {"experts": [], "router_scores": [], "index": [], "index_scores": []}
         hooks = []
         for layer in model.model.layers:
@@ -236,6 +298,8 @@ def build_model(out: pathlib.Path) -> dict:
         greedy = model.generate(ids[:, :PROMPT], max_new_tokens=NEW, do_sample=False,
                                 min_new_tokens=NEW, eos_token_id=None, pad_token_id=0)
     base.save_checkpoint(model, out)
+    if fp4:
+        _store_experts_as_fp4(out)
     write_tokenizer(out)
     np.savez(out / "reference.npz", input_ids=ids.numpy(), logits=logits.numpy(),
              experts=np.stack([e.numpy() for e in seen["experts"]]),
@@ -380,7 +444,7 @@ def _indexer_margin(seen, k):
     return worst
 
 
-FIXTURES = ("deepseek_v4", "deepseek_v32", "glm_moe_dsa")
+FIXTURES = ("deepseek_v4", "deepseek_v4_fp4", "deepseek_v32", "glm_moe_dsa")
 
 
 def write_tokenizer(out: pathlib.Path):
@@ -403,6 +467,10 @@ def main():
     if args.tokenizers:
         for name in FIXTURES:
             write_tokenizer(pathlib.Path("tests/data/hf") / name)
+        return
+    if args.only == "deepseek_v4_fp4":
+        print(args.only, build_model(pathlib.Path("tests/data/hf/deepseek_v4_fp4"), FP4_MODEL,
+                                     fp4=True))
         return
     if args.only in ("deepseek_v32", "glm_moe_dsa"):
         sizes = V32 if args.only == "deepseek_v32" else GLM5

@@ -240,6 +240,14 @@ MUTANTS = (
            "    out[..., 0] = FP4_E2M1[b >> 4]\n    out[..., 1] = FP4_E2M1[b & 0x0F]\n",
            (FORMATS + "test_mxfp4_equals_transformers_dequantisation",),
            "MXFP4's low nibble is the first of its two values"),
+    Mutant("v4_fp4_nibbles_swapped", "dynjax/loaders/tensors.py",
+           "        w = unpack_e2m1(weight)\n",
+           "        w = unpack_e2m1(weight).reshape(weight.shape + (2,))[..., ::-1].reshape(\n"
+           "            weight.shape[:-1] + (-1,))\n",
+           (FORMATS + "test_fp4_packed_experts_low_nibble_first_one_scale_per_32",
+            "tests/integration/loaders/test_deepseek_v4.py::"
+            "test_fp4_experts_dequantise_to_the_unpacked_model"),
+           "DeepSeek-V4's int8 FP4 experts hold the low nibble first"),
     Mutant("mxfp4_e8m0_bias", "dynjax/loaders/tensors.py",
            "exponent = scales.view(np.uint8).astype(np.int32) - 127",
            "exponent = scales.view(np.uint8).astype(np.int32) - 128",

@@ -163,12 +163,38 @@ FP4_E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
                      -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float32)
 
 
+def unpack_e2m1(packed: np.ndarray) -> np.ndarray:
+    """float32 of FP4 e2m1 values packed two per byte, the low nibble first: the last axis
+    doubles (MXFP4's blocks and DeepSeek-V4's int8 experts share this packing)."""
+    b = packed.view(np.uint8)
+    out = np.empty(b.shape + (2,), np.float32)
+    out[..., 0] = FP4_E2M1[b & 0x0F]
+    out[..., 1] = FP4_E2M1[b >> 4]
+    return out.reshape(b.shape[:-1] + (2 * b.shape[-1],))
+
+
 def dequantize_fp8_block(weight: np.ndarray, scale_inv: np.ndarray, block) -> np.ndarray:
     """float32 of ``(..., N, K)`` FP8 weights times one scale per ``block`` = (bn, bk):
     ``scale_inv[..., i, j]`` scales rows ``[i*bn, (i+1)*bn)`` and columns ``[j*bk, (j+1)*bk)``,
     the last block of a dimension possibly short (DeepSeek-V3's 576-row
-    ``kv_a_proj_with_mqa`` has 5 row blocks of 128). e8m0 scales are 2 ** (byte - 127)."""
-    w = weight.astype(np.float32)
+    ``kv_a_proj_with_mqa`` has 5 row blocks of 128). e8m0 scales are 2 ** (byte - 127)
+    (stored as F8_E8M0 or as raw U8 bytes).
+
+    An int8 weight is FP4-packed (DeepSeek-V4's experts, quantization_config
+    ``expert_dtype="fp4"``): ``(..., N, K / 2)`` bytes of two e2m1 values each, low nibble
+    first, with one scale per row and 32 columns, whatever ``block`` says (its scale grid
+    ``(N, K / 32)`` gives the block, as transformers' Fp8Dequantize reads it)."""
+    if weight.dtype == np.int8:
+        w = unpack_e2m1(weight)
+        (N, K), (sn, sk) = w.shape[-2:], scale_inv.shape[-2:]
+        if N % sn or K % sk:
+            raise CheckpointError(f"an FP4 weight of {N} x {K} values has a {sn} x {sk} scale "
+                                  "grid that does not divide it; use the checkpoint's own files")
+        block = (N // sn, K // sk)
+    else:
+        w = weight.astype(np.float32)
+    if scale_inv.dtype == np.uint8:
+        scale_inv = scale_inv.view(ml_dtypes.float8_e8m0fnu)
     s = scale_inv.astype(np.float32)
     (N, K), (sn, sk), (bn, bk) = w.shape[-2:], s.shape[-2:], block
     if (-(-N // bn), -(-K // bk)) != (sn, sk):
@@ -191,11 +217,8 @@ def dequantize_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     b = blocks.view(np.uint8)
     if b.shape[:-1] != scales.shape:
         raise CheckpointError(f"MXFP4 blocks {b.shape} and scales {scales.shape} disagree")
-    out = np.empty(b.shape[:-1] + (b.shape[-1], 2), np.float32)
-    out[..., 0] = FP4_E2M1[b & 0x0F]
-    out[..., 1] = FP4_E2M1[b >> 4]
     exponent = scales.view(np.uint8).astype(np.int32) - 127
-    out = np.ldexp(out, exponent[..., None, None]).astype(np.float32)
+    out = np.ldexp(unpack_e2m1(b), exponent[..., None]).astype(np.float32)
     E, R, G = scales.shape
     return out.reshape(E, R, G * b.shape[-1] * 2).transpose(0, 2, 1)
 
@@ -352,6 +375,8 @@ class Tensors:
         for name, (f, raw) in self.source.items():
             if name.endswith("_scale_inv") and name.removesuffix("_scale_inv") in self.source:
                 continue
+            if name.endswith(".scale") and name[:-6] + ".weight" in self.source:
+                continue                       # DeepSeek-V4's own name for weight_scale_inv
             if name.endswith(("_scales", "_blocks")):
                 stem = name[:-7]
                 if stem + "_blocks" in self.source and stem + "_scales" in self.source:
@@ -362,6 +387,13 @@ class Tensors:
 
     def __contains__(self, name):
         return name in self.where
+
+    def _scale_of(self, name: str) -> str | None:
+        """The scales beside quantized weight ``name``: ``weight_scale_inv`` (transformers'
+        name) or ``scale`` (DeepSeek-V4-Flash's own); None if it has none."""
+        names = [name + "_scale_inv"] + ([name[:-7] + ".scale"] if name.endswith(".weight")
+                                         else [])
+        return next((n for n in names if n in self.source), None)
 
     def _raw(self, name: str) -> np.ndarray:
         f, raw = self.source[name]
@@ -377,8 +409,8 @@ class Tensors:
                                   "another model")
         if name not in self.source:                     # MXFP4 *_blocks + *_scales
             a = dequantize_mxfp4(self._raw(name + "_blocks"), self._raw(name + "_scales"))
-        elif name + "_scale_inv" in self.source:        # block FP8 + weight_scale_inv
-            a = dequantize_fp8_block(self._raw(name), self._raw(name + "_scale_inv"),
+        elif self._scale_of(name):                     # block FP8 (or FP4) + its scales
+            a = dequantize_fp8_block(self._raw(name), self._raw(self._scale_of(name)),
                                      self.fp8_block)
         else:
             a = self._raw(name)

@@ -201,6 +201,30 @@ def test_the_architecture_layout_reads_v4():
             str(CHECKPOINT))))
 
 
+def test_fp4_experts_dequantise_to_the_unpacked_model():
+    """tests/data/hf/deepseek_v4_fp4 ships its experts as V4-Flash does (int8 pairs of e2m1,
+    an F8_E8M0 ``.scale`` per row and 32 inputs, quantization_config expert_dtype fp4):
+    hf.load dequantises them on load, and the forward equals transformers' float32 forward
+    of the same model holding those FP4 values unpacked; the expert sets are its own."""
+    from dynjax.loaders import hf, tensors
+    path = CHECKPOINT.parent / "deepseek_v4_fp4"
+    raw = tensors.SafetensorsFile(str(path / "model.safetensors"))
+    w = "model.layers.1.ffn.experts.3.w2.weight"
+    assert raw.dtype(w) == np.int8 and raw.entries[w][1] == (32, 16)
+    assert raw.dtype(w[:-7] + ".scale").name == "float8_e8m0fnu"
+    model, params = hf.load(str(path), jnp.float32)
+    ref = dict(np.load(path / "reference.npz"))
+    ids = jnp.asarray(ref["input_ids"])
+    logits, coeffs = jax.jit(model.apply)(params, ids)
+    err = float(np.abs(np.asarray(logits) - ref["logits"]).max())
+    assert err <= 1e-5, f"max |dlogit| {err:.3g}"
+    experts, _ = v4.route(model.cfg, params["layers"][1]["moe"], coeffs["router"][0], ids)
+    np.testing.assert_array_equal(np.sort(experts, -1), np.sort(ref["experts"][1], -1))
+    down = np.asarray(params["layers"][1]["moe"]["experts"]["down"])
+    assert len(np.unique(down)) > 10 and np.all(np.isin(np.abs(down / np.exp2(np.floor(
+        np.log2(np.abs(down) + (down == 0))))), [0, 1, 1.5]))   # e2m1 mantissas times 2^e
+
+
 def test_logits_equal_transformers():
     """float32 logits of a 4-layer model (HCA, CSA, sliding, CSA; 2 hash-routed layers)."""
     _, _, ref, _, logits, _ = port()

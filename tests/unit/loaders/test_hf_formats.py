@@ -75,6 +75,23 @@ def test_mxfp4_equals_transformers_dequantisation():
     assert len(np.unique(ref["mxfp4_down_proj_f32"])) > 50
 
 
+def test_fp4_packed_experts_low_nibble_first_one_scale_per_32():
+    """DeepSeek-V4's FP4 experts (quantization_config expert_dtype="fp4"): int8 bytes of two
+    e2m1 values, the low nibble first, one e8m0 scale per row and 32 values (F8_E8M0 or U8
+    bytes), whatever weight_block_size says; the grid must divide the weight."""
+    row = np.array([0x21, 0xF9] * 8 + [0x70, 0x0E] * 8, np.uint8).view(np.int8)  # 64 values
+    w = np.stack([row, row])                                       # (2, 32) bytes: 2 x 64
+    s = np.array([[128, 126], [127, 127]], np.uint8)               # 2, 1/2 | 1, 1
+    got = tensors.dequantize_fp8_block(w, s, (128, 128))
+    np.testing.assert_array_equal(got[0, :4], [1.0, 2.0, -1.0, -12.0])    # 0x21 -> 0.5, 1.0
+    np.testing.assert_array_equal(got[0, 32:36], [0.0, 3.0, -2.0, 0.0])   # 0x70, 0x0E at 1/2
+    np.testing.assert_array_equal(got[1, :4], [0.5, 1.0, -0.5, -6.0])
+    np.testing.assert_array_equal(
+        tensors.dequantize_fp8_block(w, s.view(ml_dtypes.float8_e8m0fnu), (128, 128)), got)
+    with pytest.raises(CheckpointError, match="does not divide"):
+        tensors.dequantize_fp8_block(w, s[:, :1].repeat(3, 1), (128, 128))
+
+
 def test_fp8_checkpoint_loads_to_transformers_logits():
     """A Llama whose projections are block FP8 (layer 0 float32 scales, layer 1 e8m0) against
     transformers' forward of its own dequantised weights; bf16 by default (its dtype)."""
