@@ -456,14 +456,103 @@ def write_tokenizer(out: pathlib.Path):
     base.train_tokenizer(out / "tokenizer.json", vocab)
 
 
+def _selection_rows(idx, n: int) -> np.ndarray:
+    """transformers' indexer picks (..., k) of entry indices (-1: none) as a mask (..., n)."""
+    idx = np.asarray(idx).astype(np.int64)
+    mask = np.zeros(idx.shape[:-1] + (n + 1,), bool)
+    np.put_along_axis(mask, np.where(idx < 0, n, idx), True, -1)
+    return mask[..., :n]
+
+
+def write_rows(rows: dict, path: pathlib.Path):
+    """Put ``rows`` into the ``architectures`` of the parity file (results/hf_parity.json,
+    which make_hf_fixtures.py writes) beside its rows, atomically; print each."""
+    import json
+
+    from dynjax import jsonio
+
+    table = json.loads(path.read_text()) if path.exists() else {"architectures": {}}
+    rows = {n: {**r, "checked_by": "python scripts/make_deepseek_v4_reference.py --check"}
+            for n, r in rows.items()}
+    table["architectures"].update(rows)
+    table["architectures"] = dict(sorted(table["architectures"].items()))
+    for name, row in rows.items():
+        print(name, row, flush=True)
+    jsonio.write_json_atomic(str(path), table)
+    print(f"parity rows of {', '.join(rows)}: {path}")
+
+
+def parity(out: pathlib.Path) -> dict:
+    """A committed fixture against its reference.npz, read by ``dynjax.loaders.hf.load``
+    (jitted float32): max |dlogit|, and whether every MoE layer's expert sets and every
+    indexer's selections are transformers' on every token."""
+    import jax
+
+    from dynjax.loaders import hf
+    from dynjax.models import deepseek_v4 as v4
+    from dynjax.models import llm
+    from dynjax.models.components import indexer
+
+    ref = dict(np.load(out / "reference.npz"))
+    model, params = hf.load(str(out))
+    ids = ref["input_ids"]
+    logits, coeffs = jax.jit(model.apply)(params, ids)
+    cfg, T = model.cfg, ids.shape[1]
+    if isinstance(model, v4.DeepseekV4):
+        kinds = {"hash_moe": iter(coeffs.get("hash_router", ())),
+                 "moe": iter(coeffs.get("router", ()))}
+        experts = np.stack([np.asarray(v4.route(cfg, params["layers"][i]["moe"],
+                                                next(kinds[kind]), ids)[0])
+                            for i, kind in enumerate(cfg.mlp_layer_types)])
+        positions = np.arange(T)
+        chosen = [np.asarray(v4.index_select(cfg, s, positions)) for s in coeffs["indexer"]]
+        visible = [np.asarray(v4.visible_entries(cfg.csa_rate, s.shape[-1], positions))
+                   for s in coeffs["indexer"]]
+    else:
+        experts = np.asarray(llm.selected_experts(cfg, params, coeffs["router"]))
+        causal = np.tril(np.ones((T, T), bool))
+        chosen = [np.asarray(indexer.select(s, causal, cfg.index_topk))
+                  for s in coeffs["indexer"]]
+        visible = [causal] * len(chosen)
+    # transformers names k entries per query (-1: none; a query that sees fewer than k
+    # also names masked ones, which it gives no weight): compare among the visible ones
+    same_sel = len(chosen) == len(ref["index"]) and all(
+        np.array_equal(c, _selection_rows(r, c.shape[-1]) & v)
+        for c, r, v in zip(chosen, ref["index"], visible))
+    return {"max_abs_logit_diff": float(np.abs(np.asarray(logits) - ref["logits"]).max()),
+            "max_abs_logit": float(np.abs(ref["logits"]).max()),
+            "top_k_sets_equal": bool(np.array_equal(np.sort(experts.reshape(
+                ref["experts"].shape), -1), np.sort(ref["experts"], -1))),
+            "indexer_selections_equal": bool(same_sel),
+            "batch": int(ids.shape[0]), "seq_len": int(T),
+            "seed": int(ref["seed"]), "index_margin": float(ref["index_margin"]),
+            **({"router_margin": float(ref["router_margin"])} if "router_margin" in ref
+               else {}),
+            "transformers": str(ref["transformers"]), "torch": str(ref["torch"]),
+            "made_by": "python scripts/make_deepseek_v4_reference.py"
+                       + ("" if out.name == "deepseek_v4" else f" --only {out.name}")}
+
+
+def check(root: pathlib.Path = ROOT / "tests/data/hf") -> dict:
+    """The parity rows of every fixture this script makes (``FIXTURES``), no torch."""
+    return {name: parity(root / name) for name in FIXTURES}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="tests/data/deepseek_v4_parts.npz")
     ap.add_argument("--model-out", default="tests/data/hf/deepseek_v4")
     ap.add_argument("--only", default="", help="deepseek_v32: build only that fixture")
+    ap.add_argument("--check", action="store_true",
+                    help="recompute the committed fixtures' parity rows into --results; "
+                         "build nothing (no torch needed)")
+    ap.add_argument("--results", default=str(ROOT / "results/hf_parity.json"))
     ap.add_argument("--tokenizers", action="store_true",
                     help="only write each fixture's tokenizer.json (no torch needed)")
     args = ap.parse_args()
+    if args.check:
+        write_rows(check(), pathlib.Path(args.results))
+        return
     if args.tokenizers:
         for name in FIXTURES:
             write_tokenizer(pathlib.Path("tests/data/hf") / name)
