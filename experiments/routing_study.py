@@ -4,24 +4,29 @@
     python experiments/routing_study.py --runs=runs/routing_study --seeds=1     # one seed's items
     python experiments/routing_study.py --runs=runs/routing_study --plan        # what is done / left
     python experiments/routing_study.py --runs=/tmp/rs_check --check=5          # each arm, 5 steps
+    python experiments/routing_study.py --runs=/tmp/rs_check --check=5 --arms=hash,mhc
     python experiments/routing_study.py --runs=runs/routing_study --report      # results/routing_study/
 
-The arms are configs/routing_study.py's (``ARMS``; ``NOT_YET`` names the arms that wait
-for a component), three seeds each, at the FCA sweep's tiny size (4 layers, d = 128,
-``embedded_large``, batch 32 x 128, 1500 steps). For each trained seed, in order:
+The arms are configs/routing_study.py's (``ARMS``; ``--arms`` picks some), three seeds
+each, at the FCA sweep's tiny size (4 layers, d = 128, ``embedded_large``, batch 32 x 128,
+1500 steps). For each trained seed, in order, what ``routing_study.study(arm)`` gives the
+arm:
 
-1. ``audit``: audit.py's protocol with the routing conditions (configs/audit_tiny.py with
-   conditions correct, cross_input, token_shuffle, token_identity, expert_relabel,
-   weights_flat, static_profile, structure_removed; 256 calibration and 256 evaluation
-   windows, R = 10) into RUNS/audit/ARM_sSEED; the arm's three seeds combined
+1. ``audit``: audit.py's protocol (configs/audit_tiny.py; 256 calibration and 256
+   evaluation windows, R = 10) into RUNS/audit/ARM_sSEED with the arm's conditions: the
+   routers' (correct, cross_input, token_shuffle, token_identity, expert_relabel,
+   weights_flat, static_profile, structure_removed; the hash router without weights_flat)
+   or, for the attention gates and mHC, the FeatureGate / MUDD ones (correct, cross_input,
+   token_shuffle, static_profile, structure_removed); the arm's three seeds combined
    (audit.py --combine) into RUNS/audit/ARM;
-2. ``layers``: the per-layer table (dynjax.audit.layer_conditions): ΔNLL of cross_input and
-   token_identity applied to one layer's router at a time, with paired window CIs;
-3. ``experts``: causal expert importance against REAP saliency
+2. ``layers`` (routers): the per-layer table (dynjax.audit.layer_conditions): ΔNLL of
+   cross_input and token_identity applied to one layer's router at a time, with paired
+   window CIs;
+3. ``experts`` (learned routers): causal expert importance against REAP saliency
    (dynjax.audit.expert_importance.compare): ΔNLL of removing each expert with CIs, the
    Spearman correlation per layer, the bits/byte cost of pruning the bottom 25% / 50%.
 
-4. ``hf`` (seed 0 only): the run exported as a Hugging Face directory (``python -m
+4. ``hf`` (seed 0 of the arms with an HF twin: softmax_topk): the run exported as a Hugging Face directory (``python -m
    dynjax.export``) into RUNS/hf/ARM_s0 and audited through it (audit.py --hf's path, the
    same windows: the byte tokenizer gives the bytes); the record says whether every
    condition's ΔNLL equals the run directory's audit (a 6-step run of the arm, 8 + 8 windows,
@@ -49,13 +54,17 @@ SEEDS = (0, 1, 2)
 OUT = ROOT / "results" / "routing_study"
 AUDIT = dict(calib_windows=256, eval_windows=256, reassignments=10)
 STUDY = dict(eval_windows=128, layer_reassignments=5)   # per-layer table, expert importance
-CONDITIONS = ("correct", "cross_input", "token_shuffle", "token_identity", "expert_relabel",
-              "weights_flat", "static_profile", "structure_removed")
+SELECTED = []   # --arms: the arms to work on (empty: every arm)
 
 
 def arms():
     from dynjax.configs import routing_study
-    return routing_study.ARMS
+    return tuple(a for a in routing_study.ARMS if not SELECTED or a in SELECTED)
+
+
+def study(arm: str) -> dict:
+    from dynjax.configs import routing_study
+    return routing_study.study(arm)
 
 
 def train_config(arm: str, seed: int, steps: int | None = None):
@@ -85,11 +94,11 @@ def trained(path: pathlib.Path) -> bool:
     return ev.exists()
 
 
-def audit_config():
+def audit_config(arm: str = "softmax_topk"):
     from dynjax.configs import audit_tiny
 
     c = audit_tiny.get_config()
-    c.conditions = ",".join(CONDITIONS)
+    c.conditions = ",".join(study(arm)["conditions"])
     c.data.calib_windows = AUDIT["calib_windows"]
     c.data.eval_windows = AUDIT["eval_windows"]
     c.reassignments = AUDIT["reassignments"]
@@ -108,7 +117,10 @@ def work(runs: pathlib.Path, out: pathlib.Path, seeds=SEEDS) -> list:
             done = _read(seed_file(out, arm, seed))
             if not trained(run_dir(runs, arm, seed)) and not done:
                 items.append(("train", arm, seed))
-            for kind in ("audit", "layers", "experts") + (("hf",) if seed == 0 else ()):
+            todo = study(arm)
+            for kind in ("audit", "layers", "experts", "hf"):
+                if kind != "audit" and not todo[kind] or kind == "hf" and seed != 0:
+                    continue
                 if kind not in done:
                     items.append((kind, arm, seed))
         if all((runs / "audit" / f"{arm}_s{s}" / "results.json").exists() for s in SEEDS) \
@@ -141,7 +153,7 @@ def analyse(kind: str, path: pathlib.Path, runs: pathlib.Path, arm: str, seed: i
 
     if kind == "audit":
         d = runs / "audit" / path.name
-        res = audit_run.audit_from_config(audit_config(), [str(path)], out=str(d),
+        res = audit_run.audit_from_config(audit_config(arm), [str(path)], out=str(d),
                                           progress=False, log=lambda *a: None)
         return {"pooled": {name: _small(r) for name, r in res["conditions"].items()},
                 "audit_dir": str(d.relative_to(runs))}
@@ -220,7 +232,7 @@ def report(out: pathlib.Path) -> dict:
     lines = ["# Routing study: token identity vs context, per layer\n",
              "| arm | layer | seeds | ΔNLL cross-input [CI] | ΔNLL token-identity [CI] | "
              "difference TI - CI [CI] | share TI recovers [CI] |", "|---|---|---|---|---|---|---|"]
-    for arm in arms():
+    for arm in (a for a in arms() if study(a)["layers"]):
         files = [_read(seed_file(out, arm, s)) for s in SEEDS]
         files = [f for f in files if "layers" in f]
         if not files:
@@ -275,7 +287,13 @@ def main(argv=None):
     p.add_argument("--plan", action="store_true", help="list what is left and exit")
     p.add_argument("--report", action="store_true", help="combine the seeds' results")
     p.add_argument("--check", type=int, default=0, help="train each arm this many steps only")
+    p.add_argument("--arms", default="", help="comma-separated arms (default: every arm)")
     args = p.parse_args(argv)
+    from dynjax.configs import routing_study
+    SELECTED[:] = [a for a in args.arms.split(",") if a]
+    unknown = [a for a in SELECTED if a not in routing_study.ARMS]
+    if unknown:
+        p.error(f"--arms: unknown {unknown}; choose from {list(routing_study.ARMS)}")
     runs, out = pathlib.Path(args.runs), pathlib.Path(args.out)
     seeds = tuple(int(s) for s in args.seeds.split(",") if s)
     if args.check:

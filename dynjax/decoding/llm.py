@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from dynjax.decoding.cache import append_slots, write
 from dynjax.models import llm
-from dynjax.models.components import deltanet
+from dynjax.models.components import deltanet, hyper
 from dynjax.models.components.attention import ATTENTION
 from dynjax.models.mod import EMPTY
 
@@ -50,23 +50,41 @@ def positions(cfg: llm.Config, index):
 
 
 def chunk(cfg: llm.Config, params, cache, tokens, pos, branch):
-    """tokens (B, n) at ``pos`` -> logits (B, n, V), the new cache, info (none)."""
+    """tokens (B, n) at ``pos`` -> logits (B, n, V), the new cache, info (none). Under
+    ``residual`` "hyper" each block sits behind its hyper-connection, as in the forward."""
     del branch
     h = jnp.take(params["embed"], tokens, axis=0).astype(cfg.compute_dtype)
+    if cfg.residual == "hyper":
+        h = hyper.expand_embeddings(cfg.hyper, h)
     new_cache = []
     for i, (p, c) in enumerate(zip(params["layers"], cache)):
-        x = llm.norm(cfg, h, p["input_norm"])
-        if "deltanet" in p:
-            a, _, state = llm.token_mixer(cfg, p, x, pos, None, deltanet.State(**c))
-            c = state._asdict()
-        else:
+        def mixer(z, c=c, i=i, p=p):
+            x = llm.norm(cfg, z, p["input_norm"])
+            if "deltanet" in p:
+                a, _, state = llm.token_mixer(cfg, p, x, pos, None, deltanet.State(**c))
+                return a, state._asdict()
             q, k, v = llm.project_qkv(cfg, p["attn"], x, pos)
             c = write(c, append_slots(c, jnp.ones(tokens.shape, bool)), k, v, pos.index)
             gate, _ = llm.output_gate(cfg, p["attn"], x, None)
-            a = llm.attend(llm.layer_config(cfg, i), p["attn"], q, c["k"], c["v"], pos.index,
-                           c["pos"], gate)
-        h = h + a
-        h = h + llm.ffn(cfg, p, llm.norm(cfg, h, p["post_norm"]), None)[0]
+            return llm.attend(llm.layer_config(cfg, i), p["attn"], q, c["k"], c["v"],
+                              pos.index, c["pos"], gate), c
+
+        ffn = lambda z, p=p: llm.ffn(cfg, p, llm.norm(cfg, z, p["post_norm"]), None, tokens)[0]
+        if cfg.residual == "hyper":
+            out = {}
+
+            def block(z):
+                a, out["cache"] = mixer(z)
+                return a
+            h, _ = hyper.around(cfg.hyper, p["attn_hc"], h, block, None)
+            h, _ = hyper.around(cfg.hyper, p["ffn_hc"], h, ffn, None)
+            c = out["cache"]
+        else:
+            a, c = mixer(h)
+            h = h + a
+            h = h + ffn(h)
         new_cache.append(c)
+    if cfg.residual == "hyper":
+        h, _ = hyper.head(cfg.hyper, params["hc_head"], h, None)
     logits = llm.head(cfg, params, llm.norm(cfg, h, params["final_norm"]))
     return logits, new_cache, {}

@@ -58,6 +58,7 @@ from dynjax.errors import ConfigError
 from dynjax.models import dispatch
 from dynjax.models.components import hyper
 from dynjax.models.components import indexer as indexer_lib
+from dynjax.models.components import routers
 from dynjax.models.components import rotary as rotary_lib
 from dynjax.models.components import table
 from dynjax.models.components import attention as attention_lib
@@ -402,11 +403,10 @@ def route(cfg: Config, p, scores, tokens):
     """(experts (B, T, k), weights): a hash layer's from ``tid2eid[tokens]``, a learned
     layer's the top-k of s + bias; weights the chosen s renormalised, times the scale."""
     if "tid2eid" in p:
-        experts = jnp.take(p["tid2eid"], tokens, axis=0)
+        experts = routers.table_experts(p["tid2eid"], tokens)
     else:
         experts = jax.lax.top_k(scores + p["router_bias"].astype(F32), cfg.top_k)[1]
-    w = jnp.take_along_axis(scores, experts, axis=-1)
-    return experts, w / (jnp.sum(w, -1, keepdims=True) + 1e-20) * F32(cfg.routed_scaling_factor)
+    return experts, routers.weigh(scores, experts, True, cfg.routed_scaling_factor)
 
 
 def moe(cfg: Config, p, x, tokens, given):

@@ -54,12 +54,14 @@ from dynjax.models import dispatch
 from dynjax.models import mod as mod_lib
 from dynjax.models.sections import ModConfig
 from dynjax.models.components import deltanet
+from dynjax.models.components import hyper
 from dynjax.models.components import rotary as rotary_lib
 from dynjax.models.components import table
 from dynjax.models.components.attention import ATTENTION, LATENT_NORM_EPS
 from dynjax.models.components import indexer as indexer_lib
 from dynjax.models.components.experts import EXPERTS, experts_ffn, mlp_rows, swiglu
 from dynjax.models.components.norms import rms_norm
+from dynjax.models.components import routers as routers_lib
 from dynjax.models.components.routers import ROUTERS
 from dynjax.models.transformer import Positions
 
@@ -70,6 +72,7 @@ SHARED_GATE_AXES = Axes(("layer", "example", "token"))
 MOD_AXES = Axes(("layer", "example", "token"))
 ATTN_GATE_AXES = Axes(("layer", "example", "token", "head", "unit"))
 MIXERS = ("attention", "deltanet")
+RESIDUALS = ("plain", "hyper")          # h + block(h) | hyper-connections (components.hyper)
 QK_NORMS = ("none", "head", "full")      # none; per head (Qwen3); over all heads (OLMoE)
 ROPE_TYPES = rotary_lib.ROPE_TYPES
 MOE_DISPATCHES = ("dropless", "dense")
@@ -164,6 +167,10 @@ class Config:
     moe_dispatch: str = "dropless"   # "dropless": sort by expert (dispatch.dropless);
     #                                  "dense": every expert on every token (E/k x the FLOPs)
     router_aux_loss_coef: float = 0.0  # training: Switch load balance, E sum_e f_e P_e
+    router_bias_rate: float = 0.0    # training: DeepSeek-V3's aux-loss-free bias step u
+    residual: str = "plain"          # RESIDUALS: "hyper" = mHC with hc streams (DeepSeek-V4)
+    hc: int = 4                      # "hyper": residual streams per token
+    hc_sinkhorn_iters: int = 20      # "hyper": Sinkhorn rounds making comb doubly stochastic
     mod_layers: tuple = ()           # Mixture-of-Depths layers (disjoint from moe_layers)
     mod_capacity: float = 0.125      # c: a MoD layer runs k = floor(c T) tokens (top-k)
     mod_route: str = "topk"          # "topk" (training) | causal: "router" | "predictor"
@@ -215,6 +222,17 @@ class Config:
             (not set(self.deltanet_layers) & set(self.mod_layers),
              f"mod_layers={self.mod_layers} include Gated DeltaNet layers; MoD routes "
              "attention layers only"),
+            (self.router_bias_rate >= 0 and (not self.router_bias_rate or (
+                self.router == "grouped_topk" and self.router_bias)),
+             f"router_bias_rate={self.router_bias_rate} must be >= 0, and > 0 only with "
+             "router='grouped_topk' and router_bias=True (the bias it moves)"),
+            (self.router != "hash" or not self.mod_layers,
+             "router='hash' reads token ids, which Mixture-of-Depths layers do not carry; "
+             "drop mod_layers or choose another router"),
+            (self.residual in RESIDUALS and (self.residual == "plain" or (
+                self.hc >= 1 and not self.mod_layers and not self.index_topk)),
+             f"residual={self.residual!r} must be one of {RESIDUALS}; 'hyper' needs hc >= 1 "
+             f"(hc={self.hc}) and no mod_layers or sparse-attention indexer"),
             (self.moe_dispatch in MOE_DISPATCHES,
              f"moe_dispatch={self.moe_dispatch!r}; use one of {MOE_DISPATCHES}"),
             (all(0 <= i < self.n_layers for i in self.mod_layers)
@@ -257,6 +275,12 @@ class Config:
                              self.rms_norm_eps, self.deltanet_chunk)
 
     @property
+    def hyper(self) -> hyper.Dims:
+        """The hyper-connections' settings as ``components.hyper`` reads them."""
+        return hyper.Dims(self.hidden_size, self.hc, self.hc_sinkhorn_iters, 1e-6,
+                          self.rms_norm_eps)
+
+    @property
     def variant(self) -> str:
         """What the layers route: "dense", "moe", "mod" or "mod+moe" (run names, records)."""
         kinds = [k for k, on in (("mod", self.mod_layers), ("moe", self.moe_layers)) if on]
@@ -292,6 +316,9 @@ def schema(cfg: Config):
         out["mod_predictor"] = MOD_AXES
     if cfg.index_topk:
         out["indexer"] = indexer_lib.AXES
+    if cfg.residual == "hyper":
+        mhc = {"pre": hyper.PRE_AXES, "post": hyper.PRE_AXES, "comb": hyper.COMB_AXES}
+        out.update(mhc_attn=dict(mhc), mhc_ffn=dict(mhc), mhc_head={"pre": hyper.HEAD_AXES})
     return out
 
 
@@ -344,6 +371,10 @@ def param_table(cfg: Config):
                     rows.append((M + ("shared_gate",), (D, 1), ("embed", None)))
         else:
             rows += mlp_rows(L + ("mlp",), D, cfg.intermediate_size)
+        if cfg.residual == "hyper":
+            rows += hyper.rows(cfg.hyper, L + ("attn_hc",)) + hyper.rows(cfg.hyper, L + ("ffn_hc",))
+    if cfg.residual == "hyper":
+        rows += hyper.head_rows(cfg.hyper, ("hc_head",))
     rows.append((("final_norm",), (D,), ("embed",)))
     if not cfg.tie_word_embeddings:
         rows.append((("lm_head",), (D, cfg.vocab_size), ("embed", "vocab")))
@@ -374,6 +405,8 @@ def init(cfg: Config, key):
         if name.endswith("bias"):
             return jnp.zeros(shape, dt)
         k = jax.random.fold_in(key, zlib.crc32("/".join(map(str, path)).encode()))
+        if name == "tid2eid":
+            return routers_lib.hash_table(k, *shape[:1], cfg.num_experts, shape[1]).astype(dt)
         return (0.02 * jax.random.normal(k, shape)).astype(dt)
     return params_from_table(cfg, leaf)
 
@@ -442,17 +475,42 @@ def output_gate(cfg: Config, p, x, given):
     return used["attn_gate"], used
 
 
-def route(cfg: Config, scores, p=None):
+def route(cfg: Config, scores, p=None, tokens=None):
     """Top-k experts (.., k) and their float32 weights from the router scores, by
-    ``cfg.router``'s rule (``p``: the layer's MoE params, for rules with a bias)."""
-    return ROUTERS[cfg.router].select(cfg, p, scores)
+    ``cfg.router``'s rule (``p``: the layer's MoE params, for rules with a bias or a table;
+    ``tokens`` (..): the token ids, for the hash router)."""
+    return ROUTERS[cfg.router].select(cfg, p, scores, tokens)
 
 
-def selected_experts(cfg: Config, params, router):
+def selected_experts(cfg: Config, params, router, tokens=None):
     """The experts (moe layer, ..., k) each MoE layer's router picks from the scores
-    ``router`` (moe layer, ..., E): its own rule, with the layer's bias and groups."""
+    ``router`` (moe layer, ..., E): its own rule, with the layer's bias and groups (a hash
+    router: its table's experts of ``tokens``)."""
     moe = [p["moe"] for p in params["layers"] if "moe" in p]
-    return jnp.stack([route(cfg, s, p)[0] for s, p in zip(router, moe)])
+    return jnp.stack([route(cfg, s, p, tokens)[0] for s, p in zip(router, moe)])
+
+
+def after_update(cfg: Config, old, new, router, tokens=None):
+    """The training rules outside the gradient, after an optimizer step from params ``old``
+    to ``new``: each MoE layer's parameters its router keeps fixed (a hash table) are the
+    old ones, and a selection bias moves one auxiliary-loss-free step from its old value
+    (``routers.bias_update``, rate ``router_bias_rate``) by the loads its rule gave the
+    step's scores ``router`` (moe layer, example, token, E). A no-op for other models."""
+    frozen = getattr(ROUTERS[cfg.router], "frozen", ())
+    if not cfg.moe_layers or not (frozen or cfg.router_bias_rate):
+        return new
+    experts = selected_experts(cfg, old, router, tokens) if cfg.router_bias_rate else None
+    layers, j = [], 0
+    for p_old, p in zip(old["layers"], new["layers"]):
+        if "moe" in p:
+            moe = {**p["moe"], **{n: p_old["moe"][n] for n in frozen}}
+            if cfg.router_bias_rate:
+                bias = p_old["moe"]["router_bias"]
+                moe["router_bias"] = routers_lib.bias_update(
+                    bias, experts[j], cfg.num_experts, cfg.router_bias_rate).astype(bias.dtype)
+            p, j = {**p, "moe": moe}, j + 1
+        layers.append(p)
+    return {**new, "layers": layers}
 
 
 def load_balance(probs, experts):
@@ -463,10 +521,11 @@ def load_balance(probs, experts):
     return E * jnp.sum(share * probs.mean(axis=tuple(range(probs.ndim - 1))))
 
 
-def moe_ffn(cfg: Config, p, x, given):
+def moe_ffn(cfg: Config, p, x, given, tokens=None):
     """x (B, T, D) -> (y, {"router": probs (B, T, E)[, "shared_gate": (B, T)]}, aux), the
     coefficients after their site: the router always runs, ``given`` decides. ``aux``: the
-    weighted load-balancing loss when ``router_aux_loss_coef`` > 0 (training)."""
+    weighted load-balancing loss when ``router_aux_loss_coef`` > 0 (training). ``tokens``
+    (B, T): the token ids (a hash router's selection)."""
     B, T, D = x.shape
     dt = cfg.compute_dtype
     computed = {"router": ROUTERS[cfg.router].scores(cfg, p, x)}
@@ -475,7 +534,7 @@ def moe_ffn(cfg: Config, p, x, given):
         computed["shared_gate"] = jax.nn.sigmoid(x @ p["shared_gate"].astype(dt))[..., 0] \
             .astype(F32)
     used = coeffs_lib.site(computed, _pick(given, tuple(computed)))
-    experts, weights = route(cfg, used["router"], p)
+    experts, weights = route(cfg, used["router"], p, tokens)
     y = experts_ffn(cfg, p["experts"], x.reshape(B * T, D), experts.reshape(B * T, -1),
                     weights.reshape(B * T, -1)).reshape(B, T, D)
     if gated:
@@ -503,14 +562,16 @@ def layer_coefficients(cfg: Config, i: int) -> tuple:
         names += [n for n in ("mod_router", "mod_predictor") if n in schema(cfg)]
     if i in cfg.moe_layers:
         names += [n for n in ("router", "shared_gate") if n in schema(cfg)]
+    if cfg.residual == "hyper":
+        names += ["mhc_attn", "mhc_ffn"]
     return tuple(names)
 
 
-def ffn(cfg: Config, p, x, given):
+def ffn(cfg: Config, p, x, given, tokens=None):
     """The layer's FFN on the normed x: (m, its coefficients after their site ({} if
-    dense), aux losses)."""
+    dense), aux losses); ``tokens``: the token ids (a hash router's)."""
     if "moe" in p:
-        return moe_ffn(cfg, p["moe"], x, given)
+        return moe_ffn(cfg, p["moe"], x, given, tokens)
     return swiglu(p["mlp"], x, cfg.compute_dtype), {}, {}
 
 
@@ -532,18 +593,49 @@ def sparse_attention(cfg: Config, p, x, q, k, v, positions: Positions, index):
     return jnp.einsum("bthk,hkd->btd", out, p["o"].astype(cfg.compute_dtype)), used, chosen
 
 
-def attention_then_ffn(cfg: Config, p, h, positions: Positions, given, index=None):
+def attention_then_ffn(cfg: Config, p, h, positions: Positions, given, index=None,
+                       tokens=None):
     """A layer's two updates, pre-norm: a = Mixer(RMS h), then m = FFN(RMS(h + a)).
     Returns (a, m, the layer's coefficients after their sites ({} if none), aux losses);
-    with ``index`` (an indexer model) also (its indexer coefficients, its selection)."""
+    with ``index`` (an indexer model) also (its indexer coefficients, its selection).
+    ``tokens`` (B, T): the token ids (a hash router's)."""
     x_in = norm(cfg, h, p["input_norm"])
     if index is not None:
         q, k, v = project_qkv(cfg, p["attn"], x_in, positions)
         a, index_used, chosen = sparse_attention(cfg, p["attn"], x_in, q, k, v, positions, index)
         return (a, *ffn(cfg, p, norm(cfg, h + a, p["post_norm"]), given), (index_used, chosen))
     a, used, _ = token_mixer(cfg, p, x_in, positions, given)
-    m, used_ffn, aux = ffn(cfg, p, norm(cfg, h + a, p["post_norm"]), given)
+    m, used_ffn, aux = ffn(cfg, p, norm(cfg, h + a, p["post_norm"]), given, tokens)
     return a, m, {**used, **used_ffn}, aux
+
+
+def hyper_layer(cfg: Config, p, h, positions: Positions, given, tokens=None):
+    """A layer on hc residual streams h (B, T, hc, D): the mixer, then the FFN, each behind
+    its hyper-connection (``components.hyper.around``: pre collapses the streams into the
+    block's input, post and comb write them back). (new h, coefficients after their sites
+    (``mhc_attn``, ``mhc_ffn`` and the blocks' own), aux losses)."""
+    used, aux = {}, {}
+
+    def mixer(z):
+        a, c, _ = token_mixer(cfg, p, norm(cfg, z, p["input_norm"]), positions, given)
+        used.update(c)
+        return a
+
+    def feed_forward(z):
+        m, c, a = ffn(cfg, p, norm(cfg, z, p["post_norm"]), given, tokens)
+        used.update(c)
+        aux.update(a)
+        return m
+    h, used["mhc_attn"] = hyper.around(cfg.hyper, p["attn_hc"], h, mixer,
+                                       _pick_tree(given, "mhc_attn"))
+    h, used["mhc_ffn"] = hyper.around(cfg.hyper, p["ffn_hc"], h, feed_forward,
+                                      _pick_tree(given, "mhc_ffn"))
+    return h, used, aux
+
+
+def _pick_tree(given, name):
+    """The given values of one nested coefficient family (a dict of leaves)."""
+    return coeffs_lib.part(given, lambda v: v[name])
 
 
 def mod_layer(cfg: Config, p, h, positions: Positions, given):
@@ -571,16 +663,20 @@ def mod_layer(cfg: Config, p, h, positions: Positions, given):
     return h, used, aux
 
 
-def layer(cfg: Config, p, h, positions: Positions, given, index=None):
+def layer(cfg: Config, p, h, positions: Positions, given, index=None, tokens=None):
     """One pre-norm layer: (new h, its coefficients after their site ({} if dense), its
     auxiliary training losses ({} for the ports' own layers)); with ``index`` (an indexer
-    model: :func:`sparse_attention`) also (its indexer coefficients, its selection)."""
+    model: :func:`sparse_attention`) also (its indexer coefficients, its selection).
+    ``tokens`` (B, T): the token ids (a hash router's); h is (B, T, hc, D) streams under
+    ``residual`` "hyper" (:func:`hyper_layer`)."""
     if "router" in p:
         return mod_layer(cfg, p, h, positions, given)
+    if cfg.residual == "hyper":
+        return hyper_layer(cfg, p, h, positions, given, tokens)
     if index is not None:
         a, m, used, aux, selected = attention_then_ffn(cfg, p, h, positions, given, index)
         return h + a + m, used, aux, selected
-    a, m, used, aux = attention_then_ffn(cfg, p, h, positions, given)
+    a, m, used, aux = attention_then_ffn(cfg, p, h, positions, given, tokens=tokens)
     h = h + a
     return h + m, used, aux
 
@@ -599,14 +695,16 @@ def _forward(cfg: Config, params, tokens, coeffs=None):
     B, T = tokens.shape
     positions = positions_at(cfg, jnp.broadcast_to(jnp.arange(T), (B, T)))
     h = jnp.take(params["embed"], tokens, axis=0).astype(cfg.compute_dtype)
+    if cfg.residual == "hyper":
+        h = hyper.expand_embeddings(cfg.hyper, h)
     run = jax.checkpoint(layer, static_argnums=0) if cfg.remat else layer
     used, aux = {}, {}
     chosen = None
     for i, p in enumerate(params["layers"]):
         names = layer_coefficients(cfg, i)
         rows = {n: len(used.get(n, ())) for n in names}   # this layer's row of each leaf
-        layer_given = coeffs_lib.part(
-            given, lambda v: {n: v[n][rows[n]] for n in names}) if names else None
+        layer_given = coeffs_lib.part(given, lambda v: {
+            n: jax.tree.map(lambda a: a[rows[n]], v[n]) for n in names}) if names else None
         if cfg.index_topk:
             index = (_layer_given(given, ["indexer"], len(used.get("indexer", ())))
                      if "indexer" in p["attn"] else None, chosen)
@@ -615,13 +713,16 @@ def _forward(cfg: Config, params, tokens, coeffs=None):
             if index_used:
                 used.setdefault("indexer", []).append(index_used["indexer"])
         else:
-            h, c, a = run(layer_config(cfg, i), p, h, positions, layer_given)
+            h, c, a = run(layer_config(cfg, i), p, h, positions, layer_given, None, tokens)
         for name in names:
             used.setdefault(name, []).append(c[name])
         for name, value in a.items():
             aux.setdefault(name, []).append(value)
+    coeffs = {name: jax.tree.map(lambda *a: jnp.stack(a), *rows) for name, rows in used.items()}
+    if cfg.residual == "hyper":
+        h, coeffs["mhc_head"] = hyper.head(cfg.hyper, params["hc_head"], h,
+                                           _pick_tree(given, "mhc_head"))
     logits = head(cfg, params, norm(cfg, h, params["final_norm"]))
-    coeffs = {name: jnp.stack(rows) for name, rows in used.items()}
     return logits, coeffs, {name: jnp.mean(jnp.stack(v)) for name, v in aux.items()}
 
 

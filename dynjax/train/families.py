@@ -29,6 +29,9 @@ class Hooks(NamedTuple):
     step_metrics: Callable = lambda coeffs, cfg: {}   # (coeffs, model cfg) -> {name: array}, in jit
     log_fields: Callable = lambda metrics, cfg: {}   # (host metrics, model cfg) -> JSON fields
     compiler_options: Callable = lambda backend: None  # backend -> the train step's XLA options
+    # (old params, new params, coeffs, tokens, model cfg) -> params, in jit: training rules
+    # outside the gradient, applied after each optimizer step (DeepSeek's bias update)
+    after_update: Callable = lambda old, new, coeffs, tokens, cfg: new
 
 
 NONE = Hooks()
@@ -130,6 +133,13 @@ def llm_metrics(coeffs, cfg) -> dict:
     return out
 
 
+def llm_after_update(old, new, coeffs, tokens, cfg):
+    """``dynjax.models.llm.after_update``: a hash table kept, selection biases balanced."""
+    from dynjax.models import llm
+
+    return llm.after_update(cfg, old, new, coeffs.get("router"), tokens)
+
+
 def llm_fields(metrics, cfg) -> dict:
     return {**mod_entry_fields(metrics, cfg, cfg.mod_layers), **moe_load_fields(metrics)}
 
@@ -138,7 +148,8 @@ HOOKS = {"gates": Hooks(resolve=mass_match, step_metrics=gate_mass, log_fields=g
          "mod": Hooks(step_metrics=mod_entry_rates, log_fields=mod_entry_fields),
          "moe": Hooks(step_metrics=moe_load, log_fields=moe_load_fields),
          "mudd": Hooks(compiler_options=no_ynn_reduce_on_cpu),
-         "llm": Hooks(resolve=llm_resolve, step_metrics=llm_metrics, log_fields=llm_fields)}
+         "llm": Hooks(resolve=llm_resolve, step_metrics=llm_metrics, log_fields=llm_fields,
+                      after_update=llm_after_update)}
 
 
 def hooks_of(family: str) -> Hooks:

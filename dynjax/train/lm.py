@@ -45,7 +45,8 @@ def init_state(config, model, key):
 
 
 def make_train_step(model, tx):
-    step_metrics = families.hooks_of(model.cfg.family).step_metrics
+    hooks = families.hooks_of(model.cfg.family)
+    step_metrics = hooks.step_metrics
 
     def loss_fn(params, tokens):
         logits, coeffs, aux = model.apply(params, tokens, with_aux=True)
@@ -56,9 +57,10 @@ def make_train_step(model, tx):
         (_, (loss, coeffs, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             state["params"], tokens)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        new_state = {"step": state["step"] + 1,
-                     "params": optax.apply_updates(state["params"], updates),
-                     "opt_state": opt_state}
+        params = hooks.after_update(state["params"],
+                                    optax.apply_updates(state["params"], updates), coeffs,
+                                    tokens, model.cfg)
+        new_state = {"step": state["step"] + 1, "params": params, "opt_state": opt_state}
         metrics = {"loss": loss, "grad_norm": optax.tree_utils.tree_norm(grads),
                    **{f"aux/{k}": v for k, v in aux.items()}, **step_metrics(coeffs, model.cfg)}
         return new_state, metrics

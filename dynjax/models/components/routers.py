@@ -3,8 +3,8 @@
 - ``rows(cfg, prefix)``: its parameters (the router weight, any selection bias);
 - ``scores(cfg, p, x)``: float32 (.., E), the coefficient the layer records (the
   ``dynjax.coeffs`` site: what an audit swaps or flattens);
-- ``select(cfg, p, scores)``: top-k experts (.., k) and their float32 weights from given
-  scores;
+- ``select(cfg, p, scores, tokens=None)``: top-k experts (.., k) and their float32 weights
+  from given scores (``tokens`` (..): the token ids, which only the hash router reads);
 - ``float32_params``: its parameters kept in float32 in a bfloat16 model. Replay runs ``select`` on the given scores, so any rule the checkpoint adds on
   top of the scores (a selection bias, group limits, a scale) applies to replayed scores
   too;
@@ -26,6 +26,16 @@ c. Their weights are the unbiased s, renormalised (w / (sum w + 1e-20)) when
 "topk_softmax" (gpt-oss): logits z = x W + b (a bias per expert, part of the logits, so it
 acts on selection and weights alike) recorded; the k largest logits, then a softmax over
 those k only.
+
+"hash" (Hash Layers, Roller et al. 2021; DeepSeek-V4's first layers): the experts come from
+a fixed token-id table, ``tid2eid[token]`` (V, k), a parameter no gradient moves (it is
+the same in every context: routing's static control); s = softmax(x W) (``router_score``
+"sigmoid": sigmoid(x W)) is recorded and weighs the table's experts as "grouped_topk" does.
+A fresh table (:func:`hash_table`) gives every expert the same number of token ids.
+
+The auxiliary-loss-free balance of DeepSeek-V3 (Wang et al. 2024, "Auxiliary-Loss-Free Load
+Balancing Strategy for Mixture-of-Experts"): after each training step, each selection bias
+moves by ``u`` toward balance, b_i += u sign(mean load - load_i) (:func:`bias_update`).
 """
 from __future__ import annotations
 
@@ -49,7 +59,7 @@ class SoftmaxTopK:
         return jax.nn.softmax((x @ p["router"].astype(cfg.compute_dtype)).astype(F32), axis=-1)
 
     @staticmethod
-    def select(cfg, p, probs):
+    def select(cfg, p, probs, tokens=None):
         weights, experts = jax.lax.top_k(probs, cfg.top_k)
         if cfg.norm_topk_prob:
             weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
@@ -79,7 +89,7 @@ class GroupedTopK:
         return jax.nn.softmax(logits, axis=-1)
 
     @staticmethod
-    def select(cfg, p, scores):
+    def select(cfg, p, scores, tokens=None):
         choice = scores + p["router_bias"].astype(F32) if cfg.router_bias else scores
         G = cfg.n_group
         if G > 1 and cfg.topk_group < G:
@@ -93,10 +103,16 @@ class GroupedTopK:
             eligible = jnp.repeat(keep, cfg.num_experts // G, axis=-1)
             choice = jnp.where(eligible, choice, -jnp.inf)
         experts = jax.lax.top_k(choice, cfg.top_k)[1]
-        weights = jnp.take_along_axis(scores, experts, axis=-1)
-        if cfg.norm_topk_prob:
-            weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
-        return experts, weights * F32(cfg.routed_scaling_factor)
+        return experts, weigh(scores, experts, cfg.norm_topk_prob, cfg.routed_scaling_factor)
+
+
+def weigh(scores, experts, renormalise: bool, scale: float):
+    """The chosen experts' weights: their scores, renormalised (w / (sum w + 1e-20)) when
+    ``renormalise``, times ``scale`` (DeepSeek's routed_scaling_factor)."""
+    weights = jnp.take_along_axis(scores, experts, axis=-1)
+    if renormalise:
+        weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+    return weights * F32(scale)
 
 
 
@@ -115,7 +131,7 @@ class TopKSoftmax:
         return (x @ p["router"].astype(dt) + p["router_bias"].astype(dt)).astype(F32)
 
     @staticmethod
-    def select(cfg, p, logits):
+    def select(cfg, p, logits, tokens=None):
         top, experts = jax.lax.top_k(logits, cfg.top_k)
         return experts, jax.nn.softmax(top, axis=-1)
 
@@ -124,5 +140,65 @@ class TopKSoftmax:
         return jax.nn.softmax(logits, axis=-1)
 
 
+def table_experts(table, tokens):
+    """The experts (.., k) a token-id table (V, k) gives ``tokens`` (..) (stored as float32 in
+    a trained model so the gradient passes it by; its values are whole numbers)."""
+    if tokens is None:
+        raise ValueError("a hash router selects by token id: pass the tokens")
+    return jnp.take(table.astype(jnp.int32), tokens, axis=0)
+
+
+def hash_table(key, vocab: int, num_experts: int, k: int):
+    """A fresh token-id table (vocab, k) float32: token ids in a random order (``key``) each
+    take the k distinct experts with the fewest ids so far (ties: a random expert order per
+    id), so every expert serves vocab k / E ids, give or take one."""
+    order_key, tie_key = jax.random.split(key)
+    order = jax.random.permutation(order_key, vocab)
+    ties = jax.random.uniform(tie_key, (vocab, num_experts))
+
+    def take(counts, row):
+        token, tie = row
+        chosen = jax.lax.top_k(-(counts.astype(F32) + tie), k)[1]
+        return counts.at[chosen].add(1), (token, chosen)
+    _, (tokens, chosen) = jax.lax.scan(take, jnp.zeros(num_experts, jnp.int32), (order, ties))
+    return jnp.zeros((vocab, k), F32).at[tokens].set(chosen.astype(F32))
+
+
+class Hash:
+    """Experts from ``tid2eid[token]``; s recorded, the table's experts weighed by it."""
+
+    float32_params = ("tid2eid",)
+    frozen = ("tid2eid",)          # no gradient, no optimizer step: kept as initialised
+
+    @staticmethod
+    def rows(cfg, M):
+        return SoftmaxTopK.rows(cfg, M) + [(M + ("tid2eid",), (cfg.vocab_size, cfg.top_k),
+                                            (None, None))]
+
+    @staticmethod
+    def scores(cfg, p, x):
+        logits = (x @ p["router"].astype(cfg.compute_dtype)).astype(F32)
+        if cfg.router_score == "sigmoid":
+            return jax.nn.sigmoid(logits)
+        return jax.nn.softmax(logits, axis=-1)
+
+    @staticmethod
+    def select(cfg, p, scores, tokens=None):
+        experts = table_experts(p["tid2eid"], tokens)
+        return experts, weigh(scores, experts, cfg.norm_topk_prob, cfg.routed_scaling_factor)
+
+    @staticmethod
+    def distribution(cfg, scores):
+        return scores / jnp.sum(scores, axis=-1, keepdims=True)
+
+
+def bias_update(bias, experts, num_experts: int, rate: float):
+    """DeepSeek-V3's auxiliary-loss-free step: b_i + rate sign(mean load - load_i), the loads
+    counted over every (token, choice) of ``experts`` (.., k); float32 (E,)."""
+    load = jnp.sum(jax.nn.one_hot(experts, num_experts, dtype=F32),
+                   axis=tuple(range(experts.ndim)))
+    return bias + F32(rate) * jnp.sign(jnp.mean(load) - load)
+
+
 ROUTERS = {"softmax_topk": SoftmaxTopK, "grouped_topk": GroupedTopK,
-           "topk_softmax": TopKSoftmax}
+           "topk_softmax": TopKSoftmax, "hash": Hash}

@@ -1,0 +1,212 @@
+"""The routing study's arms in the llm family (issue 48): DeepSeek's auxiliary-loss-free bias
+update (direction, kept in the train state, resumed bitwise), the hash router (a fixed,
+balanced token-id table that decides the experts and that training never moves),
+hyper-connections in the llm layers (coefficient sites that decide; decoding equals the
+forward), and the configs at equal active parameters with each arm's audit conditions."""
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dynjax import decoding
+from dynjax.configs import routing_study
+from dynjax.models import build, llm
+from dynjax.models.components import routers
+from dynjax.train import lm, loop
+from dynjax.train.optim import make_optimizer
+from experiments import routing_study as study
+
+B, T = 2, 12
+TOKENS = jax.random.randint(jax.random.key(0), (B, T), 0, 256)
+TINY = dict(n_layers=2, hidden_size=32, n_heads=2, n_kv_heads=2, head_dim=16)
+
+
+def tiny(arm: str):
+    """The arm's model at 2 layers of width 32 (its routing and residual choices kept)."""
+    fields = {**routing_study.model(arm), **TINY}
+    if fields.get("moe_layers"):
+        fields["moe_layers"] = (0, 1)
+    return build(fields)
+
+
+def train_config(arm: str, steps: int):
+    c = routing_study.get_config(arm)
+    c.model.update(TINY)
+    if c.model.get("moe_layers"):
+        c.model.moe_layers = (0, 1)
+    c.data.seq_len = 32
+    c.train.update(dict(steps=steps, batch_size=4, warmup_steps=1, log_every=1,
+                        eval_every=1000, ckpt_every=2))
+    c.eval.update(dict(windows=8, batch_size=8, decode_check_windows=0))
+    return c
+
+
+# ------------------------------------------------------------------ aux-loss-free bias
+
+def test_the_bias_update_moves_each_bias_toward_balance():
+    """Loads (3, 1, 2, 0) over 6 choices, mean 1.5: the overloaded experts' biases fall by
+    u, the underloaded ones' rise by u (DeepSeek-V3: b_i += u sign(mean - load_i))."""
+    experts = jnp.array([[0, 1], [0, 2], [0, 2]])
+    new = routers.bias_update(jnp.array([0.5, 0.0, 0.0, -0.25]), experts, 4, 1e-3)
+    np.testing.assert_array_equal(new, np.float32([0.5 - 1e-3, 1e-3, -1e-3, -0.25 + 1e-3]))
+    even = routers.bias_update(jnp.zeros(2), jnp.array([[0], [1]]), 2, 1e-3)
+    np.testing.assert_array_equal(even, np.zeros(2, np.float32))   # balanced: no move
+
+
+@pytest.fixture(scope="module")
+def skewed_step():
+    """One train step of the tiny deepseek_sigmoid and hash arms; the deepseek routers'
+    selection biases start at (10, 0, ..., 0), so every token picks expert 0 (the skew)."""
+    out = {}
+    for arm in ("deepseek_sigmoid", "hash"):
+        model = tiny(arm)
+        params = model.init(jax.random.key(1))
+        for p in params["layers"]:
+            if "router_bias" in p["moe"]:
+                p["moe"]["router_bias"] = p["moe"]["router_bias"].at[0].set(10.0)
+        tc = train_config(arm, 4).train
+        tc.warmup_steps = 0                # the first step's learning rate is the peak
+        tx = make_optimizer(tc)
+        state = {"step": jnp.zeros((), jnp.int32), "params": params,
+                 "opt_state": tx.init(params)}
+        before = jax.tree.map(jnp.copy, params)
+        new, _ = jax.jit(lm.make_train_step(model, tx))(state, TOKENS)
+        out[arm] = model, before, new["params"]
+    return out
+
+
+def test_a_train_step_lowers_the_overloaded_experts_bias(skewed_step):
+    model, before, after = skewed_step["deepseek_sigmoid"]
+    cfg = model.cfg
+    _, coeffs = jax.jit(model.apply)(before, TOKENS)
+    chosen = np.asarray(llm.selected_experts(cfg, before, coeffs["router"]))
+    u = cfg.router_bias_rate
+    for j, p in enumerate(after["layers"]):
+        load = np.bincount(chosen[j].ravel(), minlength=cfg.num_experts)
+        assert load[0] == B * T                     # the skew: every token picks expert 0
+        old = np.asarray(before["layers"][j]["moe"]["router_bias"])
+        want = old + np.float32(u) * np.sign(load.mean() - load).astype(np.float32)
+        np.testing.assert_array_equal(p["moe"]["router_bias"], want)
+        assert p["moe"]["router_bias"][0] < 10                  # the overloaded expert's falls
+        assert np.all(np.asarray(p["moe"]["router_bias"])[load < load.mean()] > 0)
+        # the gradient trains the router weight, never the bias
+        assert not np.array_equal(p["moe"]["router"], before["layers"][j]["moe"]["router"])
+
+
+def test_the_bias_resumes_bitwise(tmp_path):
+    """A 4-step run equals a run stopped after 2 steps and resumed: the biases (which the
+    step moved from 0) live in the checkpointed params."""
+    from dynjax.runs import rundir
+
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    loop.train(train_config("deepseek_sigmoid", 4), str(straight), progress=False)
+    loop.train(train_config("deepseek_sigmoid", 2), str(stopped), progress=False)
+    c = train_config("deepseek_sigmoid", 4)
+    c.train.allow_changes = True
+    loop.train(c, str(stopped), progress=False)
+    a, b = rundir.load_params(straight)[2], rundir.load_params(stopped)[2]
+    chex.assert_trees_all_equal(a, b)
+    biases = np.stack([p["moe"]["router_bias"] for p in a["layers"]])
+    assert np.any(biases != 0) and np.all(np.abs(biases) <= 4 * 1e-3 + 1e-9)
+
+
+# ------------------------------------------------------------------------ hash router
+
+def test_a_fresh_hash_table_is_balanced_distinct_and_seeded():
+    table = np.asarray(routers.hash_table(jax.random.key(3), 256, 8, 2))
+    assert table.shape == (256, 2) and np.all(table == np.round(table))
+    assert np.all(table[:, 0] != table[:, 1])                     # k distinct experts
+    np.testing.assert_array_equal(np.bincount(table.astype(int).ravel(), minlength=8),
+                                  np.full(8, 64))                 # 256 * 2 / 8 ids each
+    np.testing.assert_array_equal(table, routers.hash_table(jax.random.key(3), 256, 8, 2))
+    assert not np.array_equal(table, routers.hash_table(jax.random.key(4), 256, 8, 2))
+    assert len({tuple(sorted(r)) for r in table.astype(int)}) > 8  # not a few fixed pairs
+
+
+def test_the_hash_table_decides_the_experts_and_training_keeps_it(skewed_step):
+    model, before, after = skewed_step["hash"]
+    cfg = model.cfg
+    run = jax.jit(model.apply)
+    logits, coeffs = run(before, TOKENS)
+    for p, q in zip(before["layers"], after["layers"]):
+        np.testing.assert_array_equal(q["moe"]["tid2eid"], p["moe"]["tid2eid"])  # kept
+        assert not np.array_equal(q["moe"]["router"], p["moe"]["router"])         # trained
+    want = np.stack([np.asarray(p["moe"]["tid2eid"]).astype(int)[np.asarray(TOKENS)]
+                     for p in before["layers"]])
+    np.testing.assert_array_equal(llm.selected_experts(cfg, before, coeffs["router"], TOKENS),
+                                  want)
+    by_score = np.asarray(jax.lax.top_k(coeffs["router"], cfg.top_k)[1])
+    assert not np.array_equal(np.sort(by_score, -1), np.sort(want, -1))   # not the scores
+    # the forward routes by the table: another table, other logits; replay is exact
+    swapped = jax.tree.map(lambda a: a, before)
+    swapped["layers"][0]["moe"]["tid2eid"] = (before["layers"][0]["moe"]["tid2eid"] + 1) % 8
+    assert not np.allclose(run(swapped, TOKENS)[0], logits)
+    chex.assert_trees_all_equal(run(before, TOKENS, coeffs)[0], logits)
+
+
+# ------------------------------------------------------------------- mHC, decoding
+
+@pytest.mark.parametrize("arm", ["hash", "mhc"])
+def test_decoding_equals_the_forward(arm):
+    cfg = tiny(arm).cfg
+    params = llm.init(cfg, jax.random.key(5))
+    if arm == "mhc":   # controllers away from their near-identity start, as trained ones
+        params["layers"] = [dict(p, attn_hc=jax.tree.map(lambda a: a + 0.5, p["attn_hc"]))
+                            for p in params["layers"]]
+    full, _ = llm.forward(cfg, params, TOKENS)
+    cached, _ = jax.jit(lambda p: decoding.cached_forward(cfg, p, TOKENS))(params)
+    np.testing.assert_allclose(cached, full, atol=1e-4, rtol=1e-4)
+
+
+def test_the_hyper_connections_are_sites_that_decide():
+    """Every mHC coefficient is recorded and replayed bitwise, and replaying another value
+    of one family (the FFN's comb made uniform) changes the logits."""
+    model = tiny("mhc")
+    params = model.init(jax.random.key(6))
+    run = jax.jit(model.apply)
+    logits, coeffs = run(params, TOKENS)
+    assert set(coeffs) == {"mhc_attn", "mhc_ffn", "mhc_head"}
+    assert coeffs["mhc_ffn"]["comb"].shape == (2, B, T, 4, 4)
+    np.testing.assert_allclose(coeffs["mhc_ffn"]["comb"].sum(-2), 1.0, atol=1e-3)  # Sinkhorn
+    again, same = run(params, TOKENS, coeffs)
+    chex.assert_trees_all_equal((again, same), (logits, coeffs))
+    for family in ("mhc_attn", "mhc_ffn"):
+        edited = jax.tree.map(lambda a: a, coeffs)
+        edited[family]["post"] = edited[family]["post"] * 0.5
+        assert np.max(np.abs(run(params, TOKENS, edited)[0] - logits)) > 1e-4, family
+
+
+# ------------------------------------------------------------- configs and the driver
+
+def test_every_arm_has_the_dense_models_active_parameters_within_one_percent():
+    dense = llm.param_count(build(dict(routing_study.model("attn_gate"),
+                                       attn_output_gate=False, intermediate_size=512)).cfg)
+    assert dense["active"] == 1116288
+    for arm in routing_study.ARMS:
+        active = llm.param_count(build(routing_study.model(arm)).cfg)["active"]
+        assert abs(active / dense["active"] - 1) < 0.01, (arm, active)
+
+
+def test_each_arm_gets_its_conditions_and_analyses(tmp_path):
+    gates = ("correct", "cross_input", "token_shuffle", "static_profile", "structure_removed")
+    for arm in ("attn_gate", "mhc"):
+        assert routing_study.study(arm)["conditions"] == gates
+        assert study.work(tmp_path, tmp_path, seeds=(0,)).count(("audit", arm, 0)) == 1
+    hash_ = routing_study.study("hash")
+    assert "token_identity" in hash_["conditions"] and "weights_flat" not in hash_["conditions"]
+    assert (hash_["layers"], hash_["experts"], hash_["hf"]) == (True, False, False)
+    assert routing_study.study("deepseek_sigmoid")["conditions"] == \
+        routing_study.ROUTING_CONDITIONS
+    items = [i for i in study.work(tmp_path, tmp_path, seeds=(0,)) if i[1] != "softmax_topk"]
+    assert items == [("train", "deepseek_sigmoid", 0), ("audit", "deepseek_sigmoid", 0),
+                     ("layers", "deepseek_sigmoid", 0), ("experts", "deepseek_sigmoid", 0),
+                     ("train", "hash", 0), ("audit", "hash", 0), ("layers", "hash", 0),
+                     ("train", "attn_gate", 0), ("audit", "attn_gate", 0),
+                     ("train", "mhc", 0), ("audit", "mhc", 0)]
+    assert study.audit_config("mhc").conditions == ",".join(gates)
+
+
+def test_a_bias_rate_without_a_bias_is_refused():
+    with pytest.raises(ValueError, match="router_bias_rate=0.001 must be >= 0, and > 0 only"):
+        build(dict(routing_study.model("softmax_topk"), router_bias_rate=1e-3))
