@@ -47,6 +47,7 @@ WEIGHTS = "model.safetensors"
 # llm.Config fields that say how the forward is computed on this machine, not what it
 # computes (dispatch form, attention blocks, rematerialisation, dtype) or how it trains
 RUNTIME = ("dtype", "moe_dispatch", "attn_block", "remat", "router_aux_loss_coef",
+           "router_bias_rate",
            "mod_capacity", "mod_route", "mod_router_weight", "mod_bce_weight",
            "mod_predictor_weight", "mod_predictor_hidden")
 # where a run with no HF twin of its own model_type may go (first that computes it wins)

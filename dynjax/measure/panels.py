@@ -219,8 +219,8 @@ def moe_execution_panel(cfg, params, windows, batches=(1, 8), repeats: int = 5) 
     twin_params = llm.init(twin_cfg, jax.random.key(0))
     T = windows.shape[1]
     _, coeffs = jax.jit(model.apply)(params, jnp.asarray(windows))
-    share = tokens_per_expert(llm.selected_experts(cfg, params, coeffs["router"]),
-                              cfg.num_experts)
+    share = tokens_per_expert(llm.selected_experts(cfg, params, coeffs["router"],
+                                                   jnp.asarray(windows)), cfg.num_experts)
     count, twin_count = llm.param_count(cfg), llm.param_count(twin_cfg)
     analytic = {"model": llm_flops_per_window(cfg, T, count["active"]),
                 "dense": llm_flops_per_window(twin_cfg, T, twin_count["active"])}

@@ -24,12 +24,21 @@ themselves at their original positions, and each adds ``weight(r) * (a + m)``; t
 tokens pass unchanged. The router and the predictor are ``mod.Router`` and
 ``mod.Predictor`` with the same parameter names, and learn top-k membership by BCE.
 
+The routers (``components.routers``) include the hash router (experts from a fixed
+token-id table, which :func:`after_update` keeps as initialised) and DeepSeek's selection
+bias, which ``router_bias_rate`` > 0 moves by the auxiliary-loss-free rule after every
+training step (:func:`after_update`, called by train.py's step). ``residual`` "hyper" runs
+every layer on ``hc`` residual streams, each block behind a manifold-constrained
+hyper-connection (``components.hyper``, DeepSeek-V4's mHC; :func:`hyper_layer`).
+
 Coefficients: ``{"router": (layer, example, token, expert)}`` holds the router's scores (p
 above) for each MoE layer (dense layers have none), and Qwen2-MoE's ``{"shared_gate":
 (layer, example, token)}`` the shared expert's sigmoid gate; MoD layers add
 ``{"mod_router": (layer, example, token)}`` (and ``"mod_predictor"`` under the predictor
-route). Replay recomputes the selections and weights from the given scores by the router's
-own rule (its selection bias and groups included). A dense model's coefficient pytree is empty.
+route); hyper-connections add ``mhc_attn`` and ``mhc_ffn`` ({"pre", "post", "comb"}
+per layer) and ``mhc_head`` ({"pre"}). Replay recomputes the selections and weights from the
+given scores by the router's own rule (its selection bias, groups or table included). A
+dense model's coefficient pytree is empty.
 
 Parameters are plain dicts (a list of per-layer dicts: dense and MoE layers differ), linear
 weights stored (in, out) so ``x @ w`` reads like the math, attention weights split into

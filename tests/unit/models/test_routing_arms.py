@@ -1,5 +1,6 @@
 """The routing study's arms in the llm family (issue 48): DeepSeek's auxiliary-loss-free bias
-update (direction, kept in the train state, resumed bitwise), the hash router (a fixed,
+update (direction, kept in the train state; resumed bitwise:
+tests/integration/train/test_routing_arms_resume.py), the hash router (a fixed,
 balanced token-id table that decides the experts and that training never moves),
 hyper-connections in the llm layers (coefficient sites that decide; decoding equals the
 forward), and the configs at equal active parameters with each arm's audit conditions."""
@@ -13,7 +14,7 @@ from dynjax import decoding
 from dynjax.configs import routing_study
 from dynjax.models import build, llm
 from dynjax.models.components import routers
-from dynjax.train import lm, loop
+from dynjax.train import lm
 from dynjax.train.optim import make_optimizer
 from experiments import routing_study as study
 
@@ -92,23 +93,6 @@ def test_a_train_step_lowers_the_overloaded_experts_bias(skewed_step):
         assert np.all(np.asarray(p["moe"]["router_bias"])[load < load.mean()] > 0)
         # the gradient trains the router weight, never the bias
         assert not np.array_equal(p["moe"]["router"], before["layers"][j]["moe"]["router"])
-
-
-def test_the_bias_resumes_bitwise(tmp_path):
-    """A 4-step run equals a run stopped after 2 steps and resumed: the biases (which the
-    step moved from 0) live in the checkpointed params."""
-    from dynjax.runs import rundir
-
-    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    loop.train(train_config("deepseek_sigmoid", 4), str(straight), progress=False)
-    loop.train(train_config("deepseek_sigmoid", 2), str(stopped), progress=False)
-    c = train_config("deepseek_sigmoid", 4)
-    c.train.allow_changes = True
-    loop.train(c, str(stopped), progress=False)
-    a, b = rundir.load_params(straight)[2], rundir.load_params(stopped)[2]
-    chex.assert_trees_all_equal(a, b)
-    biases = np.stack([p["moe"]["router_bias"] for p in a["layers"]])
-    assert np.any(biases != 0) and np.all(np.abs(biases) <= 4 * 1e-3 + 1e-9)
 
 
 # ------------------------------------------------------------------------ hash router
