@@ -3,14 +3,13 @@ update (direction, kept in the train state; resumed bitwise:
 tests/integration/train/test_routing_arms_resume.py), the hash router (a fixed,
 balanced token-id table that decides the experts and that training never moves),
 hyper-connections in the llm layers (coefficient sites that decide; decoding equals the
-forward), and the configs at equal active parameters with each arm's audit conditions."""
+forward: tests/integration/decoding/test_routing_arms_decoding.py), and the configs at equal active parameters with each arm's audit conditions."""
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dynjax import decoding
 from dynjax.configs import routing_study
 from dynjax.models import build, llm
 from dynjax.models.components import routers
@@ -130,18 +129,6 @@ def test_the_hash_table_decides_the_experts_and_training_keeps_it(skewed_step):
 
 
 # ------------------------------------------------------------------- mHC, decoding
-
-@pytest.mark.parametrize("arm", ["hash", "mhc"])
-def test_decoding_equals_the_forward(arm):
-    cfg = tiny(arm).cfg
-    params = llm.init(cfg, jax.random.key(5))
-    if arm == "mhc":   # controllers away from their near-identity start, as trained ones
-        params["layers"] = [dict(p, attn_hc=jax.tree.map(lambda a: a + 0.5, p["attn_hc"]))
-                            for p in params["layers"]]
-    full, _ = llm.forward(cfg, params, TOKENS)
-    cached, _ = jax.jit(lambda p: decoding.cached_forward(cfg, p, TOKENS))(params)
-    np.testing.assert_allclose(cached, full, atol=1e-4, rtol=1e-4)
-
 
 def test_the_hyper_connections_are_sites_that_decide():
     """Every mHC coefficient is recorded and replayed bitwise, and replaying another value
