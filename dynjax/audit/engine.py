@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dynjax import coeffs as coeffs_lib
+from dynjax.audit import families as families_lib
 from dynjax.audit import interventions
 from dynjax.audit.settings import LM, AuditError, Settings, Task, n_windows
 from dynjax.audit.placement import Placement
@@ -101,7 +102,8 @@ class CoeffPrograms:
         self._reassign: dict[tuple, Callable] = {}
         self._transform: dict[tuple, Callable] = {}
 
-    def reassign(self, names: tuple[str, ...], facts: tuple = ()) -> Callable:
+    def reassign(self, names: tuple[str, ...], facts: tuple = (), only: tuple | None = None
+                 ) -> Callable:
         """``(cache, keys, tokens) -> tuple of (R_c, ...) stacks``, one per randomized
         condition (``tokens``: the windows, for conditions that need them, else None).
 
@@ -109,26 +111,32 @@ class CoeffPrograms:
         key per reassignment (paired, as the 2x2 factorial needs) and XLA shares the donor maps
         and token permutations they have in common. Each applies to the *whole* cache, so a
         derangement is global over every evaluation window. ``facts``: the model's
-        ``((name, value), ...)`` that conditions need (e.g. top_k).
+        ``((name, value), ...)`` that conditions need (e.g. top_k). ``only``: the top-level
+        coefficient keys of one family (:mod:`dynjax.audit.families`): the conditions act
+        on those leaves, the others stay as recorded; None: on every leaf.
         """
-        if (names, facts) not in self._reassign:
+        if (names, facts, only) not in self._reassign:
             conds = [interventions.REGISTRY[n] for n in names]
-            self._reassign[names, facts] = jax.jit(jax.vmap(
+            fns = [families_lib.restrict(c.fn, only) for c in conds]
+            self._reassign[names, facts, only] = jax.jit(jax.vmap(
                 lambda cache, key, tokens: tuple(
-                    c.fn(cache, self.schema, key, **_needs(c, facts, tokens)) for c in conds),
+                    fn(cache, self.schema, key, **_needs(c, facts, tokens))
+                    for c, fn in zip(conds, fns)),
                 in_axes=(None, 0, None)))
-        return self._reassign[names, facts]
+        return self._reassign[names, facts, only]
 
-    def transform(self, name: str, facts: tuple = ()) -> Callable:
+    def transform(self, name: str, facts: tuple = (), only: tuple | None = None) -> Callable:
         """``(cache, calib, w_idx) -> rows``: a deterministic condition on one batch of rows
-        (its means come from ``calib``, so the rows alone determine its output)."""
-        if (name, facts) not in self._transform:
+        (its means come from ``calib``, so the rows alone determine its output); ``only`` as
+        in :meth:`reassign`."""
+        if (name, facts, only) not in self._transform:
             cond = interventions.REGISTRY[name]
-            self._transform[name, facts] = jax.jit(
-                lambda cache, calib, w_idx: cond.fn(self._take_cached_py(cache, w_idx),
-                                                    self.schema, calib,
-                                                    **_needs(cond, facts, None)))
-        return self._transform[name, facts]
+            fn = families_lib.restrict(cond.fn, only)
+            self._transform[name, facts, only] = jax.jit(
+                lambda cache, calib, w_idx: fn(self._take_cached_py(cache, w_idx),
+                                               self.schema, calib,
+                                               **_needs(cond, facts, None)))
+        return self._transform[name, facts, only]
 
 
 def _needs(cond, facts: tuple, tokens) -> dict:
@@ -304,14 +312,16 @@ class Engine:
         return Recording(cache, _gather(nll_rec), _gather(nll_rep), max_d)
 
     # -- conditions
-    def transform(self, name: str) -> Callable:
-        """The deterministic condition ``name``'s program, with this model's facts."""
-        return self.programs.transform(name, self.facts)
+    def transform(self, name: str, only: tuple | None = None) -> Callable:
+        """The deterministic condition ``name``'s program, with this model's facts, on the
+        family ``only`` (top-level coefficient keys; None: every leaf)."""
+        return self.programs.transform(name, self.facts, only)
 
-    def deterministic_nll(self, name: str, params, windows, rec: Recording, calib, bar=None):
+    def deterministic_nll(self, name: str, params, windows, rec: Recording, calib, bar=None,
+                          only: tuple | None = None):
         """(W,) loss under a deterministic condition (means over ``calib``), batch by batch."""
         windows = self.task.prepare(windows)
-        fn, parts = self.transform(name), []
+        fn, parts = self.transform(name, only), []
         for start, keep in self._chunks(n_windows(windows)):
             w_idx = np.arange(start, start + self.rows, dtype=np.int32)
             nll, _ = self.replay_fn(params, _rows(windows, slice(start, start + self.rows)),
@@ -323,18 +333,19 @@ class Engine:
         return _gather(parts)
 
     def randomized_nll(self, names: tuple[str, ...], params, windows, rec: Recording, keys,
-                       max_reassign_bytes: int, bar=None) -> dict:
+                       max_reassign_bytes: int, bar=None, only: tuple | None = None) -> dict:
         """{name: (R, W) loss} for a group of randomized conditions sharing the R keys.
 
         Per chunk of keys, one vmapped program reassigns the whole cache for every condition;
         then (reassignment, window) pairs are flattened into fixed-size batches and replayed.
+        ``only``: the family the conditions act on (top-level coefficient keys; None: all).
         """
         windows = self.task.prepare(windows)
         W, R = n_windows(windows), int(keys.shape[0])
         cache_bytes = sum(a.nbytes for a in jax.tree.leaves(rec.coeffs))
         per = keys_per_chunk(R, cache_bytes * len(names), max_reassign_bytes)
         out = {n: np.empty((R, W), np.float32) for n in names}
-        reassign = self.programs.reassign(names, self.facts)
+        reassign = self.programs.reassign(names, self.facts, only)
         tokens = windows if any("tokens" in interventions.REGISTRY[n].needs
                                 for n in names) else None
         for k0 in range(0, R, per):
@@ -359,15 +370,19 @@ class Engine:
         return out
 
     def forward_count(self, n_eval: int, n_calib: int, settings: Settings,
-                      cache_bytes: int) -> int:
-        """Forward calls one checkpoint's audit makes (the progress bar's total)."""
+                      cache_bytes: int, family_settings=()) -> int:
+        """Forward calls one checkpoint's audit makes (the progress bar's total);
+        ``family_settings``: the Settings of each family audited apart, whose conditions
+        replay the same recording."""
         n = lambda m: len(_chunks(m, self.rows))
         total = 2 * n(n_eval) + n(n_calib)
-        names = [c for c in settings.conditions if c != "correct"]
-        group = [c for c in names if interventions.REGISTRY[c].randomized]
-        total += n(n_eval) * (len(names) - len(group))
-        if group:
-            R = settings.reassignments
-            per = keys_per_chunk(R, cache_bytes * len(group), settings.max_reassign_bytes)
-            total += len(group) * sum(n(min(per, R - k0) * n_eval) for k0 in range(0, R, per))
+        for s in (settings, *family_settings):
+            names = [c for c in s.conditions if c != "correct"]
+            group = [c for c in names if interventions.REGISTRY[c].randomized]
+            total += n(n_eval) * (len(names) - len(group))
+            if group:
+                R = s.reassignments
+                per = keys_per_chunk(R, cache_bytes * len(group), s.max_reassign_bytes)
+                total += len(group) * sum(n(min(per, R - k0) * n_eval)
+                                          for k0 in range(0, R, per))
         return total

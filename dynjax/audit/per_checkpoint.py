@@ -35,11 +35,15 @@ def replay_message(rec: Recording, atol: float) -> str:
 
 
 def audit_checkpoint(engine: Engine, params, calib_windows, eval_windows, settings: Settings,
-                     bar=None) -> dict:
+                     bar=None, only: tuple | None = None, families: dict | None = None) -> dict:
     """Record, exact replay, every condition: per-window ΔNLL (Δloss) of one checkpoint.
 
     Returns ``{"replay", "nll_record", "nll_correct", "delta": {name: (R, W) | (W,)},
     "constant_along", "variance", "profiles", "forwards", "seconds"}`` (arrays are NumPy).
+    ``only``: the top-level coefficient keys the conditions act on (None: every leaf);
+    ``families``: ``{name: (keys, Settings)}``, each family's conditions run again on its
+    leaves alone, replaying the same recording: ``out["families"][name]`` holds its
+    ``delta`` and ``constant_along`` (:mod:`dynjax.audit.families`).
     """
     t0 = time.perf_counter()
     eval_windows = engine.task.prepare(eval_windows)
@@ -64,28 +68,13 @@ def audit_checkpoint(engine: Engine, params, calib_windows, eval_windows, settin
     seconds["calibration_record"] = time.perf_counter() - t
 
     base = rec.nll_replay.astype(np.float64)
-    delta, constant = {}, {}
-    group = tuple(n for n in settings.conditions if interventions.REGISTRY[n].randomized)
-    for name in settings.conditions:
-        t = time.perf_counter()
-        if name == "correct":   # the checked replay above: ΔNLL is 0 by construction
-            delta[name] = np.zeros_like(base)
-        elif name in group:
-            if name == group[0]:
-                keys = reassignment_keys(settings.seed, settings.reassignments)
-                nlls = engine.randomized_nll(group, params, eval_windows, rec, keys,
-                                             settings.max_reassign_bytes, bar=bar)
-                delta.update({n: v.astype(np.float64) - base for n, v in nlls.items()})
-                seconds["+".join(group)] = time.perf_counter() - t
-            continue
-        else:
-            nll = engine.deterministic_nll(name, params, eval_windows, rec, cal.coeffs, bar=bar)
-            delta[name] = nll.astype(np.float64) - base
-            rows = engine.transform(name)(
-                rec.coeffs, cal.coeffs, np.arange(engine.rows, dtype=np.int32))
-            constant[name] = constant_along(engine.to_host(rows), engine.schema)
-        seconds[name] = time.perf_counter() - t
-    delta = {n: delta[n] for n in settings.conditions}
+    delta, constant = _conditions(engine, params, eval_windows, rec, cal, settings, base,
+                                  seconds, bar, only)
+    fams = {}
+    for fam, (keys, fam_settings) in (families or {}).items():
+        d, c = _conditions(engine, params, eval_windows, rec, cal, fam_settings, base,
+                           seconds, bar, tuple(keys), prefix=f"{fam}:")
+        fams[fam] = {"delta": d, "constant_along": c}
     out = {
         "replay": {"exact": bool(exact), "max_abs_dlogit": rec.max_abs_dlogit,
                    "nll": float(np.mean(rec.nll_record, dtype=np.float64)),
@@ -96,6 +85,8 @@ def audit_checkpoint(engine: Engine, params, calib_windows, eval_windows, settin
         "delta": delta,
         "constant_along": constant,
     }
+    if families:
+        out["families"] = fams
     cache = engine.to_host(rec.coeffs)
     if settings.variance:
         out["variance"] = variance.decompose_coeffs(cache, engine.schema)
@@ -105,6 +96,35 @@ def audit_checkpoint(engine: Engine, params, calib_windows, eval_windows, settin
     seconds["total"] = time.perf_counter() - t0
     out["seconds"] = seconds
     return out
+
+
+def _conditions(engine, params, eval_windows, rec, cal, settings, base, seconds, bar=None,
+                only=None, prefix="") -> tuple[dict, dict]:
+    """Every condition of ``settings`` on the leaves ``only``: ``(delta, constant_along)``;
+    each condition's time goes into ``seconds`` under ``prefix + name``."""
+    delta, constant = {}, {}
+    group = tuple(n for n in settings.conditions if interventions.REGISTRY[n].randomized)
+    for name in settings.conditions:
+        t = time.perf_counter()
+        if name == "correct":   # the checked replay: ΔNLL is 0 by construction
+            delta[name] = np.zeros_like(base)
+        elif name in group:
+            if name == group[0]:
+                keys = reassignment_keys(settings.seed, settings.reassignments)
+                nlls = engine.randomized_nll(group, params, eval_windows, rec, keys,
+                                             settings.max_reassign_bytes, bar=bar, only=only)
+                delta.update({n: v.astype(np.float64) - base for n, v in nlls.items()})
+                seconds[prefix + "+".join(group)] = time.perf_counter() - t
+            continue
+        else:
+            nll = engine.deterministic_nll(name, params, eval_windows, rec, cal.coeffs,
+                                           bar=bar, only=only)
+            delta[name] = nll.astype(np.float64) - base
+            rows = engine.transform(name, only)(
+                rec.coeffs, cal.coeffs, np.arange(engine.rows, dtype=np.int32))
+            constant[name] = constant_along(engine.to_host(rows), engine.schema)
+        seconds[prefix + name] = time.perf_counter() - t
+    return {n: delta[n] for n in settings.conditions}, constant
 
 
 RANKED_AXES = ("token", "expert")

@@ -111,27 +111,23 @@ def render_markdown(results: dict, plots: list[str]) -> str:
               f"{rep.get('nll_replay')}.", ""]
     if r.get("small_n_warning"):
         lines += [f"**Warning:** {r['small_n_warning']}.", ""]
-    pct = "{:.2%}"
-    lines += ["| condition | ΔNLL | 95% CI | p | Holm p | retention (95% CI) | criteria |",
-              "|---|---|---|---|---|---|---|"]
-    for name, row in r["conditions"].items():
-        ret = row.get("retention")
-        ret_txt = "" if not ret else f"{_num(ret['estimate'], pct)} {_ci(ret, pct)}" + (
-            f"; mean of ratios {_num(ret['mean_of_ratios'], pct)}"
-            if "mean_of_ratios" in ret else "")
-        lines.append(f"| {row.get('label') or _label(name)} | {_num(row['estimate'])} "
-                     f"| {_ci(row)} | {_p(row.get('p'))} | {_p(row.get('p_holm'))} "
-                     f"| {ret_txt} | {_verdicts(row)} |")
+    lines += condition_table(r["conditions"])
     if r.get("effects"):
-        lines += ["", "## Factorial effects (paired 2×2: CC, DC, CS, DS)", "",
-                  "| effect | estimate | 95% CI | p | Holm p |", "|---|---|---|---|---|"]
-        for name, e in r["effects"].items():
-            lines.append(f"| {name} | {_num(e['estimate'])} | {_ci(e)} | {_p(e.get('p'))} "
-                         f"| {_p(e.get('p_holm'))} |")
+        lines += ["", "## Factorial effects (paired 2×2: CC, DC, CS, DS)", ""]
+        lines += effects_table(r["effects"])
         lines += ["", "Contrasts, not an additive decomposition; a negative interaction means "
                   "the two interventions damage overlapping functions."]
+    for fam, table in (r.get("families") or {}).items():
+        lines += ["", f"## Family `{fam}` (conditions on {', '.join(table['sites'])} only; "
+                  "every other coefficient replayed as recorded)", ""]
+        lines += condition_table(table["conditions"])
+        effects = {n: e for n, e in (table.get("effects") or {}).items()
+                   if not e.get("not_applicable")}
+        if effects:
+            lines += [""] + effects_table(effects)
     if r.get("variance"):
         lines += ["", "## Variance decomposition (descriptive: share of total sum of squares)", ""]
+        pct = "{:.2%}"
         for leaf, shares in r["variance"].items():
             body = ", ".join(f"{k} {_num(v, pct)}" for k, v in shares.items() if k != "total_ss")
             lines.append(f"- `{leaf}`: {body}")
@@ -142,6 +138,29 @@ def render_markdown(results: dict, plots: list[str]) -> str:
         lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
     lines.append("")
     return "\n".join(lines)
+
+
+def condition_table(conditions: dict) -> list[str]:
+    """One Markdown table of condition rows (ΔNLL, CI, p, retention, criteria)."""
+    pct = "{:.2%}"
+    lines = ["| condition | ΔNLL | 95% CI | p | Holm p | retention (95% CI) | criteria |",
+             "|---|---|---|---|---|---|---|"]
+    for name, row in conditions.items():
+        ret = row.get("retention")
+        ret_txt = "" if not ret else f"{_num(ret['estimate'], pct)} {_ci(ret, pct)}" + (
+            f"; mean of ratios {_num(ret['mean_of_ratios'], pct)}"
+            if "mean_of_ratios" in ret else "")
+        lines.append(f"| {row.get('label') or _label(name)} | {_num(row['estimate'])} "
+                     f"| {_ci(row)} | {_p(row.get('p'))} | {_p(row.get('p_holm'))} "
+                     f"| {ret_txt} | {_verdicts(row)} |")
+    return lines
+
+
+def effects_table(effects: dict) -> list[str]:
+    """The factorial effects as a Markdown table."""
+    return ["| effect | estimate | 95% CI | p | Holm p |", "|---|---|---|---|---|"] + [
+        f"| {n} | {_num(e['estimate'])} | {_ci(e)} | {_p(e.get('p'))} | {_p(e.get('p_holm'))} |"
+        for n, e in effects.items()]
 
 
 def report_notes(results: dict) -> list[str]:

@@ -16,6 +16,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from dynjax.audit import families as families_lib
 from dynjax.audit import interventions
 from dynjax.audit.engine import Engine, schema_signature
 from dynjax.audit.per_checkpoint import audit_checkpoint
@@ -62,7 +63,8 @@ def audit_from_config(config, run_dirs: Sequence[str] = (), muddpythia_dir: str 
     t0 = time.perf_counter()
     results = audit_targets([t.audit_target() for t in targets], calib, ev, settings,
                             type(targets[0]).title(targets), meta=meta, progress=progress,
-                            task=task, placement=placement_of(config))
+                            task=task, placement=placement_of(config),
+                            sites=config.get("sites"))
     for name in results["meta"]["not_applicable"]:
         log(f"note: {name} not applicable: {results['meta']['not_applicable'][name]}")
     results["meta"]["wall_seconds"] = time.perf_counter() - t0
@@ -135,7 +137,7 @@ def placement_of(config) -> Placement:
 def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings: Settings,
                   title: str, meta: dict | None = None, progress: bool = True,
                   engines: dict | None = None, task: Task = LM,
-                  placement: Placement | None = None) -> dict:
+                  placement: Placement | None = None, sites=None) -> dict:
     """Audit every target (one checkpoint each) on the same windows; the results dict.
 
     A target is ``{"apply_fn", "schema", "params", "info": {...}}`` and optionally
@@ -145,6 +147,11 @@ def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings
     calls). ``task`` says what a window is and how it is scored (:data:`LM`, :data:`CLASSIFY`).
     Conditions that cannot apply to the schema are skipped and reported (:func:`applicable`).
     ``placement`` runs every engine under a device mesh (:class:`Placement`).
+    ``sites`` (None: the conditions act on every coefficient together, one table): the
+    coefficient families to intervene on (a comma-separated string, "all", or a sequence;
+    :mod:`dynjax.audit.families`; a target's ``"families"`` groups top-level keys under one
+    name); the main table acts on them together, the other families replayed as recorded,
+    and with more than one, ``results["families"]`` holds one table per family.
     """
     from tqdm.auto import tqdm
 
@@ -157,7 +164,18 @@ def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings
         raise AuditError("the checkpoints have different coefficient schemas; audit one "
                          "model family and variant per run")
     facts = targets[0].get("facts", {})
-    settings, skipped = applicable(settings, targets[0]["schema"], task, facts)
+    schema = targets[0]["schema"]
+    only, per_family = None, {}
+    if sites is not None:
+        fams = families_lib.of_schema(schema, targets[0].get("families"))
+        chosen = families_lib.select(fams, sites)
+        if len(chosen) < len(fams):
+            only = families_lib.keys_of(chosen)
+        if len(chosen) > 1:
+            for fam, keys in chosen.items():
+                fs, fskip = applicable(settings, families_lib.sub(schema, keys), task, facts)
+                per_family[fam] = (keys, fs, fskip)
+    settings, skipped = applicable(settings, families_lib.sub(schema, only), task, facts)
     n_eval, n_calib = n_windows(eval_windows), n_windows(calib_windows)
     rows = min(settings.batch_size, n_eval, n_calib)
     engines = {} if engines is None else engines
@@ -170,7 +188,8 @@ def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings
         engine_of.append(engines[key])
     total = 0
     for t, eng in zip(targets, engine_of):
-        total += eng.forward_count(n_eval, n_calib, settings, eng.cache_bytes(t["params"], n_eval))
+        total += eng.forward_count(n_eval, n_calib, settings, eng.cache_bytes(t["params"], n_eval),
+                                   [fs for _, fs, _ in per_family.values()])
     bar = tqdm(total=total, desc="audit forwards", unit="fwd", disable=not progress,
                mininterval=1)
     ckpts = []
@@ -178,8 +197,9 @@ def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings
         for t, eng in zip(targets, engine_of):
             bar.set_postfix_str(t["info"].get("name", ""))
             params = eng.place_params(t["params"], t.get("logical_axes"))
-            ckpts.append(audit_checkpoint(eng, params, calib_windows, eval_windows,
-                                          settings, bar=bar))
+            ckpts.append(audit_checkpoint(
+                eng, params, calib_windows, eval_windows, settings, bar=bar, only=only,
+                families={f: (keys, fs) for f, (keys, fs, _) in per_family.items()}))
             del params
     finally:
         bar.close()
@@ -188,6 +208,10 @@ def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings
         "window_shapes": jax.tree.map(lambda s: list(s.shape), spec)}
     if facts:
         meta["facts"] = dict(facts)
+    if sites is not None:
+        meta["sites"] = {"intervened": list(only or families_lib.keys_of(
+            families_lib.of_schema(schema, targets[0].get("families")))),
+            "families": {f: list(keys) for f, (keys, _, _) in per_family.items()}}
     if "token_identity" in settings.conditions:
         meta["token_identity"] = {
             "singleton_fraction": interventions.singleton_fraction(eval_windows),
@@ -198,19 +222,30 @@ def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings
                        "evaluation_sha256": windows_sha256(eval_windows),
                        **meta.get("windows", {})}
     return assemble_results(title, ckpts, [t["info"] for t in targets], settings,
-                            targets[0]["schema"], meta, not_applicable=skipped, task=task)
+                            schema, meta, not_applicable=skipped, task=task,
+                            families=per_family)
 
 
 # ------------------------------------------------------------------------------ printing
 
 def verdict_table(results: dict) -> str:
-    """A short plain-text table: condition, ΔNLL, CI, p, retention, verdicts; then effects."""
-    fmt = lambda v, f="{:+.6f}": "—" if v is None or not np.isfinite(v) else f.format(v)
+    """A short plain-text table: condition, ΔNLL, CI, p, retention, verdicts; then effects;
+    then one such table per coefficient family audited apart (``results["families"]``)."""
     lines = [results["title"],
              f"unit: {results['unit']}; loss: {results.get('loss', LM.description)}",
-             f"replay: {replay_status(results['replay'])}, NLL {results['replay']['nll']:.6f}",
-             f"{'condition':<20} {'ΔNLL':>10} {'95% CI':>25} {'p':>8}  retention / verdict"]
-    for name, r in results["conditions"].items():
+             f"replay: {replay_status(results['replay'])}, NLL {results['replay']['nll']:.6f}"]
+    lines += _condition_lines(results["conditions"], results.get("effects", {}))
+    for fam, table in (results.get("families") or {}).items():
+        lines += ["", f"family {fam} ({', '.join(table['sites'])}; the other coefficients "
+                  "replayed as recorded)"]
+        lines += _condition_lines(table["conditions"], table.get("effects", {}))
+    return "\n".join(lines)
+
+
+def _condition_lines(conditions: dict, effects: dict) -> list[str]:
+    fmt = lambda v, f="{:+.6f}": "—" if v is None or not np.isfinite(v) else f.format(v)
+    lines = [f"{'condition':<20} {'ΔNLL':>10} {'95% CI':>25} {'p':>8}  retention / verdict"]
+    for name, r in conditions.items():
         ci = f"[{fmt(r['ci_low'])}, {fmt(r['ci_high'])}]"
         extra = ""
         if r.get("retention"):
@@ -224,11 +259,11 @@ def verdict_table(results: dict) -> str:
             extra += f"; {vname}: {met}"
         lines.append(f"{r.get('label', name):<20} {fmt(r['estimate']):>10} {ci:>25} "
                      f"{fmt(r.get('p'), '{:.3g}'):>8}  {extra}")
-    for name, e in results.get("effects", {}).items():
+    for name, e in effects.items():
         if e.get("not_applicable"):
             lines.append(f"{name:<20} {'—':>10} not applicable: {e['not_applicable']}")
             continue
         lines.append(f"{name:<20} {fmt(e['estimate']):>10} "
                      f"{'[' + fmt(e['ci_low']) + ', ' + fmt(e['ci_high']) + ']':>25} "
                      f"{fmt(e.get('p'), '{:.3g}'):>8}  Holm p {fmt(e.get('p_holm'), '{:.3g}')}")
-    return "\n".join(lines)
+    return lines

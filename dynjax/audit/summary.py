@@ -146,15 +146,28 @@ def _mean_dicts(dicts):
 
 def assemble_results(title: str, checkpoints: Sequence[dict], infos: Sequence[dict],
                      settings: Settings, schema, meta: dict, not_applicable: dict | None = None,
-                     task: Task = LM) -> dict:
+                     task: Task = LM, families: dict | None = None) -> dict:
     """The full results dict (report.write_report's format) from per-checkpoint audits.
 
     ``infos``: one dict per checkpoint (name, run dir, step, params sha256, ...).
     ``not_applicable``: conditions skipped (see :func:`applicable`), each a row without
     numbers; the factorial effects, which need them, are rows without numbers too.
+    ``families``: ``{name: (keys, Settings, not_applicable)}`` of the families audited apart
+    (each checkpoint's ``"families"``): ``results["families"][name]`` is that family's own
+    ``conditions`` / ``effects`` table over its leaves ``keys``.
     """
     labels = condition_labels(schema)
     res = _with_not_applicable(summarize(checkpoints, settings, schema), not_applicable, labels)
+    fam_tables = {}
+    for fam, (keys, fam_settings, fam_skipped) in (families or {}).items():
+        fam_schema = {k: schema[k] for k in keys}
+        fam_labels = condition_labels(fam_schema)
+        units = [c["families"][fam] for c in checkpoints]
+        table = _with_not_applicable(summarize(units, fam_settings, fam_schema), fam_skipped,
+                                     fam_labels)
+        fam_tables[fam] = {"sites": list(keys), "conditions": table["conditions"],
+                           "effects": table["effects"],
+                           "not_applicable": dict(fam_skipped)}
     entries = []
     for info, c in zip(infos, checkpoints):
         entry = dict(info)
@@ -169,6 +182,13 @@ def assemble_results(title: str, checkpoints: Sequence[dict], infos: Sequence[di
         if settings.per_window:
             entry["per_window"] = {"nll_correct": c["nll_correct"],
                                    "delta_nll": dict(c["delta"])}
+        if c.get("families"):
+            entry["families"] = {
+                fam: {"delta_nll": {n: float(d.mean()) for n, d in f["delta"].items()},
+                      "constant_along": f["constant_along"],
+                      **({"per_window": {"delta_nll": dict(f["delta"])}}
+                         if settings.per_window else {})}
+                for fam, f in c["families"].items()}
         entries.append(entry)
     keys = reassignment_keys(settings.seed, settings.reassignments)
     meta = {
@@ -186,7 +206,10 @@ def assemble_results(title: str, checkpoints: Sequence[dict], infos: Sequence[di
                      "device": jax.devices()[0].device_kind},
     }
     profiles = _pooled_profiles([(c.get("profiles"), 1) for c in checkpoints])
-    return _results(title, res, entries, settings, task.description, profiles, meta)
+    results = _results(title, res, entries, settings, task.description, profiles, meta)
+    if fam_tables:
+        results["families"] = fam_tables
+    return results
 
 
 def _with_not_applicable(res: dict, not_applicable: dict | None, labels: dict) -> dict:

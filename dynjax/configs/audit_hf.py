@@ -12,6 +12,12 @@ configs/audit_tiny.py plus the routing ones: token_identity (is routing a lookup
 token id?), expert_relabel (a per-layer derangement of the experts: must hurt), weights_flat
 (each token's top-k experts with equal weights). One checkpoint: intervals are over windows
 and reassignments. docs/audit_hf.md shows an audit of a tiny random checkpoint.
+
+A checkpoint that records several coefficient families (Qwen3.5-MoE: router, shared_gate,
+attn_gate, deltanet_beta, deltanet_decay) gets one table per family: ``--config.sites=
+router,attn_gate`` picks the families to intervene on (default ``all``: every family the
+checkpoint records); the main table intervenes on them together, each family's table on it
+alone, every other coefficient replayed as recorded (dynjax/audit/families.py).
 """
 from dynjax.configs import audit_tiny
 from dynjax.audit.interventions import REGISTRY
@@ -20,6 +26,7 @@ from dynjax.audit.interventions import REGISTRY
 def get_config():
     c = audit_tiny.get_config()
     c.conditions = ",".join(REGISTRY)
+    c.sites = "all"
     c.data.calib_windows = 64
     c.data.eval_windows = 64
     c.data.seq_len = 256

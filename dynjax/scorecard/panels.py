@@ -63,18 +63,28 @@ def _entropy(p):
     return -np.sum(p * np.log(np.clip(p, 1e-12, None)), axis=-1)
 
 
-def dependence(audit: dict) -> dict:
-    """The audit's ΔNLL rows the scorecard shows, and the static profile's retention."""
+def _dependence_rows(conditions: dict) -> dict:
+    """The ΔNLL rows the scorecard shows and the static profile's retention, of one table."""
     rows = {}
     for name in PANEL_CONDITIONS:
-        r = audit["conditions"].get(name)
+        r = conditions.get(name)
         if r is None or r.get("not_applicable"):
             continue
         rows[name] = {k: r[k] for k in ("estimate", "ci_low", "ci_high", "p", "label")
                       if k in r}
-    ret = audit["conditions"].get("static_profile", {}).get("retention")
-    return {"conditions": rows, "retention": ret, "unit": audit.get("unit"),
-            "replay": audit["replay"]["exact"]}
+    return {"conditions": rows,
+            "retention": conditions.get("static_profile", {}).get("retention")}
+
+
+def dependence(audit: dict) -> dict:
+    """The audit's ΔNLL rows the scorecard shows, and the static profile's retention; with
+    coefficient families audited apart, the same for each (``families``)."""
+    out = {**_dependence_rows(audit["conditions"]), "unit": audit.get("unit"),
+           "replay": audit["replay"]["exact"]}
+    if audit.get("families"):
+        out["families"] = {fam: {"sites": t["sites"], **_dependence_rows(t["conditions"])}
+                           for fam, t in audit["families"].items()}
+    return out
 
 
 # ---------------------------------------------------------------------------- verdicts
@@ -86,30 +96,43 @@ def verdicts(card: dict, th) -> dict:
     if var is None:
         out["variation"] = "no coefficients: nothing varies"
     else:
-        share = max(var["input_share"].values(), default=float("nan"))
-        out["variation"] = (f"varies (up to {share:.1%} of the variance is not its static "
-                            "profile)" if share >= th.varies_min_input_share else
-                            f"nearly static (its static profile explains {1 - share:.1%})")
+        out["variation"] = _variation_verdict(var["input_share"].values(), th)
     dep = card.get("dependence")
     if dep is None:
         out["dependence"] = "no coefficients: nothing to depend on"
     else:
-        lows = {k: r["ci_low"] for k, r in dep["conditions"].items()
-                if k in ("cross_input", "static_profile")}
-        strongest = max(lows, key=lows.get) if lows else None
-        if strongest and lows[strongest] > th.depends_min_dnll:
-            out["dependence"] = (f"function depends on it ({dep['conditions'][strongest]['label']}"
-                                 f" costs {dep['conditions'][strongest]['estimate']:+.4f} nats,"
-                                 f" CI low {lows[strongest]:+.4f})")
-        else:
-            out["dependence"] = (f"little dependence (no reassignment's CI lower bound above "
-                                 f"{th.depends_min_dnll} nats)")
+        out["dependence"] = _dependence_verdict(dep["conditions"], th)
+        if dep.get("families"):   # one line each: does the function depend on this family?
+            out["families"] = {}
+            for fam, d in dep["families"].items():
+                shares = [v for leaf, v in (var or {}).get("input_share", {}).items()
+                          if any(leaf.startswith(f"['{k}']") for k in d["sites"])]
+                out["families"][fam] = {"variation": _variation_verdict(shares, th),
+                                        "dependence": _dependence_verdict(d["conditions"], th)}
     ex = card["execution"]
     lines = [_execution_verdict(ex, th, ex.get("baseline", "dense"), "")]
     if "structured" in ex:   # a faster program of the same model counts where it exists
         lines.append(_execution_verdict(ex["structured"], th, "dense", " on its open-blocks path"))
     out["execution"] = min(lines, key=_rank)   # the model's own program wins ties
     return out
+
+
+def _variation_verdict(shares, th) -> str:
+    share = max(shares, default=float("nan"))
+    return (f"varies (up to {share:.1%} of the variance is not its static profile)"
+            if share >= th.varies_min_input_share else
+            f"nearly static (its static profile explains {1 - share:.1%})")
+
+
+def _dependence_verdict(conditions: dict, th) -> str:
+    lows = {k: r["ci_low"] for k, r in conditions.items()
+            if k in ("cross_input", "static_profile")}
+    strongest = max(lows, key=lows.get) if lows else None
+    if strongest and lows[strongest] > th.depends_min_dnll:
+        return (f"function depends on it ({conditions[strongest]['label']} costs "
+                f"{conditions[strongest]['estimate']:+.4f} nats, CI low {lows[strongest]:+.4f})")
+    return (f"little dependence (no reassignment's CI lower bound above "
+            f"{th.depends_min_dnll} nats)")
 
 
 VERDICT_ORDER = ("executes less", "saves FLOPs but not time", "no skipping")

@@ -56,6 +56,20 @@ def render_markdown(cards: list) -> str:
                 lines.append(f"\nStatic-profile retention of the gap to GlobalMean: "
                              f"{ret['estimate']:.1%} [{ret['ci_low']:.1%}, {ret['ci_high']:.1%}]")
             lines.append("")
+            fams = c["dependence"].get("families") or {}
+            if fams:
+                lines += ["Per coefficient family (conditions on that family only, the others "
+                          "replayed as recorded):", "",
+                          "| family | variation | functional dependence | cross-input ΔNLL | "
+                          "LayerMean ΔNLL |", "|---|---|---|---|---|"]
+                for fam, d in fams.items():
+                    v = c["verdicts"]["families"][fam]
+                    cells = [f"{r['estimate']:+.4f} [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]"
+                             if (r := d["conditions"].get(n)) else "—"
+                             for n in ("cross_input", "static_profile")]
+                    lines.append(f"| {fam} | {v['variation']} | {v['dependence']} | "
+                                 f"{cells[0]} | {cells[1]} |")
+                lines.append("")
         lines += _execution_lines(ex) + [""]
     return "\n".join(lines)
 

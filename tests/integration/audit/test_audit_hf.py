@@ -204,3 +204,102 @@ def test_audit_and_scorecard_run_on_gpt_oss(tmp_path):
     assert 0 < var["routing_entropy_nats"] < var["routing_entropy_max_nats"] == np.log(8)
     assert ex["kind"] == "experts" and ex["top_k"] == 4 and ex["moe_layers"] == [0, 1]
     np.testing.assert_allclose(np.sum(ex["tokens_per_expert"], -1), 1.0, rtol=1e-6)
+
+
+# ------------------------------------------- coefficient families (issue 46: --config.sites)
+
+FAMILIES = ("router", "shared_gate", "attn_gate", "deltanet_beta", "deltanet_decay")
+FAMILY_CONDITIONS = ("correct,cross_input,token_shuffle,static_profile,structure_removed,"
+                     "expert_relabel,weights_flat")
+
+
+@pytest.fixture(scope="module")
+def family_audit(tmp_path_factory):
+    """audit.py --hf on the tiny Qwen3.5-MoE (wrapper, 3 DeltaNet + 1 gated attention
+    layer, a gated shared expert): one table per coefficient family."""
+    out = str(tmp_path_factory.mktemp("hf_families") / "qwen3_5_moe")
+    stdout = _run(["audit.py", "--config=configs/audit_hf.py", f"--hf={HF}/qwen3_5_moe",
+                   f"--out={out}", *SMALL, f"--config.conditions={FAMILY_CONDITIONS}",
+                   "--config.sites=" + ",".join(FAMILIES)])
+    with open(os.path.join(out, "results.json")) as f:
+        return stdout, json.load(f), out
+
+
+def test_audit_hf_one_table_per_coefficient_family(family_audit):
+    """Each family's table: Correct's ΔNLL is 0 bit for bit; every applicable condition
+    finite; the routing conditions apply to the router alone; intervening on each family
+    alone changes the logits (its cross-input ΔNLL is not 0 in every window); a condition
+    that touches only the router's leaves gives the same per-window ΔNLL in the table of
+    all families and in the router's."""
+    stdout, res, out = family_audit
+    assert res["replay"]["exact"] is True
+    assert sorted(res["families"]) == sorted(FAMILIES)   # in the model's order
+    assert res["meta"]["sites"]["families"] == {f: [f] for f in FAMILIES}
+    report = open(os.path.join(out, "report.md")).read()
+    ck = res["meta"]["checkpoints"][0]
+    for fam in FAMILIES:
+        assert f"\nfamily {fam} ({fam}; the other coefficients replayed as recorded)" in stdout
+        assert f"## Family `{fam}`" in report
+        table, per_window = res["families"][fam], ck["families"][fam]["per_window"]["delta_nll"]
+        assert table["sites"] == [fam]
+        assert table["conditions"]["correct"]["estimate"] == 0.0
+        assert not np.any(per_window["correct"]), fam
+        assert np.any(np.asarray(per_window["cross_input"]) != 0), fam
+        for name, row in table["conditions"].items():
+            routing = name in ("expert_relabel", "weights_flat")
+            assert bool(row.get("not_applicable")) == (routing and fam != "router"), (fam, name)
+            if not row.get("not_applicable"):
+                assert np.isfinite(row["estimate"]) and np.isfinite(row["ci_low"]), (fam, name)
+                assert np.all(np.isfinite(per_window[name])), (fam, name)
+    whole = ck["per_window"]["delta_nll"]
+    router = ck["families"]["router"]["per_window"]["delta_nll"]
+    for name in ("expert_relabel", "weights_flat"):
+        np.testing.assert_array_equal(whole[name], router[name])
+    assert np.any(np.asarray(whole["cross_input"]) != np.asarray(router["cross_input"]))
+
+
+def test_scorecard_dependence_per_family(family_audit):
+    """The scorecard's dependence panel keeps each family's rows (the audit's, verbatim)."""
+    from dynjax.scorecard.panels import dependence
+
+    _, res, _ = family_audit
+    dep = dependence(res)
+    assert sorted(dep["families"]) == sorted(FAMILIES)
+    for fam, d in dep["families"].items():
+        assert d["sites"] == [fam]
+        assert d["conditions"]["cross_input"]["estimate"] == \
+            res["families"][fam]["conditions"]["cross_input"]["estimate"]
+    assert "expert_relabel" in dep["families"]["router"]["conditions"]
+    assert "expert_relabel" not in dep["families"]["attn_gate"]["conditions"]
+
+
+def test_family_conditions_leave_the_other_families_as_recorded():
+    """families.restrict: a condition on one family changes its leaves only; the others
+    come back bitwise; a deterministic condition's means come from that family's own
+    calibration leaves. Unknown site names are one line naming those the model has."""
+    from dynjax.audit import families
+    from dynjax.coeffs import Axes
+
+    schema = {"router": Axes(("layer", "example", "token", "expert")),
+              "attn_gate": Axes(("layer", "example", "token", "head", "unit"))}
+    key = jax.random.key(0)
+    coeffs = {"router": jax.random.uniform(key, (2, 4, 8, 3)),
+              "attn_gate": jax.random.uniform(jax.random.fold_in(key, 1), (2, 4, 8, 2, 5))}
+    assert families.of_schema(schema) == {"router": ("router",), "attn_gate": ("attn_gate",)}
+    assert families.of_schema(schema, {"all": ("router", "attn_gate")}) == \
+        {"all": ("router", "attn_gate")}
+    for fam, other in (("router", "attn_gate"), ("attn_gate", "router")):
+        shuffled = families.restrict(interventions.cross_input, (fam,))(coeffs, schema, key)
+        np.testing.assert_array_equal(shuffled[other], coeffs[other])
+        assert np.any(np.asarray(shuffled[fam]) != np.asarray(coeffs[fam]))
+        whole = interventions.cross_input(coeffs, schema, key)
+        np.testing.assert_array_equal(shuffled[fam], whole[fam])   # the same donor map
+        flat = families.restrict(interventions.structure_removed, (fam,))(coeffs, schema,
+                                                                         coeffs)
+        np.testing.assert_array_equal(flat[other], coeffs[other])
+        np.testing.assert_allclose(flat[fam], np.full(coeffs[fam].shape,
+                                                      np.mean(coeffs[fam])), rtol=1e-6)
+    assert families.select(families.of_schema(schema), "all") == families.of_schema(schema)
+    with pytest.raises(AuditError, match=r"unknown coefficient site\(s\) \['mhc'\]: this "
+                                         r"checkpoint records \['router', 'attn_gate'\]"):
+        families.select(families.of_schema(schema), "router,mhc")
