@@ -1,4 +1,4 @@
-"""Build the tiny random Qwen3-Next and Qwen3.5-MoE checkpoints (tests/data/hf/<arch>/).
+"""Build the tiny random Qwen3-Next, Qwen3.5-MoE and Qwen3.5 checkpoints (tests/data/hf/<arch>/).
 
     pip install -e '.[hf]'          # torch (CPU) + transformers: this script only
     python scripts/make_hf_hybrid_fixtures.py [--only=qwen3_next] [--out=tests/data/hf]
@@ -7,9 +7,10 @@
 The hybrid architectures beside scripts/make_hf_fixtures.py's (whose conventions, sizes,
 tokenizer and ``reference.npz`` format they share): three Gated DeltaNet layers, then a
 gated full-attention layer (``layer_types``), softmax top-k MoE with a shared expert behind
-a sigmoid gate, norms with gain 1 + w, partial rotary. ``qwen3_5_moe`` is saved as the
-shipped checkpoints are: the multimodal wrapper (text under ``model.language_model.``, a
-one-block vision tower under ``model.visual.``) plus multi-token-prediction tensors
+a sigmoid gate (``qwen3_5``: a dense SwiGLU MLP instead), norms with gain 1 + w, partial
+rotary. ``qwen3_5_moe`` and ``qwen3_5`` are saved as the shipped checkpoints are: the
+multimodal wrapper (text under ``model.language_model.``, a one-block vision tower under
+``model.visual.``) plus multi-token-prediction tensors
 (``mtp.*``) that a text forward must skip. Weights are drawn where every coefficient
 matters: router margins far above float noise (as make_hf_fixtures.py's), attention and
 shared-expert gates spread over (0, 1), DeltaNet decays from near 1 to near 0, norm gains
@@ -51,7 +52,11 @@ ARCHS = {
                         num_experts=8, num_experts_per_tok=2,
                         rope_parameters=dict(ROPE, mrope_section=[1, 1, 1],
                                              mrope_interleaved=True), **LINEAR),
+    "qwen3_5": dict(num_hidden_layers=4, layer_types=LAYER_TYPES, intermediate_size=48,
+                    rope_parameters=dict(ROPE, mrope_section=[1, 1, 1],
+                                         mrope_interleaved=True), **LINEAR),
 }
+WRAPPED = ("qwen3_5_moe", "qwen3_5")   # shipped as the multimodal wrapper, with MTP tensors
 VISION = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=32, patch_size=4,
               temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=48,
               num_position_embeddings=16)
@@ -63,7 +68,7 @@ def make_config(arch: str):
     import transformers
 
     common = {k: v for k, v in base.COMMON.items() if k != "intermediate_size"}
-    if arch == "qwen3_5_moe":
+    if arch in WRAPPED:
         text = dict(common, **ARCHS[arch])
         cfg = transformers.AutoConfig.for_model(arch, text_config=text, vision_config=VISION,
                                                 tie_word_embeddings=False)
@@ -140,7 +145,7 @@ def build(arch: str, out: pathlib.Path, tokenizer: pathlib.Path) -> dict:
     shutil.copy(tokenizer, out / "tokenizer.json")
     ids = hf.token_windows(str(out), base.SEQ_LEN, n_calibration=base.BATCH,
                            n_evaluation=1)["calibration"]
-    cls = (transformers.AutoModelForImageTextToText if arch == "qwen3_5_moe"
+    cls = (transformers.AutoModelForImageTextToText if arch in WRAPPED
            else transformers.AutoModelForCausalLM)
     for seed in range(20):
         torch.manual_seed(seed)
@@ -149,23 +154,25 @@ def build(arch: str, out: pathlib.Path, tokenizer: pathlib.Path) -> dict:
         coeffs = capture_coefficients(model)
         with torch.no_grad():
             res = model(input_ids=torch.as_tensor(ids, dtype=torch.long),
-                        output_router_logits=True)
-        routers = [r.reshape(base.BATCH * base.SEQ_LEN, -1) for r in res.router_logits]
-        k = ARCHS[arch]["num_experts_per_tok"]
-        margin = min(base.margins(r, k) for r in routers)
+                        **({"output_router_logits": True} if "num_experts" in ARCHS[arch]
+                           else {}))
+        routers = [r.reshape(base.BATCH * base.SEQ_LEN, -1)
+                   for r in getattr(res, "router_logits", None) or ()]
+        k = ARCHS[arch].get("num_experts_per_tok", 0)
+        margin = min((base.margins(r, k) for r in routers), default=float("inf"))
         if margin > base.MIN_MARGIN:
             break
     else:
         raise SystemExit(f"{arch}: no seed gave top-k margins above {base.MIN_MARGIN}")
     base.save_checkpoint(model, out)
-    if arch == "qwen3_5_moe":
+    if arch in WRAPPED:
         add_mtp_tensors(out)
     np.savez(out / "reference.npz", input_ids=ids, logits=res.logits.float().numpy(),
-             router_logits=np.stack([r.numpy() for r in routers]),
+             **({"router_logits": np.stack([r.numpy() for r in routers])} if routers else {}),
              **{k: np.stack(v) for k, v in coeffs.items()},
              seed=seed, top_k_margin=margin, transformers=transformers.__version__,
              torch=torch.__version__)
-    return {"seed": seed, "top_k_margin": margin}
+    return {"seed": seed, **({"top_k_margin": margin} if routers else {})}
 
 
 def main():
@@ -183,7 +190,9 @@ def main():
     for arch in args.only.split(","):
         made = {} if args.check else build(arch, out / arch, tokenizer)
         ref = np.load(out / arch / "reference.npz")
-        table[arch] = {"seed": int(ref["seed"]), "top_k_margin": float(ref["top_k_margin"]),
+        margin = float(ref["top_k_margin"])
+        table[arch] = {"seed": int(ref["seed"]),
+                       **({"top_k_margin": margin} if np.isfinite(margin) else {}),
                        "transformers": str(ref["transformers"]), "torch": str(ref["torch"]),
                        "bytes": sum(f.stat().st_size for f in (out / arch).iterdir()),
                        **made, **base.parity(out / arch)}

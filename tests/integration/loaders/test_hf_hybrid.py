@@ -2,8 +2,9 @@
 every dynamic coefficient they carry as a site: router scores, shared-expert gates,
 attention output gates, DeltaNet beta and decay.
 
-Fixtures: tests/data/hf/qwen3_next, tests/data/hf/qwen3_5_moe (the multimodal wrapper with a
-vision tower and MTP tensors), made by scripts/make_hf_hybrid_fixtures.py."""
+Fixtures: tests/data/hf/qwen3_next, tests/data/hf/qwen3_5_moe and its dense sibling
+tests/data/hf/qwen3_5 (the multimodal wrapper with a vision tower and MTP tensors), made by
+scripts/make_hf_hybrid_fixtures.py."""
 from __future__ import annotations
 
 import dataclasses
@@ -20,8 +21,8 @@ from dynjax.loaders import hf
 from tests.integration.loaders.test_hf import loaded   # (model, params, reference, jitted apply, record)
 
 DATA = pathlib.Path(__file__).parents[3] / "tests" / "data" / "hf"
-ARCHS = ("qwen3_next", "qwen3_5_moe")
-LOGIT_TOL = 1e-4   # float32 max |dlogit|: 4.9e-5 (qwen3_next), 6.7e-6 (qwen3_5_moe)
+ARCHS = ("qwen3_next", "qwen3_5_moe", "qwen3_5")
+LOGIT_TOL = 1e-4   # float32 max |dlogit|: 4.9e-5 (qwen3_next), 6.7e-6 (qwen3_5_moe), 4.3e-5 (qwen3_5)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -37,20 +38,26 @@ def test_logits_match_transformers(arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_coefficients_match_transformers(arch):
     """Top-k expert sets identical; router probabilities, DeltaNet beta and decay equal to
-    transformers' (hooked) values; every family has the schema's axes."""
+    transformers' (hooked) values; every family has the schema's axes (the dense Qwen3.5:
+    no router or shared gate)."""
     model, _, ref, _, (_, coeffs) = loaded(arch)
     k = model.cfg.top_k
-    probs = np.asarray(coeffs["router"]).reshape(ref["router_logits"].shape)
-    # 1e-4: layer-local errors are ~1e-6, amplified through the residual stream to 3.2e-5
-    np.testing.assert_allclose(probs, jax.nn.softmax(ref["router_logits"], -1), atol=1e-4)
-    ours = np.sort(np.argsort(-probs, -1)[..., :k], -1)
-    np.testing.assert_array_equal(ours, np.sort(np.argsort(-ref["router_logits"], -1)[..., :k], -1))
+    if arch == "qwen3_5":
+        assert set(coeffs) == {"attn_gate", "deltanet_beta", "deltanet_decay"}
+    else:
+        probs = np.asarray(coeffs["router"]).reshape(ref["router_logits"].shape)
+        # 1e-4: layer-local errors are ~1e-6, amplified through the residual stream to 3.2e-5
+        np.testing.assert_allclose(probs, jax.nn.softmax(ref["router_logits"], -1), atol=1e-4)
+        ours = np.sort(np.argsort(-probs, -1)[..., :k], -1)
+        np.testing.assert_array_equal(
+            ours, np.sort(np.argsort(-ref["router_logits"], -1)[..., :k], -1))
+        assert coeffs["shared_gate"].shape == (len(model.cfg.moe_layers),) + \
+            ref["input_ids"].shape
     for name in ("deltanet_beta", "deltanet_decay"):
         np.testing.assert_allclose(coeffs[name], ref[name], atol=1e-4, rtol=1e-5)
     B, T = ref["input_ids"].shape
     cfg = model.cfg
     assert coeffs["attn_gate"].shape == (1, B, T, cfg.n_heads, cfg.head_dim)
-    assert coeffs["shared_gate"].shape == (len(cfg.moe_layers), B, T)
     coeffs_lib.check(coeffs, model.schema)
     gates = np.asarray(coeffs["attn_gate"])    # spread over (0, 1): the gate matters
     assert gates.min() < 0.2 and gates.max() > 0.8
