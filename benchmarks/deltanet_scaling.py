@@ -11,12 +11,20 @@ the chunked delta rule, gated norm, output projection; float32, batch 1) at each
 projections included) on the same input. Timings: median and minimum over ``--repeats``
 interleaved rounds after a warm-up (``dynjax.measure.latency.paired_times``), each length on
 its own compiled program; ``per_token_us`` = time / tokens, flat when the cost is linear.
-``temp_bytes``: XLA's compiled temporaries. Prints JSON (and writes ``--out``) with the
+``temp_bytes``: XLA's compiled temporaries; ``compile_s`` each program's compile time;
+``max_rss_bytes`` the process's peak memory. The attention baseline is the cost that grows:
+at 16k tokens its program holds 4.5 GB of temporaries (every query block's logits at once,
+T^2) and compiles in ~50 s on a loaded 2-core CPU, where DeltaNet's holds 152 MB; on a
+machine shared by many jobs the run then sits at the few percent of a core it gets (the
+16k point that "stalled" before was starved, not stuck): progress lines say which program
+it is on. Prints JSON (and writes ``--out``) with the
 command and the runtime settings; timings on a shared machine say so in ``--note``.
 """
 from dynjax._alloc import reexec, runtime  # noqa: E402  one runtime set-up for every program
 reexec(__name__)
 import argparse  # noqa: E402
+import resource  # noqa: E402
+import time  # noqa: E402
 import zlib  # noqa: E402
 
 import jax  # noqa: E402
@@ -78,16 +86,22 @@ def main(argv=None):
     rows = []
     for T in args.tokens:
         x = jax.random.normal(jax.random.key(T), (1, T, D))
-        compiled = {"deltanet": dn.lower(p_dn, x).compile(),
-                    "attention": at.lower(p_at, x).compile()}
+        compiled, compile_s = {}, {}
+        for name, fn, p in (("deltanet", dn, p_dn), ("attention", at, p_at)):
+            print(f"T={T}: compiling {name}", flush=True)   # progress, not a stall
+            t0 = time.perf_counter()
+            compiled[name] = fn.lower(p, x).compile()
+            compile_s[name] = time.perf_counter() - t0
         params = {"deltanet": p_dn, "attention": p_at}
+        print(f"T={T}: timing ({args.repeats} rounds)", flush=True)
         times = paired_times({n: (lambda c=c, p=params[n]: c(p, x))
                               for n, c in compiled.items()}, args.repeats)
         row = {"tokens": T}
         for n, c in compiled.items():
             row[n] = {"median_s": times[n]["median_s"], "min_s": times[n]["min_s"],
                       "per_token_us": 1e6 * times[n]["min_s"] / T,
-                      "temp_bytes": int(c.memory_analysis().temp_size_in_bytes)}
+                      "temp_bytes": int(c.memory_analysis().temp_size_in_bytes),
+                      "compile_s": compile_s[n]}
         rows.append(row)
         print(f"T={T}: deltanet {row['deltanet']['min_s']:.4f} s, attention "
               f"{row['attention']['min_s']:.4f} s", flush=True)
@@ -102,7 +116,9 @@ def main(argv=None):
                   "layer": {"d_model": D, "key_heads": args.key_heads, "value_heads": H,
                             "head_dim": hd, "chunk": args.chunk, "batch": 1,
                             "dtype": "float32", "repeats": args.repeats},
-                  "rows": rows, "growth_vs_first": growth}, args.out)
+                  "rows": rows, "growth_vs_first": growth,
+                  "max_rss_bytes": 1024 * resource.getrusage(resource.RUSAGE_SELF).ru_maxrss},
+                 args.out)
 
 
 if __name__ == "__main__":
