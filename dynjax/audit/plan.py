@@ -12,14 +12,16 @@ from dynjax.audit.engine import keys_per_chunk
 
 
 def audit_plan(model: dict, est: dict, n_calib: int, n_eval: int, seq_len: int, settings,
-               flops_per_second=None) -> dict:
+               flops_per_second=None, tables: int = 1) -> dict:
     """``est``: the model's ``param_bytes``, ``coeff_cache_bytes`` (the evaluation windows'
     coefficients), ``activation_bytes_per_batch`` and ``record_flops_per_window`` /
-    ``replay_flops_per_window``; ``model``: what the plan's first line shows."""
+    ``replay_flops_per_window``; ``model``: what the plan's first line shows; ``tables``:
+    the condition tables run on the one recording (1 + the coefficient families audited
+    apart; an upper bound, as a family skips the conditions that do not apply to it)."""
     rows = min(settings.batch_size, n_calib, n_eval)
     n_rand = sum(interventions.REGISTRY[c].randomized for c in settings.conditions)
     n_det = sum(not interventions.REGISTRY[c].randomized for c in settings.conditions) - 1
-    replays = n_eval * (1 + n_det + n_rand * settings.reassignments)
+    replays = n_eval * (1 + tables * (n_det + n_rand * settings.reassignments))
     calib_cache = est["coeff_cache_bytes"] * n_calib // max(n_eval, 1)
     per = keys_per_chunk(settings.reassignments, est["coeff_cache_bytes"] * max(n_rand, 1),
                          settings.max_reassign_bytes)
@@ -38,6 +40,8 @@ def audit_plan(model: dict, est: dict, n_calib: int, n_eval: int, seq_len: int, 
     plan["bytes"]["peak_device_estimate"] = (
         est["param_bytes"] + plan["bytes"]["coeff_cache_eval_plus_calib"]
         + plan["bytes"]["reassigned_copies"] + 2 * est["activation_bytes_per_batch"])
+    if tables > 1:
+        plan["condition_tables"] = tables
     if flops_per_second:
         plan["seconds_estimate"] = plan["flops"] / float(flops_per_second)
     return plan
@@ -57,7 +61,10 @@ def format_plan(plan: dict, what: str, section: str) -> str:
              f"{plan['windows']['evaluation']} evaluation x {plan['windows']['seq_len']} tokens, "
              f"{plan['windows']['rows_per_forward']} rows per forward",
              f"  forwards (windows): record {plan['forward_windows']['record']}, "
-             f"replay {plan['forward_windows']['replay']}; {plan['flops']:.3g} FLOP"]
+             f"replay {plan['forward_windows']['replay']}"
+             + (f" ({plan['condition_tables']} condition tables: all families, then each)"
+                if plan.get("condition_tables", 1) > 1 else "")
+             + f"; {plan['flops']:.3g} FLOP"]
     lines += [f"  {k.replace('_', ' ')}: {gb(v)}" for k, v in plan["bytes"].items()]
     if "seconds_estimate" in plan:
         lines.append(f"  time at the given FLOP/s: {plan['seconds_estimate'] / 60:.1f} min")

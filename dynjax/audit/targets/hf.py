@@ -9,6 +9,7 @@ from dynjax.audit.settings import AuditError
 from dynjax.decoding.text import TokenizerText
 from dynjax.errors import CheckpointError, ConfigError
 from dynjax.measure import panels
+from dynjax.audit import families
 from dynjax.audit import plan as audit_plan
 from dynjax.audit.targets import windows
 from dynjax.audit.targets.base import Target
@@ -100,8 +101,12 @@ class HfDir(Target):
         model = {"n_layer": self.cfg.n_layers, "dim": self.cfg.hidden_size,
                  "dtype": self.cfg.dtype, "params": est["param_count"],
                  "active_params": est["active_param_count"]}
+        sites = config.get("sites")
+        chosen = {} if sites is None else families.select(families.of_schema(self.schema),
+                                                          sites)
         return audit_plan.audit_plan(model, est, n_calib, n_eval, seq_len, settings,
-                                     self.flops_per_second)
+                                     self.flops_per_second,
+                                     tables=1 + len(chosen) if len(chosen) > 1 else 1)
 
     def format_plan(self, plan: dict) -> str:
         return audit_plan.format_plan(plan, f"HF {self.cfg.model_type}", "hf")

@@ -234,6 +234,7 @@ def test_audit_hf_one_table_per_coefficient_family(family_audit):
     all families and in the router's."""
     stdout, res, out = family_audit
     assert res["replay"]["exact"] is True
+    assert "(6 condition tables: all families, then each)" in stdout.splitlines()[2]
     assert sorted(res["families"]) == sorted(FAMILIES)   # in the model's order
     assert res["meta"]["sites"]["families"] == {f: [f] for f in FAMILIES}
     report = open(os.path.join(out, "report.md")).read()
