@@ -416,8 +416,7 @@ SELECTION: dict[str, Condition] = {c.name: c for c in (
               "each query keeps its k most recent visible keys (position only)",
               axes=("key",)),
 )}
-# SELECTION stays out of REGISTRY (what audits run) until audit.py --hf loads an indexer model
-REGISTRY: dict[str, Condition] = {**CONDITIONS, **ROUTING}
+REGISTRY: dict[str, Condition] = {**CONDITIONS, **ROUTING, **SELECTION}
 
 
 def apply_condition(name: str, coeffs: Coeffs, schema: Schema, *, key=None,

@@ -4,11 +4,13 @@ in dynjax/loaders/hf_architectures.py; nothing is downloaded) as training config
     python plan.py --config=configs/hf_llm.py:olmoe_1b_7b --mesh=data=1,fsdp=8,tensor=8 \
         --preset=ep --out=results/plan_hf/olmoe_1b_7b.json    # also qwen3_30b_a3b, mixtral_8x7b
 
-The model is the ``llm`` family (dynjax.loaders.hf's ports) in bfloat16; ``ep`` puts the
-experts on the mesh's tensor axis (expert parallelism). Training batch (64) and window
-(2048 tokens) are defaults; override them with ``--config.train.batch_size`` /
-``--config.data.seq_len``. DeepSeek-V3 is not ported (dynjax.loaders.hf refuses it), so it
-has no entry here.
+    python -m dynjax.programs.plan --config=dynjax:hf_llm:deepseek_v4_flash \
+        --mesh=data=1,fsdp=32,tensor=8 --preset=ep    # also deepseek_v32 (docs/hf.md)
+
+The model is the family dynjax.loaders.hf builds for the model_type (``llm``; DeepSeek-V4:
+``deepseek_v4``) in bfloat16 with remat; ``ep`` puts the experts on the mesh's tensor axis
+(expert parallelism). Training batch (64) and window (2048 tokens) are defaults; override
+them with ``--config.train.batch_size`` / ``--config.data.seq_len``.
 """
 import dataclasses
 
@@ -17,18 +19,22 @@ import ml_collections
 from dynjax.configs import tiny
 
 MODELS = {"olmoe_1b_7b": "allenai/OLMoE-1B-7B-0924", "qwen3_30b_a3b": "Qwen/Qwen3-30B-A3B",
-          "mixtral_8x7b": "mistralai/Mixtral-8x7B-v0.1", "qwen1_5_moe_a2_7b": "Qwen/Qwen1.5-MoE-A2.7B"}
+          "mixtral_8x7b": "mistralai/Mixtral-8x7B-v0.1", "qwen1_5_moe_a2_7b": "Qwen/Qwen1.5-MoE-A2.7B",
+          "deepseek_v32": "deepseek-ai/DeepSeek-V3.2-Exp",
+          "deepseek_v4_flash": "deepseek-ai/DeepSeek-V4-Flash-Base"}
 
 
 def get_config(arg: str = "olmoe_1b_7b"):
     from dynjax.loaders import hf
     from dynjax.loaders.hf_architectures import CONFIGS
+    from dynjax.models import family_of
 
     if arg not in MODELS:
         raise ValueError(f"unknown model {arg!r}; choose one of {sorted(MODELS)}")
     c = tiny.get_config()
     cfg = hf.config_from_hf(CONFIGS[MODELS[arg]], "bfloat16")
-    c.model = ml_collections.ConfigDict(dict(dataclasses.asdict(cfg), family="llm", remat=True))
+    c.model = ml_collections.ConfigDict(dict(dataclasses.asdict(cfg), family=family_of(cfg),
+                                             remat=True))
     c.data.seq_len = 2048
     c.train.batch_size = 64
     return c

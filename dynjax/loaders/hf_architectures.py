@@ -32,4 +32,23 @@ CONFIGS = {
         intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48,
         num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
         num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[]),
+    # transformers 5.25's configuration defaults for these model_types, which its docstrings
+    # name as these checkpoints' (as experiments/hf_memory_table.py counts them)
+    "deepseek-ai/DeepSeek-V3.2-Exp": dict(
+        GQA, model_type="deepseek_v32", vocab_size=129280, hidden_size=7168,
+        intermediate_size=18432, moe_intermediate_size=2048, num_hidden_layers=61,
+        num_attention_heads=128, num_key_value_heads=128, n_shared_experts=1,
+        n_routed_experts=256, num_experts_per_tok=8, first_k_dense_replace=3,
+        q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+        v_head_dim=128, n_group=8, topk_group=4, norm_topk_prob=True,
+        routed_scaling_factor=2.5, index_topk=2048, index_n_heads=64, index_head_dim=128,
+        rope_theta=10000.0),
+    "deepseek-ai/DeepSeek-V4-Flash-Base": dict(
+        GQA, model_type="deepseek_v4", vocab_size=129280, hidden_size=4096,
+        moe_intermediate_size=2048, num_hidden_layers=43, num_attention_heads=64, head_dim=512,
+        q_lora_rank=1024, qk_rope_head_dim=64, n_routed_experts=256, num_experts_per_tok=6,
+        n_shared_experts=1, num_hash_layers=3, routed_scaling_factor=1.5,
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
+        hc_mult=4, hc_sinkhorn_iters=20, sliding_window=128, o_groups=8, o_lora_rank=1024,
+        index_n_heads=64, index_head_dim=128, index_topk=512, swiglu_limit=10.0),
 }

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from dynjax import coeffs as coeffs_lib
-from dynjax.models import gated_mlp, gates, llm, mod, moe, mudd, muddpythia
+from dynjax.models import deepseek_v4, gated_mlp, gates, llm, mod, moe, mudd, muddpythia
 from dynjax.models.transformer import ModelConfig
 
 
@@ -41,6 +41,7 @@ FAMILIES = {
     "gated_mlp": Family(gated_mlp.MLPConfig, gated_mlp.GatedMLP, gated_mlp.VARIANTS),
     "muddpythia": Family(muddpythia.Config, muddpythia.MuddPythia, ("muddpythia",)),
     "llm": Family(llm.Config, llm.LLM, ("llm",)),
+    "deepseek_v4": Family(deepseek_v4.Config, deepseek_v4.DeepseekV4, ("deepseek_v4",)),
 }
 
 

@@ -46,6 +46,7 @@ the compressed KV cache is not written.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from types import SimpleNamespace
 
 import jax
@@ -78,6 +79,7 @@ class Config:
     """One DeepSeek-V4 model (hashable: a static jit argument). Defaults: transformers'."""
 
     model_type = "deepseek_v4"       # what dynjax.loaders.archs registers it under
+    family = "deepseek_v4"           # its dynjax.models.FAMILIES entry
 
     vocab_size: int = 129280
     hidden_size: int = 4096
@@ -109,10 +111,12 @@ class Config:
     compress_rope: tuple = (("rope_type", "default"),)   # the "compress" rope_parameters
     tie_word_embeddings: bool = False
     dtype: str = "float32"
+    remat: bool = False              # jax.checkpoint per layer (a training plan's activations)
 
     def __post_init__(self):
         object.__setattr__(self, "layer_types", tuple(self.layer_types))
         object.__setattr__(self, "mlp_layer_types", tuple(self.mlp_layer_types))
+        object.__setattr__(self, "compress_rope", tuple(tuple(kv) for kv in self.compress_rope))
         bad = [t for t in self.layer_types if t not in LAYER_TYPES] + \
             [t for t in self.mlp_layer_types if t not in MLP_TYPES]
         if bad:
@@ -447,26 +451,35 @@ def forward(cfg: Config, params, tokens, coeffs=None):
     dims = cfg.hc_dims
     h = hyper.expand_embeddings(dims, jnp.take(params["embed"], tokens, axis=0))
     used = {"mhc_attn": [], "mhc_ffn": [], "router": [], "hash_router": [], "indexer": []}
-    for i, p in enumerate(params["layers"]):
+
+    def layer(i, p, h):
+        """One layer: (streams, its mHC coefficients around attention and the FFN, the
+        indexer's / router's)."""
         inner = {}
 
-        def attn_block(z, p=p, i=i):
+        def attn_block(z):
             y, c = attention(cfg, cfg.layer_types[i], p["attn"],
                              rms_norm(z, p["input_norm"], cfg.rms_norm_eps), positions,
                              _inner_given(given, "indexer", used))
             inner.update(c)
             return y
 
-        def ffn_block(z, p=p):
+        def ffn_block(z):
             name = "hash_router" if "tid2eid" in p["moe"] else "router"
             y, c = moe(cfg, p["moe"], rms_norm(z, p["post_norm"], cfg.rms_norm_eps), tokens,
                        _inner_given(given, name, used))
             inner.update(c)
             return y
-        h, c = hyper.around(dims, p["attn_hc"], h, attn_block, _slice(given, "mhc_attn", i))
-        used["mhc_attn"].append(c)
-        h, c = hyper.around(dims, p["ffn_hc"], h, ffn_block, _slice(given, "mhc_ffn", i))
-        used["mhc_ffn"].append(c)
+        h, c_attn = hyper.around(dims, p["attn_hc"], h, attn_block, _slice(given, "mhc_attn", i))
+        h, c_ffn = hyper.around(dims, p["ffn_hc"], h, ffn_block, _slice(given, "mhc_ffn", i))
+        return h, c_attn, c_ffn, inner
+    for i, p in enumerate(params["layers"]):
+        step = functools.partial(layer, i)
+        if cfg.remat:   # training plans: keep each layer's input, recompute the rest
+            step = jax.checkpoint(step)
+        h, c_attn, c_ffn, inner = step(p, h)
+        used["mhc_attn"].append(c_attn)
+        used["mhc_ffn"].append(c_ffn)
         for name, value in inner.items():
             used[name].append(value)
     y, head = hyper.head(dims, params["hc_head"], h,
@@ -502,6 +515,16 @@ class DeepseekV4:
     coeffs)``, ``schema``, ``init``, ``logical_axes``."""
 
     cfg: Config
+    # the audit's coefficient families (dynjax.audit.families): the mHC sites around attention,
+    # the FFN and the head are one residual-mixing mechanism, audited together as the seed's
+    # MUDD conditions are; router, hash_router and indexer each their own
+    site_families = {"mhc": ("mhc_attn", "mhc_ffn", "mhc_head")}
+    # what a family's table must say beside its numbers
+    site_notes = {"hash_router": (
+        "hash layers: the experts are tid2eid[token], a parameter (the same table in every "
+        "context), not a coefficient; these scores only weight them, so every condition here "
+        "moves the mixing weights alone: the static control of routing (its experts are a "
+        "lookup of the token id by construction)")}
 
     @property
     def schema(self):

@@ -118,7 +118,7 @@ def plan(config, mesh_sizes: dict, rules) -> dict:
     cfg = config.model.to_dict()
     no_remat = activation_bytes({**cfg, "remat": False}, params, b, config.data.seq_len)
     kept = activation_bytes({**cfg, "remat": True}, params, b, config.data.seq_len)
-    with_remat = kept + no_remat // config.model.n_layers
+    with_remat = kept + no_remat // model.cfg.n_layers
     param_bytes = per_device_bytes(params, specs, mesh_sizes, rules)
     out = {
         "mesh": mesh_sizes, "devices": math.prod(mesh_sizes.values()),

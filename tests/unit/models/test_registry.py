@@ -32,6 +32,13 @@ CASES = {
                  head_dim=8, intermediate_size=32, qk_norm="head", moe_layers=(1,),
                  num_experts=4, top_k=2, moe_intermediate_size=8, shared_expert_size=8),
             TOKENS),
+    "deepseek_v4": (dict(family="deepseek_v4", vocab_size=32, hidden_size=16, n_heads=2,
+                         head_dim=8, rope_dim=4, q_lora_rank=8, o_groups=2, o_lora_rank=4,
+                         layer_types=("compressed_sparse_attention", "sliding_attention"),
+                         mlp_layer_types=("hash_moe", "moe"), csa_rate=2, sliding_window=4,
+                         index_n_heads=2, index_head_dim=4, index_topk=2, num_experts=4,
+                         top_k=2, moe_intermediate_size=8, hc=2, hc_sinkhorn_iters=3),
+                    TOKENS),
 }
 
 
