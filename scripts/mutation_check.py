@@ -1020,6 +1020,11 @@ MUTANTS = (
            'bias = p_old["moe"]["router_bias"]\n', 'bias = jnp.zeros_like(p_old["moe"]["router_bias"])\n',
            ("tests/unit/models/test_routing_arms.py::test_a_train_step_lowers_the_overloaded_experts_bias",),
            "each bias step starts from the bias in the train state"),
+    Mutant("arms_logged_load_is_the_scores_top_k", "dynjax/train/families.py",
+           'chosen = llm.selected_experts(cfg, old, coeffs["router"], tokens)',
+           'chosen = jax.lax.top_k(coeffs["router"], cfg.top_k)[1]',
+           ("tests/unit/models/test_routing_arms.py::test_the_hash_table_decides_the_experts_and_training_keeps_it",),
+           "the llm family logs each expert's load from the experts its router's rule picked"),
     # --- DeepSeek-V4 port (issue 47): dynjax/models/deepseek_v4.py ---
     Mutant("v4_hash_table_ignored", "dynjax/models/deepseek_v4.py",
            'experts = routers.table_experts(p["tid2eid"], tokens)',

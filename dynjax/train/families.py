@@ -29,9 +29,10 @@ class Hooks(NamedTuple):
     step_metrics: Callable = lambda coeffs, cfg: {}   # (coeffs, model cfg) -> {name: array}, in jit
     log_fields: Callable = lambda metrics, cfg: {}   # (host metrics, model cfg) -> JSON fields
     compiler_options: Callable = lambda backend: None  # backend -> the train step's XLA options
-    # (old params, new params, coeffs, tokens, model cfg) -> params, in jit: training rules
-    # outside the gradient, applied after each optimizer step (DeepSeek's bias update)
-    after_update: Callable = lambda old, new, coeffs, tokens, cfg: new
+    # (old params, new params, coeffs, tokens, model cfg) -> (params, metrics), in jit:
+    # training rules outside the gradient, applied after each optimizer step (DeepSeek's bias
+    # update), and metrics that need the parameters (the experts a router's own rule picked)
+    after_update: Callable = lambda old, new, coeffs, tokens, cfg: (new, {})
 
 
 NONE = Hooks()
@@ -87,15 +88,18 @@ def mod_entry_fields(metrics, cfg, blocks=None) -> dict:
         (str(i) for i in blocks), metrics["mod_enter_rate_per_block"].tolist()))}
 
 
-def moe_load(coeffs, cfg, k=None) -> dict:
+def moe_load(coeffs, cfg) -> dict:
     """Per MoE layer and route, the share of the tokens' top-k router choices (1/E is
-    balanced): the load each expert is asked to take. ``k`` defaults to ``cfg.moe``'s."""
+    balanced): the load each expert is asked to take."""
     if "router" not in coeffs:
         return {}
-    probs = coeffs["router"]                                  # (layer, example, token, route)
-    top = jax.lax.top_k(probs, cfg.moe.num_experts_per_tok if k is None else k)[1]
-    share = jax.nn.one_hot(top, probs.shape[-1], dtype=jnp.float32).mean(axis=(1, 2, 3))
-    return {"moe_load_per_expert": share}
+    top = jax.lax.top_k(coeffs["router"], cfg.moe.num_experts_per_tok)[1]
+    return {"moe_load_per_expert": expert_shares(top, coeffs["router"].shape[-1])}
+
+
+def expert_shares(chosen, num_experts: int):
+    """(layer, expert) share of the routes (layer, example, token, k) each expert takes."""
+    return jax.nn.one_hot(chosen, num_experts, dtype=jnp.float32).mean(axis=(1, 2, 3))
 
 
 def moe_load_fields(metrics, cfg=None) -> dict:
@@ -125,19 +129,24 @@ def llm_resolve(config):
 
 
 def llm_metrics(coeffs, cfg) -> dict:
-    """The MoD layers' entry rates and the MoE layers' expert loads, as the mod and moe
-    families log them (the llm family's MoD scores are ``mod_router``)."""
-    out = moe_load(coeffs, cfg, cfg.top_k)
+    """The MoD layers' entry rates, as the mod family logs them (the llm family's MoD scores
+    are ``mod_router``); the expert loads come from :func:`llm_after_update`."""
     if "mod_router" in coeffs:
-        out.update(mod_entry_rates({"router": coeffs["mod_router"]}, cfg))
-    return out
+        return mod_entry_rates({"router": coeffs["mod_router"]}, cfg)
+    return {}
 
 
 def llm_after_update(old, new, coeffs, tokens, cfg):
-    """``dynjax.models.llm.after_update``: a hash table kept, selection biases balanced."""
+    """``dynjax.models.llm.after_update`` (a hash table kept, selection biases balanced) and
+    each MoE layer's expert loads as the moe family logs them, counted from the experts the
+    router's own rule picked (its selection bias, groups or table: not the scores' top-k)."""
     from dynjax.models import llm
 
-    return llm.after_update(cfg, old, new, coeffs.get("router"), tokens)
+    params = llm.after_update(cfg, old, new, coeffs.get("router"), tokens)
+    if "router" not in coeffs:
+        return params, {}
+    chosen = llm.selected_experts(cfg, old, coeffs["router"], tokens)
+    return params, {"moe_load_per_expert": expert_shares(chosen, cfg.num_experts)}
 
 
 def llm_fields(metrics, cfg) -> dict:

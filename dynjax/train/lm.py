@@ -57,12 +57,13 @@ def make_train_step(model, tx):
         (_, (loss, coeffs, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             state["params"], tokens)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        params = hooks.after_update(state["params"],
-                                    optax.apply_updates(state["params"], updates), coeffs,
-                                    tokens, model.cfg)
+        params, extra = hooks.after_update(state["params"],
+                                           optax.apply_updates(state["params"], updates),
+                                           coeffs, tokens, model.cfg)
         new_state = {"step": state["step"] + 1, "params": params, "opt_state": opt_state}
         metrics = {"loss": loss, "grad_norm": optax.tree_utils.tree_norm(grads),
-                   **{f"aux/{k}": v for k, v in aux.items()}, **step_metrics(coeffs, model.cfg)}
+                   **{f"aux/{k}": v for k, v in aux.items()}, **step_metrics(coeffs, model.cfg),
+                   **extra}
         return new_state, metrics
 
     return train_step

@@ -71,13 +71,13 @@ def skewed_step():
         state = {"step": jnp.zeros((), jnp.int32), "params": params,
                  "opt_state": tx.init(params)}
         before = jax.tree.map(jnp.copy, params)
-        new, _ = jax.jit(lm.make_train_step(model, tx))(state, TOKENS)
-        out[arm] = model, before, new["params"]
+        new, metrics = jax.jit(lm.make_train_step(model, tx))(state, TOKENS)
+        out[arm] = model, before, new["params"], metrics
     return out
 
 
 def test_a_train_step_lowers_the_overloaded_experts_bias(skewed_step):
-    model, before, after = skewed_step["deepseek_sigmoid"]
+    model, before, after, metrics = skewed_step["deepseek_sigmoid"]
     cfg = model.cfg
     _, coeffs = jax.jit(model.apply)(before, TOKENS)
     chosen = np.asarray(llm.selected_experts(cfg, before, coeffs["router"]))
@@ -85,6 +85,7 @@ def test_a_train_step_lowers_the_overloaded_experts_bias(skewed_step):
     for j, p in enumerate(after["layers"]):
         load = np.bincount(chosen[j].ravel(), minlength=cfg.num_experts)
         assert load[0] == B * T                     # the skew: every token picks expert 0
+        np.testing.assert_allclose(metrics["moe_load_per_expert"][j], load / load.sum())
         old = np.asarray(before["layers"][j]["moe"]["router_bias"])
         want = old + np.float32(u) * np.sign(load.mean() - load).astype(np.float32)
         np.testing.assert_array_equal(p["moe"]["router_bias"], want)
@@ -108,7 +109,7 @@ def test_a_fresh_hash_table_is_balanced_distinct_and_seeded():
 
 
 def test_the_hash_table_decides_the_experts_and_training_keeps_it(skewed_step):
-    model, before, after = skewed_step["hash"]
+    model, before, after, metrics = skewed_step["hash"]
     cfg = model.cfg
     run = jax.jit(model.apply)
     logits, coeffs = run(before, TOKENS)
@@ -119,6 +120,8 @@ def test_the_hash_table_decides_the_experts_and_training_keeps_it(skewed_step):
                      for p in before["layers"]])
     np.testing.assert_array_equal(llm.selected_experts(cfg, before, coeffs["router"], TOKENS),
                                   want)
+    np.testing.assert_allclose(metrics["moe_load_per_expert"], np.stack(   # the logged load
+        [np.bincount(w.ravel(), minlength=cfg.num_experts) / w.size for w in want]))
     by_score = np.asarray(jax.lax.top_k(coeffs["router"], cfg.top_k)[1])
     assert not np.array_equal(np.sort(by_score, -1), np.sort(want, -1))   # not the scores
     # the forward routes by the table: another table, other logits; replay is exact
