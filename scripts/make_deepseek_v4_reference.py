@@ -464,16 +464,17 @@ def _selection_rows(idx, n: int) -> np.ndarray:
     return mask[..., :n]
 
 
-def write_rows(rows: dict, path: pathlib.Path):
+def write_rows(rows: dict, path: pathlib.Path,
+               checked_by: str = "python scripts/make_deepseek_v4_reference.py --check"):
     """Put ``rows`` into the ``architectures`` of the parity file (results/hf_parity.json,
-    which make_hf_fixtures.py writes) beside its rows, atomically; print each."""
+    which make_hf_fixtures.py writes) beside its rows, atomically; print each. ``checked_by``:
+    the command that recomputes them (every fixture builder's ``--check``)."""
     import json
 
     from dynjax import jsonio
 
     table = json.loads(path.read_text()) if path.exists() else {"architectures": {}}
-    rows = {n: {**r, "checked_by": "python scripts/make_deepseek_v4_reference.py --check"}
-            for n, r in rows.items()}
+    rows = {n: {**r, "checked_by": checked_by} for n, r in rows.items()}
     table["architectures"].update(rows)
     table["architectures"] = dict(sorted(table["architectures"].items()))
     for name, row in rows.items():

@@ -428,7 +428,9 @@ def main():
         table[name] = {**made, **parity(out / name)}
         print(name, table[name], flush=True)
     import make_deepseek_v4_reference as sparse   # its fixtures' rows (checked, not built)
+    import make_hf_hybrid_fixtures as hybrid       # Qwen3-Next / Qwen3.5 rows, likewise
     table.update(sparse.check(out))
+    table.update(hybrid.check(out))
     tokenizer.unlink(missing_ok=True)
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     jsonio.write_json_atomic(args.results, {

@@ -16,8 +16,9 @@ matters: router margins far above float noise (as make_hf_fixtures.py's), attent
 shared-expert gates spread over (0, 1), DeltaNet decays from near 1 to near 0, norm gains
 away from 1. ``reference.npz`` adds each DeltaNet layer's beta and decay
 (``deltanet_beta``, ``deltanet_decay``) to transformers' logits and router logits.
-The parity table (make_hf_fixtures.py's ``parity``: max |dlogit|, top-k sets) goes to
-``--results``.
+Their parity rows (make_hf_fixtures.py's ``parity``: max |dlogit|, top-k sets) go into
+``--results`` (results/hf_parity.json, beside every other port's; make_hf_fixtures.py
+--check recomputes them with the rest).
 """
 from __future__ import annotations
 
@@ -175,31 +176,37 @@ def build(arch: str, out: pathlib.Path, tokenizer: pathlib.Path) -> dict:
     return {"seed": seed, **({"top_k_margin": margin} if routers else {})}
 
 
+def check(root: pathlib.Path = ROOT / "tests/data/hf") -> dict:
+    """The parity rows of the committed hybrid fixtures (no torch): what the build
+    recorded (seed, router margin, versions, bytes) and make_hf_fixtures.py's ``parity``."""
+    rows = {}
+    for arch in ARCHS:
+        ref = np.load(root / arch / "reference.npz")
+        margin = float(ref["top_k_margin"])
+        rows[arch] = {"seed": int(ref["seed"]),
+                      **({"top_k_margin": margin} if np.isfinite(margin) else {}),
+                      "transformers": str(ref["transformers"]), "torch": str(ref["torch"]),
+                      "bytes": sum(f.stat().st_size for f in (root / arch).iterdir()),
+                      **base.parity(root / arch)}
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "tests/data/hf"))
     ap.add_argument("--only", default=",".join(ARCHS))
     ap.add_argument("--check", action="store_true", help="build nothing; parity only")
-    ap.add_argument("--results", default=str(ROOT / "results/hf_parity_hybrid.json"))
+    ap.add_argument("--results", default=str(ROOT / "results/hf_parity.json"))
     args = ap.parse_args()
-    from dynjax import jsonio
+    import make_deepseek_v4_reference as sparse   # write_rows: one parity file for every port
 
     out = pathlib.Path(args.out)
     tokenizer = ROOT / "tests/data/hf/llama/tokenizer.json"   # make_hf_fixtures.py trained it
-    table = {}
-    for arch in args.only.split(","):
-        made = {} if args.check else build(arch, out / arch, tokenizer)
-        ref = np.load(out / arch / "reference.npz")
-        margin = float(ref["top_k_margin"])
-        table[arch] = {"seed": int(ref["seed"]),
-                       **({"top_k_margin": margin} if np.isfinite(margin) else {}),
-                       "transformers": str(ref["transformers"]), "torch": str(ref["torch"]),
-                       "bytes": sum(f.stat().st_size for f in (out / arch).iterdir()),
-                       **made, **base.parity(out / arch)}
-        print(arch, table[arch], flush=True)
-    jsonio.write_json_atomic(args.results, {
-        "command": jsonio.command_line(), "batch": base.BATCH, "seq_len": base.SEQ_LEN,
-        "dtype": "float32", "architectures": table})
+    if not args.check:
+        for arch in args.only.split(","):
+            print(arch, build(arch, out / arch, tokenizer), flush=True)
+    sparse.write_rows(check(out), pathlib.Path(args.results),
+                      "python scripts/make_hf_hybrid_fixtures.py --check")
 
 
 if __name__ == "__main__":

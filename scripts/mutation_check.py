@@ -1182,6 +1182,10 @@ MUTANTS = (
            "{'deltanet_beta': v['deltanet_decay'], 'deltanet_decay': v['deltanet_decay']}))",
            ("tests/integration/audit/test_audit_hf.py::test_audit_hf_one_table_per_coefficient_family",),
            "audit.py --hf replays every family's site bitwise (one site's broken replay fails it)"),
+    Mutant("readme_hybrid_parity_off_the_file", "README.md",
+           "| 6.68e-6 | 4.26e-5 |", "| 6.68e-6 | 4.25e-5 |",
+           ("tests/unit/test_results_files.py::test_readme_hf_parity_row_equals_its_file",),
+           "the README's hybrid parity cells are results/hf_parity.json's figures"),
 )
 
 

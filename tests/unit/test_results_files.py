@@ -106,6 +106,15 @@ def test_readme_hf_parity_row_equals_its_file():
     printed = [cell.strip() for cell in row.strip().strip("|").split("|")]
     assert printed == [f"{arch[name]['max_abs_logit_diff']:.2e}".replace("e-0", "e-")
                        for name in header]
+    # the second table (DeepSeek ... Qwen3.5): every column named plainly by its fixture
+    start = readme.index("| deepseek_v3 (")
+    lines = readme[start:].splitlines()
+    header = [c.strip() for c in lines[0].strip().strip("|").split("|")]
+    printed = [c.strip() for c in lines[2].strip().strip("|").split("|")]
+    plain = [(name, cell) for name, cell in zip(header, printed) if name in arch]
+    assert {"qwen3_next", "qwen3_5_moe", "qwen3_5"} <= {name for name, _ in plain}
+    for name, cell in plain:
+        assert cell == f"{arch[name]['max_abs_logit_diff']:.2e}".replace("e-0", "e-"), name
 
 
 # every JSON a benchmark wrote: the command that made it runs a program in benchmarks/
