@@ -1088,6 +1088,19 @@ MUTANTS = (
            "clamped_glu(mm(rows, \"gate\"), mm(rows, \"up\"), jnp.inf)",
            ("tests/integration/loaders/test_deepseek_v4.py::test_logits_equal_transformers",),
            "V4's SwiGLU clamps gate <= limit and |up| <= limit"),
+    Mutant("v4_router_site_bypassed", "dynjax/models/deepseek_v4.py",
+           "used = coeffs_lib.site({name: router_scores(p, x)}, given)",
+           "used = {name: router_scores(p, x)}",
+           ("tests/integration/audit/test_audit_hf_v4.py::"
+            "test_v4_one_table_per_coefficient_family",),
+           "the audit's router and hash-router tables replay the given scores (a bypassed "
+           "site leaves every condition at ΔNLL 0)"),
+    Mutant("v4_hash_note_dropped", "dynjax/audit/run.py",
+           '            results["families"][fam]["note"] = note',
+           "            pass",
+           ("tests/integration/audit/test_audit_hf_v4.py::"
+            "test_v4_one_table_per_coefficient_family",),
+           "the hash router's table says its experts come from the token-id table"),
     Mutant("v4_output_rotation_kept", "dynjax/models/deepseek_v4.py",
            "out = rotate(out, cos, -sin)", "out = out",
            ("tests/integration/loaders/test_deepseek_v4.py::test_logits_equal_transformers",),

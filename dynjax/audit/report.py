@@ -120,6 +120,8 @@ def render_markdown(results: dict, plots: list[str]) -> str:
     for fam, table in (r.get("families") or {}).items():
         lines += ["", f"## Family `{fam}` (conditions on {', '.join(table['sites'])} only; "
                   "every other coefficient replayed as recorded)", ""]
+        if table.get("note"):
+            lines += [f"Note: {table['note']}.", ""]
         lines += condition_table(table["conditions"])
         effects = {n: e for n, e in (table.get("effects") or {}).items()
                    if not e.get("not_applicable")}

@@ -221,9 +221,13 @@ def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings
                        "calibration_sha256": windows_sha256(calib_windows),
                        "evaluation_sha256": windows_sha256(eval_windows),
                        **meta.get("windows", {})}
-    return assemble_results(title, ckpts, [t["info"] for t in targets], settings,
-                            schema, meta, not_applicable=skipped, task=task,
-                            families=per_family)
+    results = assemble_results(title, ckpts, [t["info"] for t in targets], settings,
+                               schema, meta, not_applicable=skipped, task=task,
+                               families=per_family)
+    for fam, note in targets[0].get("site_notes", {}).items():   # said beside its numbers
+        if fam in results.get("families", {}):
+            results["families"][fam]["note"] = note
+    return results
 
 
 # ------------------------------------------------------------------------------ printing
@@ -237,7 +241,8 @@ def verdict_table(results: dict) -> str:
     lines += _condition_lines(results["conditions"], results.get("effects", {}))
     for fam, table in (results.get("families") or {}).items():
         lines += ["", f"family {fam} ({', '.join(table['sites'])}; the other coefficients "
-                  "replayed as recorded)"]
+                  "replayed as recorded)"] + ([f"note: {table['note']}"] if table.get("note")
+                                              else [])
         lines += _condition_lines(table["conditions"], table.get("effects", {}))
     return "\n".join(lines)
 

@@ -113,7 +113,11 @@ class Target:
         """The dict :func:`dynjax.audit.run.audit_targets` audits."""
         return {"apply_fn": self.apply_fn, "schema": self.schema, "params": self.params,
                 "logical_axes": self.logical_axes, "info": self.info,
-                "engine_key": self.engine_key, "facts": self.condition_facts}
+                "engine_key": self.engine_key, "facts": self.condition_facts,
+                # a model may group its coefficient families and say what a family's table
+                # must note (DeepSeek-V4: mHC's three sites one family; hash routing)
+                "families": getattr(self.model, "site_families", {}),
+                "site_notes": getattr(self.model, "site_notes", {})}
 
     @property
     def condition_facts(self) -> dict:
