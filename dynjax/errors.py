@@ -1,12 +1,11 @@
 """The failures a user can fix, and the one way the programs report them.
 
-``train.py`` and ``audit.py`` run their work through :func:`run_program`
-and parse their flags with :func:`flags_parser`: a bad ``--config.*`` override, a config
-that cannot run, missing or corrupt data, a checkpoint that cannot be restored, a corrupt
-JSON file of a run, or a filesystem error (a full disk, a read-only or missing path: an
-``OSError``, or orbax's out-of-space error) ends in one line ``PROG: error: <problem and
-fix>`` on stderr and exit status 2 (argparse's code for a usage error), never a traceback.
-Anything else is a bug and keeps its traceback. The exit statuses are in docs/reliability.md.
+Every such failure is a :class:`DynjaxError` (one subclass per kind) whose message names the
+problem and the fix. ``train.py``, ``audit.py`` and the other programs run their work
+through :func:`run_program` and parse flags with :func:`flags_parser`: a ``DynjaxError``, a
+bad flag or a filesystem error (``OSError``) ends in one line ``PROG: error: ...`` on stderr
+and exit status 2, never a traceback. Anything else is a bug and keeps its traceback. The
+exit statuses are in docs/reliability.md.
 """
 from __future__ import annotations
 
@@ -16,33 +15,54 @@ import os
 import re
 import sys
 
-from dynjax.data.text import DataError
-from dynjax.jsonio import CorruptFile
-
-__all__ = ["CheckpointError", "ConfigError", "CorruptFile", "DataError", "NonFiniteError",
-           "RunLocked", "config_errors", "describe_os_error", "flags_parser", "run_program"]
+__all__ = ["AuditError", "CheckpointError", "ConfigError", "CorruptFile", "DataError",
+           "DynjaxError", "NonFiniteError", "ReplayError", "RunLocked", "config_errors",
+           "describe_os_error", "flags_parser", "run_program"]
 
 EXIT_USAGE = 2
 
 
-class ConfigError(ValueError):
+class DynjaxError(Exception):
+    """A failure the user can fix; the message names the problem and the fix. Raise the
+    subclass that says what failed; catch this one to report any of them."""
+
+
+class ConfigError(DynjaxError, ValueError):
     """A config (or its overrides) that cannot run; the message names the field and the fix."""
 
 
-class CheckpointError(RuntimeError):
-    """No checkpoint of a run can be restored; the message names the run, the step, the fix."""
+class CheckpointError(DynjaxError, RuntimeError):
+    """A checkpoint that cannot be found, recognised or restored; the message names the path
+    (run, step) and the fix."""
 
 
-class NonFiniteError(RuntimeError):
+class DataError(DynjaxError, RuntimeError):
+    """Missing or corrupt data; the message names the fix."""
+
+
+class CorruptFile(DynjaxError, ValueError):
+    """A JSON file that does not parse; the message names the file, the place and the fix."""
+
+
+class NonFiniteError(DynjaxError, RuntimeError):
     """Training produced a non-finite loss or gradient; the message names the step and the
     newest (finite) checkpoint, from which a re-run resumes."""
 
 
-class RunLocked(RuntimeError):
+class RunLocked(DynjaxError, RuntimeError):
     """Another live process is writing the run directory; the message names its pid."""
 
 
-USER_ERRORS = (ConfigError, CheckpointError, DataError, CorruptFile, NonFiniteError, RunLocked)
+class AuditError(DynjaxError, ValueError):
+    """An audit that cannot run as asked (settings, windows, checkpoints that do not go
+    together); the message names the fix."""
+
+
+class ReplayError(DynjaxError, RuntimeError):
+    """Replay of the cached coefficients did not reproduce the record."""
+
+
+USER_ERRORS = (DynjaxError,)
 
 # what to do about a filesystem error, by errno
 _OS_FIXES = {
@@ -70,10 +90,11 @@ def describe_os_error(e: OSError, then: str = "") -> str:
 
 @contextlib.contextmanager
 def config_errors():
-    """Inside, a ``ValueError`` (what config validation raises) becomes a :class:`ConfigError`."""
+    """Inside, a plain ``ValueError`` (what config validation raises) becomes a
+    :class:`ConfigError`; a :class:`DynjaxError` passes through as it is."""
     try:
         yield
-    except ConfigError:
+    except DynjaxError:
         raise
     except ValueError as e:
         raise ConfigError(str(e)) from e
@@ -105,7 +126,7 @@ def missing_package(e: ImportError) -> str | None:
 
 
 def run_program(prog: str, fn, errors: tuple = (), os_hint=""):
-    """``fn()``; a user error (:data:`USER_ERRORS` or ``errors``), a filesystem error
+    """``fn()``; a user error (a :class:`DynjaxError`, or one of ``errors``), a filesystem error
     (``OSError``, followed by ``os_hint``: a string, or a function of nothing that returns
     it when the error happens) or a remote path's missing package exits via
     :func:`exit_with_error`."""

@@ -274,10 +274,7 @@ def export_run(run_dir, out_dir, step: int | None = None) -> dict:
         raise ConfigError(f"{out_dir} exists; export writes a new directory (remove it or "
                           "name another)")
     hf_config(rundir.model_of(config).cfg, int(config.data.seq_len))   # refuse before loading
-    try:
-        run = rundir.load(run_dir, step)
-    except FileNotFoundError as e:
-        raise CheckpointError(str(e)) from None
+    run = rundir.load(run_dir, step)
     import jax
     params = jax.device_get(run.params)
     return export_params(run.model.cfg, params, out_dir, int(config.data.seq_len),

@@ -27,6 +27,8 @@ from typing import Callable
 
 from etils import epath
 
+from dynjax.errors import CorruptFile
+
 
 def to_python(x):
     """Arrays (numpy or JAX) and numpy scalars to plain JSON values, recursively."""
@@ -174,10 +176,6 @@ def publish_json(result, out=None, indent: int = 1) -> None:
     print(json.dumps(to_python(result), indent=indent))
     if out:
         write_json_atomic(out, result)
-
-
-class CorruptFile(ValueError):
-    """A JSON file that does not parse; the message names the file, the place and the fix."""
 
 
 def read_json(path, fix: str = "restore it from a copy, or delete it and re-create it"):

@@ -89,7 +89,7 @@ def train_run(config, workdir: str) -> None:
 
 def load_run(workdir: str):
     """``(apply_fn, params, inputs)`` of a run's final checkpoint: apply_fn(params, x, coeffs)."""
-    from dynjax.audit.settings import LM
+    from dynjax.tasks import LM
     from dynjax.audit.targets import open_target
     target = open_target(workdir)
     if target.task is LM:

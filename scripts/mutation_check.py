@@ -49,6 +49,7 @@ FAULTS = "tests/integration/train/test_faults.py::"
 FORMATS = "tests/unit/loaders/test_hf_formats.py::"
 EDGES = "tests/integration/train/test_faults_edges.py::"
 GPT_OSS = "tests/integration/loaders/test_hf.py::test_logits_match_transformers[gpt_oss]"
+OPENER = "tests/unit/runs/test_opener.py::"
 
 MUTANTS = (
     Mutant("derangement_allows_fixed_points", "dynjax/audit/interventions.py",
@@ -416,10 +417,29 @@ MUTANTS = (
     Mutant("hf_yarn_truncate_ignored", "dynjax/loaders/archs/common.py",
            'rope_truncate=bool(rp.get("truncate", True))', "rope_truncate=True", (GPT_OSS,),
            "YaRN's truncate=False (gpt-oss) keeps the ramp's fractional ends"),
-    Mutant("hf_unknown_model_type_falls_through", "dynjax/audit/targets/kinds.py",
-           "        _refuse_foreign(path)\n", "",
-           ("tests/integration/audit/test_audit_hf.py::test_open_target_tells_hf_directories_apart",),
+    Mutant("hf_unknown_model_type_falls_through", "dynjax/runs/opener.py",
+           "    if model_type is not None:\n", "    if False:\n",
+           (OPENER + "test_a_bad_spec_is_one_line_naming_the_fix",
+            "tests/integration/audit/test_audit_hf.py::test_open_target_tells_hf_directories_apart"),
            "an HF folder of an unported model_type is refused, not opened as MUDDPythia"),
+    # --- the one recogniser (issue 44: dynjax/runs/opener.py) ---
+    Mutant("opener_gpt_fast_muddpythia_unrecognised", "dynjax/runs/opener.py",
+           '(model_type is None and "n_layer" in config', '(False and "n_layer" in config',
+           (OPENER + "test_each_hf_kind_is_recognised_from_config_json",),
+           "a MUDDPythia directory without a model_type (gpt-fast's fields) is recognised"),
+    Mutant("opener_step_on_one_set_kind_ignored", "dynjax/runs/opener.py",
+           "        if step is not None:\n            raise CheckpointError(f\"{path} is a {NAMES",
+           "        if False:\n            raise CheckpointError(f\"{path} is a {NAMES",
+           (OPENER + "test_a_bad_spec_is_one_line_naming_the_fix",),
+           "a step given to an HF or MUDDPythia directory is refused in one line"),
+    Mutant("opener_unsaved_step_accepted", "dynjax/runs/opener.py",
+           "        if int(step) not in saved:\n", "        if False:\n",
+           ("tests/integration/runs/test_opener_runs.py",),
+           "RUN:STEP with a step the run did not save is refused in one line, naming the saved"),
+    Mutant("conversion_source_kind_unchecked", "dynjax/train/init_from.py",
+           '    if found.kind not in ("lm_run", "hf"):\n', "    if False:\n",
+           (OPENER + "test_conversion_takes_its_source_from_the_same_recogniser",),
+           "train.init_from refuses a MUDDPythia directory by kind, in one line"),
     Mutant("hf_arch_defaults_ignored", "dynjax/loaders/hf.py",
            "arch.config({**arch.defaults, **hf})", "arch.config({**hf})",
            ("tests/integration/loaders/test_hf.py::test_every_module_of_the_registry_is_an_architecture",),
@@ -477,7 +497,7 @@ MUTANTS = (
            ("tests/integration/train/test_convert_hf.py::test_an_moe_source_into_a_dense_or_mod_target_is_refused",),
            "an MoE source into a dense or MoD target is refused: experts do not merge back"),
     Mutant("hfconv_resume_reads_the_source", "dynjax/train/loop.py",
-           "task = task_of(config)(convert.with_recorded_model(config, run_dir))",
+           "task = task_of(config)(init_from.with_recorded_model(config, run_dir))",
            "task = task_of(config)(config)",
            ("tests/integration/train/test_convert_hf.py::test_resume_of_an_hf_conversion_is_bitwise_and_needs_no_source",),
            "a resumed HF conversion takes its architecture from config.json, not the source"),

@@ -1,7 +1,7 @@
 """The Frozen-Controller Audit engine: record, exact replay, the forwards of every condition.
 
 Family-agnostic: it needs only ``apply_fn(params, inputs, coeffs=None) -> (logits, coeffs)``
-(:mod:`dynjax.coeffs`), the coefficient schema and a :class:`~dynjax.audit.settings.Task`.
+(:mod:`dynjax.coeffs`), the coefficient schema and a :class:`~dynjax.tasks.Task`.
 Three compiled programs per model and shape do the work: the model's jitted apply (record
 and replay, one program that a :class:`~dynjax.coeffs.Given`'s flag switches), ``reassign``
 (the whole cached evaluation set -> R reassigned copies, so a derangement is global, never
@@ -23,9 +23,11 @@ import numpy as np
 from dynjax import coeffs as coeffs_lib
 from dynjax.audit import families as families_lib
 from dynjax.audit import interventions
-from dynjax.audit.settings import LM, AuditError, Settings, Task, n_windows
+from dynjax.audit.settings import Settings, n_windows
 from dynjax.audit.placement import Placement
 from dynjax.coeffs import is_axes
+from dynjax.errors import AuditError
+from dynjax.tasks import LM, Task
 
 
 def _rows(windows, idx):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Callable, Mapping, Sequence
 
-from dynjax.audit.settings import AuditError
+from dynjax.errors import AuditError
 
 Families = Mapping[str, tuple]   # family name -> the top-level coefficient keys it covers
 

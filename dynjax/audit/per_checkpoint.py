@@ -19,9 +19,9 @@ import numpy as np
 from dynjax.runs import integrity
 from dynjax.audit import interventions, variance
 from dynjax.audit.engine import Engine, Recording
-from dynjax.audit.settings import (AuditError, ReplayError, Settings, n_windows,
-                                   reassignment_keys)
+from dynjax.audit.settings import Settings, n_windows, reassignment_keys
 from dynjax.coeffs import is_axes
+from dynjax.errors import AuditError, ReplayError
 
 def replay_message(rec: Recording, atol: float) -> str:
     return (f"exact replay FAILED: replaying the cached coefficients with the controller "

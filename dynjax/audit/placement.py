@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dynjax.audit.settings import AuditError
 from dynjax.coeffs import is_axes
 from dynjax.parallel import distributed, sharding
+from dynjax.errors import AuditError
 
 
 class Placement:

@@ -22,13 +22,15 @@ from dynjax.audit.engine import Engine, schema_signature
 from dynjax.audit.per_checkpoint import audit_checkpoint
 from dynjax.audit.placement import Placement
 from dynjax.audit.report import replay_status
-from dynjax.audit.settings import (LM, AuditError, ReplayError, Settings, Task, applicable,
-                                   n_windows, window_spec, windows_sha256)
+from dynjax.audit.settings import (Settings, applicable, n_windows, window_spec,
+                                   windows_sha256)
 from dynjax.audit.summary import assemble_results, combine_stored
 from dynjax.jsonio import command_line
 from dynjax.parallel import distributed, sharding
 from dynjax.audit.targets import check_compatible, open_target
 from dynjax.audit.targets.windows import opt
+from dynjax.errors import AuditError, ReplayError
+from dynjax.tasks import LM, Task
 
 __all__ = ["AuditError", "ReplayError", "audit_from_config", "combine_dirs", "verdict_table"]
 
@@ -127,11 +129,8 @@ def placement_of(config) -> Placement:
     """The audit config's ``sharding`` (mesh and rules, as train.py's) over every device of
     every process; without that section, every device on the data axis."""
     sc = config.get("sharding")
-    try:
-        return Placement(sharding.make_mesh(sc), sharding.rules_of(sc) if sc is not None
-                         else sharding.DEFAULT_RULES)
-    except ValueError as e:   # a mesh the devices do not fill, an unknown preset
-        raise AuditError(str(e)) from None
+    return Placement(sharding.make_mesh(sc), sharding.rules_of(sc) if sc is not None
+                     else sharding.DEFAULT_RULES)
 
 
 def audit_targets(targets: Sequence[dict], calib_windows, eval_windows, settings: Settings,

@@ -1,20 +1,18 @@
-"""What an audit is asked to do: the task (what a window is and its loss), the settings
-that change its numbers, the conditions that apply to a schema, and the audit's errors.
+"""What an audit is asked to do: the settings that change its numbers and the conditions
+that apply to a schema (the task, what a window is and its loss: :mod:`dynjax.tasks`).
 Shared by every audit module; it imports none of them."""
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from dynjax.audit import interventions, stats
 from dynjax.coeffs import is_axes
-from dynjax.runs.rundir import params_sha256  # noqa: F401  the digest audits record
-from dynjax.models.transformer import next_token_nll
+from dynjax.errors import AuditError
+from dynjax.tasks import LM, Task
 
 # Conditions that act on the ``token`` axis. Without one (a classifier's unit gates) they
 # would only repeat another condition bit for bit (token_shuffle = correct, cross_shuffle =
@@ -26,48 +24,6 @@ TOKEN_CONDITIONS = {
     "layer_position_mean": "no coefficient has a token axis: it would equal the static "
                            "profile (LayerMean)",
 }
-
-
-class AuditError(ValueError):
-    """Bad input to the audit; the message names the fix."""
-
-
-class ReplayError(RuntimeError):
-    """Replay of the cached coefficients did not reproduce the record."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Task:
-    """The per-window loss hook: what a window is and how the fixed model is scored on it.
-
-    ``prepare`` casts a host pytree of windows (leading window axis) to its dtypes,
-    ``inputs(batch)`` is what the model's apply gets and ``loss(logits, batch)`` the
-    per-window loss (rows,) in nats. It runs as its own small program on the logits, never
-    inside the model's forward (that could change XLA's fusion and break bitwise replay).
-    """
-
-    name: str
-    prepare: Callable
-    inputs: Callable
-    loss: Callable
-    description: str
-
-
-def _next_token_loss(logits, tokens):
-    return next_token_nll(logits, tokens).mean(axis=-1)
-
-
-def _label_loss(logits, batch):
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return -jnp.take_along_axis(logp, batch["y"][:, None], axis=-1)[:, 0]
-
-
-LM = Task("next_token", lambda w: np.asarray(w, np.int32), lambda b: b, _next_token_loss,
-          "mean next-token NLL of a token window (nats)")
-CLASSIFY = Task("classification",
-                lambda w: {"x": np.asarray(w["x"], np.float32), "y": np.asarray(w["y"], np.int32)},
-                lambda b: b["x"], _label_loss,
-                "cross-entropy of an example's label (nats); a window is one example")
 
 
 def n_windows(windows) -> int:

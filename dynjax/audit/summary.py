@@ -13,9 +13,10 @@ import numpy as np
 
 from dynjax import jsonio
 from dynjax.audit import interventions, stats
-from dynjax.audit.settings import (LM, AuditError, Settings, Task, not_applicable_row,
-                                   reassignment_keys)
+from dynjax.audit.settings import Settings, not_applicable_row, reassignment_keys
 from dynjax.coeffs import is_axes
+from dynjax.errors import AuditError
+from dynjax.tasks import LM, Task
 
 RANDOMIZED_2X2 = ("cross_input", "token_shuffle", "cross_shuffle")
 EFFECTS = ("E_input", "E_token", "E_interaction")

@@ -8,7 +8,7 @@
         --config.train.init_from=path/to/Llama-3.2-1B             # plain continuation
 
 The model is the ``llm`` family (dynjax/models/llm.py, the Hugging Face ports) with its
-architecture left unset (None): ``dynjax.train.convert.fill_from_source`` copies it from the
+architecture left unset (None): ``dynjax.train.init_from.fill_from_source`` copies it from the
 source's config.json, so nothing is retyped; a field set on the command line must equal the
 source's or the run is refused in one line. The conversion (dynjax/train/convert.py, docs/
 conversion.md) then fills the parameters:

@@ -8,8 +8,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dynjax.errors import DataError
 
-class FetchError(RuntimeError):
+
+class FetchError(DataError):
     """An archive could not be downloaded; the message says what, from where, and why."""
 
 

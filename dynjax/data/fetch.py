@@ -119,7 +119,7 @@ def on_demand(root, archives) -> None:
     and ``DYNJAX_FETCH`` is not ``0``) fetch their groups now, a line before and one line
     naming what was fetched and where; a failure is a ``DataError`` with the offline fix.
     Otherwise nothing (the reader raises its own ``DataError``)."""
-    from dynjax.data.text import DataError
+    from dynjax.errors import DataError
 
     if not ON_DEMAND or os.environ.get("DYNJAX_FETCH", "1") == "0":
         return

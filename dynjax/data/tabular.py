@@ -43,7 +43,8 @@ import numpy as np
 
 from dynjax.data import download, tfds_classify
 from dynjax.data.split_cache import cached_splits
-from dynjax.data.text import DataError, data_dir
+from dynjax.data.text import data_dir
+from dynjax.errors import DataError
 
 # dataset -> the group `dynjax-fetch GROUP` fetches it with (dynjax.data.fetch.GROUPS)
 FETCH_GROUP = {"mnist": "mnist", "mnist5k": "mnist5k", "fashion_mnist": "fashion",

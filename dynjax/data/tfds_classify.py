@@ -23,7 +23,8 @@ import os
 import numpy as np
 
 from dynjax.data.split_cache import SPLITS, cached_splits
-from dynjax.data.text import DataError, data_dir
+from dynjax.data.text import data_dir
+from dynjax.errors import DataError
 
 PREFIX = "tfds:"
 VALIDATION_FRACTION = 0.1

@@ -32,9 +32,8 @@ from dynjax.loaders.archs import common
 from dynjax.loaders.tensors import Tensors  # noqa: F401  (hf.Tensors: the reading path)
 from dynjax.models import build, llm
 
-__all__ = ["NOT_YET", "SUPPORTED", "Tensors", "config_from_hf", "is_hf_dir", "load",
-           "model_of", "params_from_tensors", "port", "read_config", "token_windows",
-           "tokenizer"]
+__all__ = ["NOT_YET", "SUPPORTED", "Tensors", "config_from_hf", "load", "model_of",
+           "params_from_tensors", "port", "read_config", "token_windows", "tokenizer"]
 SUPPORTED = archs.SUPPORTED
 NOT_YET = {  # model_type -> what this port still lacks
 }
@@ -152,15 +151,6 @@ def load(path: str, dtype=None, strict: bool = True, mesh=None, preset: str = "d
         rules = sharding.PRESETS[preset] if isinstance(preset, str) else preset
         shardings = sharding.param_shardings(model.logical_axes(), mesh, rules)
     return model, params_from_tensors(cfg, Tensors(path, hf), strict, shardings)
-
-
-def is_hf_dir(path) -> bool:
-    """A config.json whose model_type this loader knows (supported or not yet ported)."""
-    try:
-        kind = read_config(path).get("model_type")
-    except (CheckpointError, OSError, json.JSONDecodeError):
-        return False
-    return kind in archs.ARCHS or kind in NOT_YET
 
 
 # --------------------------------------------------------------------------------------------

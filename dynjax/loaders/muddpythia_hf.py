@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dynjax.errors import CheckpointError
 from dynjax.models import muddpythia
 
 
@@ -169,12 +170,6 @@ def to_state_dict(cfg: muddpythia.Config, params) -> dict[str, np.ndarray]:
     return out
 
 
-def is_hf_dir(path) -> bool:
-    """Whether ``path`` looks like an HF checkpoint directory (``*.safetensors`` weights),
-    not a dynjax run directory (orbax ``checkpoints/``)."""
-    return os.path.isdir(path) and bool(glob.glob(os.path.join(path, "*.safetensors")))
-
-
 def load_hf_dir(path: str, dtype: Optional[str] = None):
     """A local HF checkpoint directory -> (cfg, params, tokenizer or None). No torch needed.
 
@@ -188,7 +183,8 @@ def load_hf_dir(path: str, dtype: Optional[str] = None):
             hf = json.load(f)
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
-        raise FileNotFoundError(f"no *.safetensors file in {path}")
+        raise CheckpointError(f"no *.safetensors file in {path}; a MUDDPythia directory needs "
+                              "config.json and the *.safetensors weights")
     from safetensors.numpy import load_file
     sd = {}
     for fn in files:

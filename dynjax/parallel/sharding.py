@@ -24,6 +24,8 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from dynjax.errors import ConfigError
+
 AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
@@ -62,7 +64,7 @@ def rules_of(sc) -> tuple:
         return tuple(tuple(r) for r in sc.rules)
     preset = sc.get("preset", "dp")
     if preset not in PRESETS:
-        raise ValueError(f"sharding.preset={preset!r}; choose one of {sorted(PRESETS)}")
+        raise ConfigError(f"sharding.preset={preset!r}; choose one of {sorted(PRESETS)}")
     return PRESETS[preset]
 
 
@@ -70,15 +72,15 @@ def mesh_shape(sizes, n_devices: int) -> tuple[int, int, int]:
     """(data, fsdp, tensor) from a {axis: size} dict where one size may be -1."""
     unknown = [a for a in AXES if int(sizes.get(a, 1)) == -1]
     if len(unknown) > 1:
-        raise ValueError(f"sharding.mesh: only one axis may be -1, got {unknown}")
+        raise ConfigError(f"sharding.mesh: only one axis may be -1, got {unknown}")
     fixed = math.prod(int(sizes.get(a, 1)) for a in AXES if a not in unknown)
     if fixed <= 0 or n_devices % fixed:
-        raise ValueError(f"sharding.mesh={dict(sizes)} does not divide the {n_devices} "
-                         "available devices")
+        raise ConfigError(f"sharding.mesh={dict(sizes)} does not divide the {n_devices} "
+                          "available devices")
     shape = tuple(n_devices // fixed if a in unknown else int(sizes.get(a, 1)) for a in AXES)
     if math.prod(shape) != n_devices:
-        raise ValueError(f"sharding.mesh={dict(sizes)} uses {math.prod(shape)} devices, but "
-                         f"{n_devices} are available; set one axis to -1")
+        raise ConfigError(f"sharding.mesh={dict(sizes)} uses {math.prod(shape)} devices, but "
+                          f"{n_devices} are available; set one axis to -1")
     return shape
 
 
@@ -93,8 +95,8 @@ def make_mesh(sc=None, devices=None) -> Mesh:
         return Mesh(np.array(devices).reshape(shape), AXES)
     if dcn > 1:
         if shape[0] % dcn:
-            raise ValueError(f"sharding.dcn_data={dcn} does not divide the data axis "
-                             f"({shape[0]})")
+            raise ConfigError(f"sharding.dcn_data={dcn} does not divide the data axis "
+                              f"({shape[0]})")
         grid = mesh_utils.create_hybrid_device_mesh(
             (shape[0] // dcn, shape[1], shape[2]), (dcn, 1, 1), devices,
             allow_split_physical_axes=True)
@@ -124,14 +126,14 @@ def data_parallel_size(mesh: Mesh) -> int:
 def check_batch(batch_size: int, mesh: Mesh, field: str = "train.batch_size"):
     n = data_parallel_size(mesh)
     if batch_size % n:
-        raise ValueError(f"{field}={batch_size} is not divisible by the {n} data-parallel "
-                         f"devices (mesh data x fsdp = {mesh.shape['data']} x "
-                         f"{mesh.shape['fsdp']}); set {field} to a multiple of {n}")
+        raise ConfigError(f"{field}={batch_size} is not divisible by the {n} data-parallel "
+                          f"devices (mesh data x fsdp = {mesh.shape['data']} x "
+                          f"{mesh.shape['fsdp']}); set {field} to a multiple of {n}")
 
 
 def check_divisible(shapes, logical_specs, mesh_sizes: dict, rules=DEFAULT_RULES,
                     where: str = "parameter") -> None:
-    """A ValueError naming the first array of ``shapes`` whose sharded dimension the mesh
+    """A ConfigError naming the first array of ``shapes`` whose sharded dimension the mesh
     does not divide (JAX's IndivisibleError, raised only at the first step, as one line)."""
     rules = [tuple(r) for r in rules]
     flat_specs = jax.tree_util.tree_leaves(
@@ -144,7 +146,7 @@ def check_divisible(shapes, logical_specs, mesh_sizes: dict, rules=DEFAULT_RULES
             n = math.prod(mesh_sizes[a] for a in axes)
             if n > 1 and dim % n:
                 named = " x ".join(f"{a}={mesh_sizes[a]}" for a in axes)
-                raise ValueError(
+                raise ConfigError(
                     f"{where} {jax.tree_util.keystr(path)} has a dimension of {dim}, which "
                     f"the mesh's {named} does not divide (its {spec} is sharded over "
                     f"{', '.join(axes)}): choose mesh sizes that divide the model's "

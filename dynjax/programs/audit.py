@@ -58,16 +58,15 @@ programs.define_distributed_flags(flags)
 def check_inputs() -> None:
     """What fails only after the whole audit ran, checked before it starts: the output
     folder's writability and the window counts."""
-    from dynjax.audit import run
     from dynjax.jsonio import check_writable
 
     F = flags.FLAGS
     check_writable(F.out, "--out")
     dc = F.config.data
     if not F.combine and (int(dc.eval_windows) < 2 or int(dc.calib_windows) < 1):
-        raise run.AuditError(f"data.eval_windows={dc.eval_windows} and data.calib_windows="
-                             f"{dc.calib_windows}: the audit needs at least 2 evaluation "
-                             "windows (cross-input reassignment) and 1 calibration window")
+        raise errors.AuditError(f"data.eval_windows={dc.eval_windows} and data.calib_windows="
+                                f"{dc.calib_windows}: the audit needs at least 2 evaluation "
+                                "windows (cross-input reassignment) and 1 calibration window")
 
 
 def audit_or_combine(run_dirs):
@@ -78,8 +77,8 @@ def audit_or_combine(run_dirs):
     if not F.combine:
         return run.audit_from_config(F.config, run_dirs, F.muddpythia, F.out, hf_dir=F.hf)
     if run_dirs or F.muddpythia or F.hf:
-        raise run.AuditError("--combine joins finished audits; drop --checkpoints / "
-                             "--muddpythia / --hf (audit those apart first)")
+        raise errors.AuditError("--combine joins finished audits; drop --checkpoints / "
+                                "--muddpythia / --hf (audit those apart first)")
     return run.combine_dirs(F.combine, F.out)
 
 
@@ -91,8 +90,7 @@ def main(argv):
     # many hosts: --coordinator_address/--num_processes/--process_id or --distributed
     errors.run_program(PROG, lambda: distributed.initialize_from_flags(flags))
     run_dirs = list(flags.FLAGS.checkpoints) + list(argv[1:])
-    results = errors.run_program(PROG, lambda: audit_or_combine(run_dirs),
-                                 errors=(run.AuditError, run.ReplayError))
+    results = errors.run_program(PROG, lambda: audit_or_combine(run_dirs))
     print(run.verdict_table(results))
     print(f"wrote {flags.FLAGS.out}/results.json, report.md and plots")
 

@@ -33,7 +33,6 @@ flags.mark_flag_as_required("out")
 
 def main(argv):
     from dynjax import scorecard
-    from dynjax.audit import run as audit_run
     from dynjax.jsonio import check_writable, command_line
 
     logging.set_verbosity(logging.WARNING)
@@ -53,9 +52,7 @@ def main(argv):
                  for i, (r, kind) in enumerate(runs)]
         scorecard.write(cards, out, command_line())
         return cards
-    cards = errors.run_program(PROG, score,
-                               errors=(audit_run.AuditError, audit_run.ReplayError,
-                                       FileNotFoundError))
+    cards = errors.run_program(PROG, score, errors=(FileNotFoundError,))
     for c in cards:
         print(f"{c['run']} ({c['model']})")
         for axis, line in c["verdicts"].items():

@@ -48,7 +48,7 @@ STATE_ITEM = "default"   # the item name orbax's CheckpointManager gives a singl
 def read_config(run_dir) -> ml_collections.ConfigDict:
     path = pathlib.Path(run_dir) / CONFIG
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found: {run_dir} is not a dynjax run directory "
+        raise CheckpointError(f"{path} not found: {run_dir} is not a dynjax run directory "
                                 "(train.py writes config.json beside the checkpoints)")
     return ml_collections.ConfigDict(read_json(path, fix=(
         "config.json records how the run was made; restore it from a copy (or re-create it "
@@ -253,7 +253,7 @@ def load(run_dir, step=None, splits=None) -> Run:
     saved = steps(run_dir)
     step = (saved[-1] if saved else None) if step is None else int(step)
     if step is None:
-        raise FileNotFoundError(f"no checkpoint under {run_dir}/{CHECKPOINTS}; train it first")
+        raise CheckpointError(f"no checkpoint under {run_dir}/{CHECKPOINTS}; train it first")
     if step not in saved:
         raise CheckpointError(f"run {run_dir} has no checkpoint step {step} (saved: "
                               f"{', '.join(map(str, saved)) or 'none'}); pass one of them")

@@ -1,56 +1,30 @@
-"""Start a run from another run's parameters (``train.init_from``): a dense model continued
-as Mixture-of-Depths, or its MLPs upcycled into MoE experts (Komatsuzaki et al. 2023). What
-is copied, created, refused and recorded, the loss-jump report and the MoD router rule, with
-its reasons: docs/conversion.md.
-
-    python train.py --config=configs/llm_convert.py:moe --workdir=runs/llama_moe \
-        --config.train.init_from=path/to/Llama-3.2-1B      # a Hugging Face directory
-
-Two kinds of source convert: a run of the byte-level core families (gates, mod, moe) into
-another of them, and a Hugging Face directory of a dense port (llama, qwen3:
-``dynjax.loaders.hf``) or an ``llm`` run into the ``llm`` family, whose MoE layers (SwiGLU
-experts) and MoD layers (``llm.mod_layers``) the conversion fills; an ``llm`` target may
-leave its architecture unset (configs/llm_convert.py), and ``fill_from_source`` takes it
-from the source's config.json before anything is built.
-
-Source and target are both read as one list of blocks (:func:`block_sites`), whatever the
-family's layout (scanned or unrolled layers, MoD groups, MoE layers). :func:`plan` gives
-every target parameter an action: copied from its source twin of the same name and shape,
-upcycled (an MoE layer's experts from the block's dense MLP), or created (:func:`created`:
-MoD routers and predictors, fitted by :func:`fit_routers`; an MoE router keeps the target's
-seeded init); anything else is one ConfigError. :func:`convert` fills the parameters, and
-:class:`Source` is a run's ``train.init_from``: its record in config.json
-(``train.init_source``), read back on resume, and the conversion of a run with no
-checkpoint yet.
+"""Converting one model's parameters into another's (``train.init_from``): a dense model
+continued as Mixture-of-Depths, or its MLPs upcycled into MoE experts (Komatsuzaki et al.
+2023). Source and target are read as one list of blocks (:func:`block_sites`); :func:`plan`
+gives every target parameter an action (copy, upcycle, create) or one ConfigError;
+:func:`convert` fills them, fitting MoD routers on the dense forward (:func:`fit_routers`).
+Opening the source and recording it: :mod:`dynjax.train.init_from`. What is copied, created
+and refused, and the router rule's reasons: docs/conversion.md.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
-import pathlib
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
-from etils import epath
 from flax import traverse_util
 
-from dynjax.runs import rundir
-from dynjax.data import text as text_data
 from dynjax.errors import ConfigError
-from dynjax.models import build, llm
+from dynjax.models import llm
 from dynjax.models import mod as mod_lib
 from dynjax.models.transformer import Block, Embed, window_positions
-from dynjax.train.evaluation import Evaluator
 
 FAMILIES = ("gates", "mod", "moe", "llm")    # the families a block list reads
 CORE = ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "rope_base")
 MLP_OF = {"wi": ("mlp", "up", "kernel"), "wo": ("mlp", "down", "kernel")}
 LLM_MLP = ("gate", "up", "down")             # an llm expert stack (E, ...) <- mlp/<name>
-HF_STEP = "hf"                               # the step recorded for a Hugging Face source
 
 
 # ------------------------------------------------------------------------ the block view
@@ -339,197 +313,3 @@ def _assemble(cfg, params, values: dict):
         else:
             flat[path][i] = values[key]
     return jax.tree_util.tree_structure(params).unflatten(list(flat.values()))
-
-
-# ------------------------------------------------------------------------ the loop's hook
-
-def parse_source(spec: str) -> tuple[pathlib.Path, int | None]:
-    """``DIR`` or ``DIR:STEP``."""
-    head, _, tail = spec.rpartition(":")
-    if head and tail.isdigit():
-        return pathlib.Path(head), int(tail)
-    return pathlib.Path(spec), None
-
-
-def is_hf(path: pathlib.Path) -> bool:
-    """A Hugging Face checkpoint directory: its config.json names a ``model_type`` (a run's
-    config.json has ``model`` and ``train`` sections instead)."""
-    try:
-        return "model_type" in json.loads((path / rundir.CONFIG).read_text())
-    except (OSError, ValueError):
-        return False
-
-
-def source_config(spec: str) -> llm.Config:
-    """The llm config of a conversion's source, from its config.json alone (no weights
-    read): a Hugging Face directory of a ported architecture, or an llm run."""
-    from dynjax.loaders import hf
-
-    path, _ = parse_source(spec)
-    if is_hf(path):
-        return hf.config_from_hf(hf.read_config(str(path)))
-    if (path / rundir.CONFIG).exists():
-        model = rundir.read_config(path).model
-        if model.get("family") != "llm":
-            raise ConfigError(f"train.init_from={spec!r} is a {model.get('family', 'gates')} run; "
-                              "an llm model converts from a Hugging Face directory (llama, "
-                              "qwen3, ...) or an llm run")
-        return build(model.to_dict()).cfg
-    raise ConfigError(f"train.init_from={spec!r} is neither a Hugging Face directory nor a "
-                      f"dynjax run directory (no {rundir.CONFIG})")
-
-
-UNSET_RULES = {  # routing fields an llm conversion config may leave unset: their rule
-    "moe_layers": lambda m: tuple(range(m.n_layers)),          # every layer
-    "mod_layers": lambda m: tuple(range(1, m.n_layers, 2)),    # every other: 1, 3, 5, ...
-    "moe_intermediate_size": lambda m: m.intermediate_size,    # experts are the MLP's copies
-}
-BYTE_VOCAB = 256    # train.py feeds bytes
-
-
-def fill_from_source(config):
-    """The llm family's ``resolve`` hook: the model fields ``config`` leaves unset (None) from
-    ``train.init_from``'s config.json, so a conversion config names only what it adds.
-
-    ``llm.ARCHITECTURE`` and ``model_type`` are copied from the source; unset routing fields
-    follow ``UNSET_RULES``. A field the config sets is kept, and ``plan`` then refuses a
-    source whose architecture differs. ``clip_qkv`` None is a value (no clipping): alone,
-    it reads nothing (a resumed run's recorded model has it). The vocabulary must hold the
-    256 byte values."""
-    m = config.model
-    unset = [k for k in (*llm.ARCHITECTURE, "model_type", *UNSET_RULES) if m.get(k, 0) is None]
-    if [k for k in unset if k != "clip_qkv"]:   # clip_qkv None alone: no clipping
-        spec = config.train.get("init_from", "")
-        if not spec:
-            raise ConfigError(f"model.{unset[0]} (and {len(unset) - 1} more fields) are taken "
-                              "from train.init_from's config.json, and there is none: set "
-                              "--config.train.init_from=HF_DIR (or an llm run) or give them")
-        src = source_config(spec)
-        for k in unset:
-            if k not in UNSET_RULES:
-                m[k] = getattr(src, k)
-        for k in unset:
-            if k in UNSET_RULES:
-                m[k] = UNSET_RULES[k](m)
-    if m.vocab_size < BYTE_VOCAB:
-        raise ConfigError(f"model.vocab_size={m.vocab_size}: train.py feeds bytes (0-255), so "
-                          f"an llm model needs a vocabulary of at least {BYTE_VOCAB}")
-    return config
-
-
-def with_recorded_model(config, run_dir):
-    """A resumed conversion's unset model fields as its config.json recorded them: a resume
-    never reads the source again (it may have moved or gone). Unchanged for a new run, or
-    when ``train.init_from`` is not the recorded one (``source_of`` then refuses it)."""
-    old = epath.Path(run_dir) / rundir.CONFIG
-    model = config.model.to_dict()
-    if model.get("family") != "llm" or not old.exists() or None not in model.values():
-        return config
-    recorded = json.loads(old.read_text())
-    source = recorded.get("train", {}).get("init_source") or {}
-    if source.get("spec") != config.train.get("init_from"):
-        return config
-    config = ml_collections.ConfigDict(config.to_dict())
-    for k, v in model.items():
-        if v is None and k in recorded.get("model", {}):
-            config.model[k] = recorded["model"][k]
-    return config
-
-
-@dataclasses.dataclass
-class Source:
-    """A run's ``train.init_from``: its record for config.json, and the conversion."""
-
-    record: dict
-    run: rundir.Run | None = None
-    report: dict | None = None
-
-    def load(self) -> rundir.Run:
-        if self.run is None:
-            run = _open(pathlib.Path(self.record["path"]), self.record["step"])
-            if rundir.params_sha256(run.params) != self.record["params_sha256"]:
-                raise ConfigError(f"train.init_from: {self.record['path']} step "
-                                  f"{self.record['step']} no longer holds the parameters this "
-                                  "run was converted from (its digest changed); restore it or "
-                                  "start a new --workdir")
-            self.run = run
-        return self.run
-
-    def convert(self, task, state):
-        """The fresh ``state`` with converted params (opt_state stays the fresh one)."""
-        run, tc = self.load(), task.config.train
-        windows = text_data.eval_windows(task.splits["train"], task.config.data.seq_len,
-                                         tc.get("init_calibration_windows", 64))
-        params, report = convert(run.model.cfg, run.params, task.model.cfg, state["params"],
-                                 windows=windows, gain=tc.get("init_router_gain", 2.0),
-                                 noise=tc.get("init_upcycle_noise", 0.0), seed=task.config.seed)
-        params = jax.device_put(params, task.state_shardings["params"])
-        state = dict(state, params=params)
-        n = tc.get("init_report_windows", 64)
-        val = task.windows("validation")[:n]
-        bs = task.config.eval.batch_size
-        before = Evaluator(run.model.cfg)(run.params, val, bs)
-        after = task.evaluator(state["params"], val, bs)
-        self.report = {"step": 0, "split": "conversion", **report, "source": before,
-                       "converted": after, "jump_bpb": after["bpb"] - before["bpb"]}
-        return state
-
-
-def _open(path: pathlib.Path, step) -> rundir.Run:
-    """The source at ``step``: a run's checkpoint, or a Hugging Face directory's weights
-    (read in float32: exact for bf16 and fp16 checkpoints; step ``"hf"``)."""
-    from dynjax.loaders import hf
-
-    if is_hf(path):
-        if step not in (None, HF_STEP):
-            raise ConfigError(f"train.init_from={str(path)}:{step}: a Hugging Face directory "
-                              f"holds one set of weights; drop ':{step}'")
-        model, params = hf.load(str(path), jnp.float32)
-        return rundir.Run(None, model, params, HF_STEP)
-    if not (path / rundir.CONFIG).exists():
-        raise ConfigError(f"train.init_from={str(path)!r} is not a dynjax run directory (no "
-                          f"{rundir.CONFIG}); point it at a train.py --workdir")
-    saved = rundir.steps(path)
-    if step is None and not saved:
-        raise ConfigError(f"train.init_from={str(path)!r} has no checkpoint; train it first")
-    if step is not None and step not in saved:
-        raise ConfigError(f"train.init_from: {path} has no checkpoint at step {step} "
-                          f"(saved: {saved}); use DIR:STEP with a saved step")
-    if rundir.is_classifier(rundir.read_config(path)):
-        raise ConfigError(f"train.init_from={str(path)!r} is a classifier run; conversions "
-                          "start from a language-model run")
-    return rundir.load(path, step)
-
-
-def source_of(task, run_dir) -> Source | None:
-    """The run's source (None without ``train.init_from``), checked against the task's
-    model, its record put into ``task.config.train.init_source`` for config.json. A run directory that already records one
-    keeps it: the same step and digest, whatever the source holds now."""
-    config = task.config
-    spec = config.train.get("init_from", "")
-    if not spec:
-        return None
-    if rundir.is_classifier(config):
-        raise ConfigError("train.init_from is for language-model runs")
-    old = pathlib.Path(run_dir) / rundir.CONFIG
-    previous = json.loads(old.read_text()).get("train", {}).get("init_source") \
-        if old.exists() else None
-    if previous and previous.get("spec") != spec:
-        raise ConfigError(f"{run_dir} was converted from train.init_from="
-                          f"{previous.get('spec')!r}, not {spec!r}; resume with that value or "
-                          "use a new --workdir")
-    if previous:
-        source = Source(dict(previous))
-    else:
-        path, step = parse_source(spec)
-        run = _open(path, step)
-        plan(run.model.cfg, run.params, task.model.cfg, task.abstract["params"])
-        record = {"spec": spec, "path": str(path.resolve()), "step": run.step,
-                  "params_sha256": rundir.params_sha256(run.params),
-                  "family": run.model.cfg.family, "variant": run.model.cfg.variant}
-        if run.step == HF_STEP:
-            record["model_type"] = run.model.cfg.model_type
-        source = Source(record, run)
-    config.train.init_source = source.record
-    return source
-params_sha256 = rundir.params_sha256   # the digest config.json records (defined in runs/rundir.py)

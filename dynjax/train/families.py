@@ -122,10 +122,10 @@ def no_ynn_reduce_on_cpu(backend: str):
 
 def llm_resolve(config):
     """The llm family's config: its architecture from ``train.init_from`` where left unset
-    (``dynjax.train.convert.fill_from_source``: a Hugging Face directory or an llm run)."""
-    from dynjax.train import convert
+    (``dynjax.train.init_from.fill_from_source``: a Hugging Face directory or an llm run)."""
+    from dynjax.train import init_from
 
-    return convert.fill_from_source(_no_mass_match(config))
+    return init_from.fill_from_source(_no_mass_match(config))
 
 
 def llm_metrics(coeffs, cfg) -> dict:

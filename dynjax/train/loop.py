@@ -29,7 +29,7 @@ from dynjax import errors
 from dynjax.runs import rundir
 from dynjax.jsonio import check_writable, write_json_atomic
 from dynjax.parallel import distributed, sharding
-from dynjax.train import checkpoint, classify, convert, guard, lm, preempt
+from dynjax.train import checkpoint, classify, guard, init_from, lm, preempt
 from dynjax.train.metrics import Interval, RunLog
 from dynjax.train.optim import learning_rate
 from dynjax.train.runlock import RunLock
@@ -47,7 +47,7 @@ def summary(config, result: dict) -> list[str]:
 
 def _initial_state(task, mngr, run_dir, main: bool, source=None):
     """The newest checkpoint that restores, or a fresh state from the seed (its params
-    converted from ``source``'s when the run has one: dynjax.train.convert)."""
+    converted from ``source``'s when the run has one: dynjax.train.init_from)."""
     if mngr.latest_step() is None:
         state = jax.jit(task.init_state, out_shardings=task.state_shardings)(
             jax.random.key(task.config.seed))
@@ -72,7 +72,7 @@ def train(config, workdir: str, progress: bool | str = True) -> dict:
     run_dir = epath.Path(workdir)   # a local folder or gs://... (orbax's path type)
     with errors.config_errors():
         # a resumed conversion's model as recorded: the source may be gone
-        task = task_of(config)(convert.with_recorded_model(config, run_dir))
+        task = task_of(config)(init_from.with_recorded_model(config, run_dir))
     config = task.config
     config = rundir.with_recorded_family(config, run_dir)
     changes = checkpoint.check_same_run(run_dir, config, keys=task.same_run_keys)
@@ -80,7 +80,7 @@ def train(config, workdir: str, progress: bool | str = True) -> dict:
     if main:
         check_writable(run_dir, "--workdir")
     task.load_data()
-    source = convert.source_of(task, run_dir)  # train.init_from, recorded in config.json
+    source = init_from.source_of(task, run_dir)  # recorded in config.json
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
     with (RunLock(run_dir) if main else contextlib.nullcontext()), \

@@ -17,7 +17,8 @@ import time
 import jax
 from etils import epath
 
-from dynjax.jsonio import CorruptFile, is_local, to_python, write_text_atomic
+from dynjax.errors import CorruptFile
+from dynjax.jsonio import is_local, to_python, write_text_atomic
 from dynjax.train import preempt
 from dynjax.train.tensorboard import EventWriter
 

@@ -69,7 +69,7 @@ def test_a_checkout_config_path_outside_a_checkout_names_the_installed_form(tmp_
 
 def test_messages_speak_the_form_the_program_was_started_in(monkeypatch, tmp_path):
     from dynjax.audit.targets.train_runs import read_run_config
-    from dynjax.audit.settings import AuditError
+    from dynjax.errors import AuditError
 
     for started, expect in (("dynjax-sample", "`dynjax-train --config=dynjax:tiny:feature_gate "
                              "--workdir=runs/none`"),

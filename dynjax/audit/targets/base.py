@@ -14,9 +14,11 @@ import pathlib
 import jax
 import numpy as np
 
-from dynjax.audit.settings import LM, AuditError, Task, params_sha256
 from dynjax.coeffs import is_axes
 from dynjax.audit import plan as audit_plan
+from dynjax.errors import AuditError
+from dynjax.runs.rundir import params_sha256
+from dynjax.tasks import LM, Task
 
 
 class Target:

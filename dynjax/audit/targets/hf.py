@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import sys
 
-from dynjax.audit.settings import AuditError
 from dynjax.decoding.text import TokenizerText
-from dynjax.errors import CheckpointError, ConfigError
+from dynjax.errors import AuditError
 from dynjax.measure import panels
 from dynjax.audit import families
 from dynjax.audit import plan as audit_plan
@@ -32,13 +31,11 @@ class HfDir(Target):
                              "folder first")
         section = config.get("hf") if config is not None else None
         self.flops_per_second = windows.opt(section, "flops_per_second")
-        try:   # config.json alone: the checks and the plan come before any weights load
-            hf_config = hf.read_config(str(self.path))
-            # hf.dtype unset: the checkpoint's own torch_dtype (bf16 stays bf16)
-            self.dtype, why = tensors.resolve_dtype(hf_config, windows.opt(section, "dtype"))
-            self.cfg = hf.config_from_hf(hf_config, self.dtype)
-        except (ConfigError, CheckpointError) as e:
-            raise AuditError(str(e)) from None
+        # config.json alone: the checks and the plan come before any weights load
+        hf_config = hf.read_config(str(self.path))
+        # hf.dtype unset: the checkpoint's own torch_dtype (bf16 stays bf16)
+        self.dtype, why = tensors.resolve_dtype(hf_config, windows.opt(section, "dtype"))
+        self.cfg = hf.config_from_hf(hf_config, self.dtype)
         print(f"{self.path}: weights load in {self.dtype} ({why})", file=sys.stderr)
         self.model = hf.model_of(self.cfg)
 
@@ -48,21 +45,15 @@ class HfDir(Target):
 
     def _load(self) -> dict:
         from dynjax.loaders import hf
-        try:
-            _, params = hf.load(str(self.path), self.dtype)
-        except (ConfigError, CheckpointError) as e:
-            raise AuditError(str(e)) from None
+        _, params = hf.load(str(self.path), self.dtype)
         return {"params": params, "info": {"family": "llm", "variant": self.cfg.model_type,
                                            "dtype": self.cfg.dtype}}
 
     def text(self):
         """The checkpoint's tokenizer.json, stopping at config.json's ``eos_token_id``."""
         from dynjax.loaders import hf
-        try:
-            return TokenizerText(hf.tokenizer(str(self.path)),
-                                 hf.read_config(str(self.path)).get("eos_token_id"))
-        except CheckpointError as e:
-            raise AuditError(str(e)) from None
+        return TokenizerText(hf.tokenizer(str(self.path)),
+                             hf.read_config(str(self.path)).get("eos_token_id"))
 
     @property
     def engine_key(self):
@@ -115,17 +106,13 @@ class HfDir(Target):
         """Consecutive windows of the validation (calibration) and test (evaluation) text,
         tokenized with the checkpoint's tokenizer.json (:func:`dynjax.loaders.hf.
         token_windows`): the embedded corpus, or ``data.source=files`` with ``data.path``."""
-        from dynjax.data.text import DataError
         from dynjax.loaders import hf
 
         seq_len = int(windows.opt(data_cfg, "seq_len", DEFAULT_SEQ_LEN))
         source = windows.opt(data_cfg, "source", "embedded")
         path = windows.opt(data_cfg, "path")
-        try:
-            w = hf.token_windows(str(self.path), seq_len, n_calib, n_eval, source=source,
-                                 text_path=path)
-        except (DataError, CheckpointError) as e:
-            raise AuditError(str(e)) from None
+        w = hf.token_windows(str(self.path), seq_len, n_calib, n_eval, source=source,
+                             text_path=path)
         info = {"source": source, "path": path, "tokenizer": "tokenizer.json",
                 "calibration_split": "validation", "evaluation_split": "test", "notes": []}
         return w["calibration"], w["evaluation"], info

@@ -7,11 +7,11 @@ import json
 
 import numpy as np
 
-from dynjax.audit.settings import AuditError
 from dynjax.measure import panels
 from dynjax.audit import plan as audit_plan
 from dynjax.audit.targets import windows
 from dynjax.audit.targets.base import Target
+from dynjax.errors import AuditError
 
 DEFAULT_SEQ_LEN = 512
 
@@ -32,11 +32,7 @@ class MuddPythiaDir(Target):
     @functools.cached_property
     def _hf(self):
         from dynjax.loaders import muddpythia_hf
-        try:
-            return muddpythia_hf.load_hf_dir(str(self.path), dtype=self.dtype)
-        except FileNotFoundError as e:
-            raise AuditError(f"{e}; the directory needs config.json and the *.safetensors "
-                             "weights") from None
+        return muddpythia_hf.load_hf_dir(str(self.path), dtype=self.dtype)
 
     @property
     def cfg(self):

@@ -10,10 +10,11 @@ import pathlib
 from dynjax.decoding.text import ByteText
 from dynjax.runs import rundir
 from dynjax.models import gate_schedule
-from dynjax.audit.settings import CLASSIFY, AuditError
 from dynjax.measure import panels
 from dynjax.audit.targets import windows
 from dynjax.audit.targets.base import Target
+from dynjax.errors import AuditError
+from dynjax.tasks import CLASSIFY
 
 
 def read_run_config(path):
@@ -27,10 +28,7 @@ def read_run_config(path):
         raise AuditError(f"run directory {path} does not exist; train one first, e.g. "
                          f"`{configs.command('train', 'tiny:feature_gate')} "
                          f"--workdir={path}`, or pass an existing run directory{cached}")
-    try:
-        return rundir.read_config(path)
-    except FileNotFoundError as e:
-        raise AuditError(str(e)) from None
+    return rundir.read_config(path)
 
 
 class _TrainRun(Target):
@@ -61,10 +59,7 @@ class _TrainRun(Target):
         return None
 
     def _load(self) -> dict:
-        try:
-            run = rundir.load(self.path, self.requested_step, splits=self._splits())
-        except FileNotFoundError as e:
-            raise AuditError(str(e)) from None
+        run = rundir.load(self.path, self.requested_step, splits=self._splits())
         family, variant = rundir.family_variant(self.config)
         extra = self._extra(run.step)
         train_eval = rundir.read_eval(self.path)   # a damaged one: one line naming it

@@ -13,7 +13,7 @@ import pathlib
 import numpy as np
 
 from dynjax.runs import rundir
-from dynjax.audit.settings import AuditError
+from dynjax.errors import AuditError
 
 
 def opt(cfg, name, default=None):
@@ -67,10 +67,7 @@ def tabular_splits(dataset: str, data_dir, tfds_input_key=None, tfds_label_key="
     """A classifier dataset's ``{split: (x, y)}`` (cached: the model's sizes and the
     windows both need it)."""
     from dynjax.data import tabular
-    try:
-        return tabular.load(dataset, data_dir, tfds_input_key, tfds_label_key)
-    except tabular.DataError as e:
-        raise AuditError(str(e)) from None
+    return tabular.load(dataset, data_dir, tfds_input_key, tfds_label_key)
 
 
 def run_splits(config):

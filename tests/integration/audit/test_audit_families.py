@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 
 from configs import audit_tiny, mlp_common
+from dynjax import tasks
 from dynjax.audit import interventions, run, settings, summary
 from dynjax.coeffs import replaying
 from dynjax.data import text
+from dynjax.errors import AuditError, CheckpointError
 from dynjax.runs import rundir
 from tests.conftest import tiny_config
 
@@ -250,7 +252,7 @@ def test_open_target_opens_every_kind(runs, tmp_path):
     from tests.unit.loaders.test_muddpythia import write_tiny_hf_dir
 
     lm = open_target(runs["moe"])
-    assert isinstance(lm, LmRun) and lm.task is settings.LM and lm.label == "moe/moe"
+    assert isinstance(lm, LmRun) and lm.task is tasks.LM and lm.label == "moe/moe"
     assert lm.schema == rundir.load(runs["moe"]).model.schema and lm.has_coefficients
     chex.assert_trees_all_equal(lm.params, rundir.load(runs["moe"]).params)
     calib, ev, info = lm.windows(audit_config().data, 3, 5)
@@ -268,7 +270,7 @@ def test_open_target_opens_every_kind(runs, tmp_path):
     (old / "config.json").write_text(json.dumps(cfg))
     for path in (runs["dgate"], old):
         clf = open_target(path)
-        assert isinstance(clf, ClassifierRun) and clf.task is settings.CLASSIFY
+        assert isinstance(clf, ClassifierRun) and clf.task is tasks.CLASSIFY
         assert clf.label == "gated_mlp/dgate" and clf.family == "gated_mlp"
         _, ev, _ = clf.windows(audit_config().data, 2, 3)
         assert ev["x"].shape == (3, 784) and ev["y"].shape == (3,)
@@ -282,15 +284,15 @@ def test_open_target_opens_every_kind(runs, tmp_path):
 
     hf = write_tiny_hf_dir(tmp_path / "hf")
     mudd = open_target(hf)
-    assert isinstance(mudd, MuddPythiaDir) and mudd.task is settings.LM
+    assert isinstance(mudd, MuddPythiaDir) and mudd.task is tasks.LM
     assert mudd.label == "muddpythia/muddpythia" and mudd.info["family"] == "muddpythia"
     assert set(mudd.schema) == set(mudd.model.schema) and mudd.has_coefficients
 
-    with pytest.raises(settings.AuditError, match="does not exist; train one first"):
+    with pytest.raises(CheckpointError, match="does not exist; give a train.py run directory"):
         open_target(tmp_path / "missing")
-    with pytest.raises(settings.AuditError, match="unknown checkpoint kind"):
+    with pytest.raises(CheckpointError, match="unknown checkpoint kind"):
         open_target(hf, kind="nope")
-    with pytest.raises(settings.AuditError, match="holds one set of weights"):
+    with pytest.raises(CheckpointError, match="holds one set of weights"):
         open_target(hf, step=1)
-    with pytest.raises(settings.AuditError, match="different kinds"):
+    with pytest.raises(AuditError, match="different kinds"):
         run.audit_from_config(audit_config(), [runs["moe"], runs["dgate"]], progress=False)

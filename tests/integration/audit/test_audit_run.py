@@ -17,7 +17,9 @@ import pytest
 from configs import audit_tiny
 from dynjax.audit import interventions, run, stats
 from dynjax.audit.engine import Engine
-from dynjax.audit.settings import AuditError, ReplayError, Settings, params_sha256
+from dynjax.audit.settings import Settings
+from dynjax.errors import AuditError, CheckpointError, ReplayError
+from dynjax.runs.rundir import params_sha256
 from dynjax.audit.per_checkpoint import audit_checkpoint
 from dynjax.audit.summary import summarize
 from dynjax.coeffs import Axes
@@ -295,7 +297,7 @@ def test_seeds_audited_apart_combine_to_the_joint_audit(fg_run, fg_run_seed1, tm
 
 def test_bad_input_names_the_fix(tmp_path, fg_run):
     cfg = small(audit_tiny.get_config())
-    with pytest.raises(AuditError, match="does not exist; train one first"):
+    with pytest.raises(CheckpointError, match="does not exist; give a train.py run directory"):
         run.audit_from_config(cfg, [str(tmp_path / "missing")], progress=False)
     dense = tmp_path / "dense"
     dense.mkdir()

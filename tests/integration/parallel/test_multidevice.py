@@ -386,7 +386,7 @@ AUDIT = textwrap.dedent(r"""
     from dynjax.audit import run
     from dynjax.audit.engine import Engine
     from dynjax.audit.placement import Placement
-    from dynjax.audit.settings import AuditError
+    from dynjax.errors import AuditError
     from dynjax.parallel import sharding
     from dynjax.audit.targets import open_target
     from tests.integration.audit.test_audit_run import muddpythia_audit_config, small

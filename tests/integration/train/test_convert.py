@@ -231,7 +231,7 @@ def test_run_records_its_source_and_the_loss_jump(source_run, converted_straight
     record = rundir.read_config(converted_straight).train.init_source
     src = rundir.load(source_run)
     assert (record.path, record.step) == (str(source_run.resolve()), 3)
-    assert record.params_sha256 == convert.params_sha256(src.params)
+    assert record.params_sha256 == rundir.params_sha256(src.params)
     (jump,) = [r for r in read_jsonl(converted_straight / rundir.METRICS)
                if r.get("split") == "conversion"]
     assert jump["step"] == 0 and jump["conversion"] == "moe_upcycle"

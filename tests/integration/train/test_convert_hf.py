@@ -31,7 +31,7 @@ from dynjax.errors import ConfigError
 from dynjax.jsonio import read_jsonl
 from dynjax.loaders import hf
 from dynjax.models import build, llm
-from dynjax.train import convert, loop
+from dynjax.train import convert, init_from, loop
 from tests.conftest import ROOT
 
 DATA = os.path.join(ROOT, "tests", "data", "hf")
@@ -51,7 +51,7 @@ def _resolved(variant, source, **model):
     c = llm_convert.get_config(variant)
     c.train.init_from = source
     c.model.update(model)
-    return convert.fill_from_source(ml_collections.ConfigDict(c.to_dict()))
+    return init_from.fill_from_source(ml_collections.ConfigDict(c.to_dict()))
 
 
 def _target(variant, arch, **model):
@@ -330,7 +330,7 @@ def not_ported(tmp_path_factory):
     ("moe", ["--config.train.init_from={not_ported}"],
      "model_type='gemma4' is not supported"),
     ("moe", ["--config.train.init_from=tests/data/hf/llama:5"],
-     "a Hugging Face directory holds one set of weights"),
+     "a Hugging Face directory and holds one set of weights"),
     ("moe", ["--config.train.init_from="], "taken from train.init_from's config.json"),
 ])
 def test_train_cli_refuses_a_mismatched_hf_source_in_one_line(tmp_path, not_ported, variant,

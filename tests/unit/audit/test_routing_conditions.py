@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from dynjax import tasks
 from dynjax.audit import interventions, settings
 from dynjax.coeffs import Axes
 from dynjax.models import moe
@@ -110,15 +111,15 @@ def test_weights_flat_needs_a_top_k_and_applicability():
     names = ("correct", "cross_input", "token_shuffle", "token_identity", "expert_relabel",
              "weights_flat")
     s = settings.Settings(conditions=names)
-    run, skipped = settings.applicable(s, SCHEMA, settings.LM, {"top_k": 2})
+    run, skipped = settings.applicable(s, SCHEMA, tasks.LM, {"top_k": 2})
     assert run.conditions == names and skipped == {}
-    _, skipped = settings.applicable(s, SCHEMA, settings.LM, {})
+    _, skipped = settings.applicable(s, SCHEMA, tasks.LM, {})
     assert set(skipped) == {"weights_flat"} and "top_k" in skipped["weights_flat"]
     gates = {"gate": Axes(("layer", "example", "token"))}
-    _, skipped = settings.applicable(s, gates, settings.LM, {"top_k": 2})
+    _, skipped = settings.applicable(s, gates, tasks.LM, {"top_k": 2})
     assert set(skipped) == {"expert_relabel", "weights_flat"}
     units = {"gate": Axes(("layer", "example", "unit", "expert"))}
-    _, skipped = settings.applicable(s, units, settings.CLASSIFY, {"top_k": 2})
+    _, skipped = settings.applicable(s, units, tasks.CLASSIFY, {"top_k": 2})
     assert set(skipped) == {"token_shuffle", "token_identity"}
 
 
