@@ -271,8 +271,8 @@ def _cli(args, timeout=180):
 @pytest.mark.subprocess
 @pytest.mark.parametrize("extra, message", [
     (["--config.model.d_ff=96"], "model.d_ff: source 64, target 96"),
-    (["--config.train.init_from={src}:2"], "has no checkpoint at step 2 (saved: ["),
-    (["--config.train.init_from=/absent"], "'/absent' is not a dynjax run directory"),
+    (["--config.train.init_from={src}:2"], "has no checkpoint step 2 (saved: 1, 3); pass one"),
+    (["--config.train.init_from=/absent"], "/absent does not exist; give a train.py run directory"),
     (["--config.train.init_from=tests/data/hf/llama"], "the source (llm/llama) cannot become a mod model"),
 ])
 def test_train_cli_refuses_a_mismatched_source_in_one_line(source_run, tmp_path, extra, message):
