@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dynjax.audit import families, interventions
-from dynjax.audit.settings import AuditError
+from dynjax.errors import AuditError
 from dynjax.coeffs import Axes
 
 
