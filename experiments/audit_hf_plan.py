@@ -34,7 +34,7 @@ def main():
     from dynjax.audit.settings import Settings
     from dynjax.loaders import hf
     from dynjax.loaders.hf_architectures import CONFIGS
-    from dynjax.measure import panels
+    from dynjax.measure import execution
     from dynjax.models import llm
     from dynjax.audit import plan as audit_plan
 
@@ -47,11 +47,11 @@ def main():
         cfg = hf.config_from_hf(fields, "bfloat16")
         if not cfg.moe_layers:
             continue
-        est = panels.llm_estimate(cfg, n_eval, T, min(settings.batch_size, n_calib, n_eval))
+        est = execution.llm_estimate(cfg, n_eval, T, min(settings.batch_size, n_calib, n_eval))
         model = {"n_layer": cfg.n_layers, "dim": cfg.hidden_size, "dtype": cfg.dtype,
                  "params": est["param_count"], "active_params": est["active_param_count"]}
         plan = audit_plan.audit_plan(model, est, n_calib, n_eval, T, settings)
-        every = panels.llm_flops_per_window(cfg, T, llm.param_count(cfg)["total"])
+        every = execution.llm_flops_per_window(cfg, T, llm.param_count(cfg)["total"])
         windows = plan["forward_windows"]["record"] + plan["forward_windows"]["replay"]
         plan["flops_all_experts"] = every * windows
         plan["minutes_at_4e14"] = {"active": plan["flops"] / RATE / 60,

@@ -365,7 +365,7 @@ MUTANTS = (
            "if False:",
            ("tests/integration/loaders/test_hf.py::test_bfloat16_loading_runs",),
            "a bfloat16 DeepSeek keeps its router weight and bias in float32, as transformers"),
-    Mutant("ds_scorecard_counts_the_top_k", "dynjax/measure/panels.py",
+    Mutant("ds_scorecard_counts_the_top_k", "dynjax/measure/execution.py",
            'share = tokens_per_expert(llm.selected_experts(cfg, params, coeffs["router"],\n'
            '                                                   jnp.asarray(windows)), cfg.num_experts)',
            'share = tokens_per_expert(jax.lax.top_k(coeffs["router"], cfg.top_k)[1], cfg.num_experts)',
@@ -599,7 +599,7 @@ MUTANTS = (
            'return {"top_k": 1} if self.cfg.moe_layers else {}',
            ("tests/integration/audit/test_audit_hf.py::test_open_target_tells_hf_directories_apart",),
            "weights-flat keeps the checkpoint's own top-k"),
-    Mutant("tokens_per_expert_not_per_layer", "dynjax/measure/panels.py",
+    Mutant("tokens_per_expert_not_per_layer", "dynjax/measure/execution.py",
            "return counts / counts.sum(axis=1, keepdims=True)", "return counts / counts.sum()",
            ("tests/integration/audit/test_audit_hf.py::test_scorecard_hf_tokens_per_expert_and_parameters",),
            "the scorecard's tokens per expert are each layer's shares of its routes"),

@@ -537,7 +537,7 @@ class DeepseekV4:
         return logical_axes(self.cfg)
 
     def sizes(self, n_windows: int, seq_len: int, batch: int) -> dict:
-        """An audit's sizes from the config alone (the keys of ``dynjax.measure.panels.
+        """An audit's sizes from the config alone (the keys of ``dynjax.measure.execution.
         llm_estimate``): parameters, the coefficient cache of ``n_windows`` (shapes traced,
         nothing computed), a rough upper bound of one forward's live activations at
         ``batch`` rows (the hc streams, one layer's float32 attention logits, the logits)

@@ -17,7 +17,7 @@ for any checkpoint dynjax can load, with a one-line verdict whose threshold live
 
 Checkpoints without coefficients (dense, fixed_depth) have no variation or dependence to
 report; they get the execution panel only. Each kind of checkpoint (:mod:`dynjax.audit.targets`)
-brings its own execution question (:mod:`dynjax.measure.panels`):
+brings its own execution question (:mod:`dynjax.measure.execution`):
 
 - DynamicGate-MLP classifiers (``train.py`` runs of ``configs/dgmlp_*.py``): open units
   per example, RelMAC, and the FLOPs and latency of the masked forward (and of the

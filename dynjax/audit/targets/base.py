@@ -175,5 +175,5 @@ class Target:
         return {}
 
     def execution(self, params, windows, config) -> dict:
-        """The execution panel (:mod:`dynjax.measure.panels`) against ``baseline``."""
+        """The execution panel (:mod:`dynjax.measure.execution`) against ``baseline``."""
         raise NotImplementedError

@@ -7,7 +7,7 @@ import sys
 
 from dynjax.decoding.text import TokenizerText
 from dynjax.errors import AuditError
-from dynjax.measure import panels
+from dynjax.measure.execution import estimate, moe_execution_panel
 from dynjax.audit import families
 from dynjax.audit import plan as audit_plan
 from dynjax.audit.targets import windows
@@ -88,7 +88,7 @@ class HfDir(Target):
         n_calib, n_eval = int(dc.calib_windows), int(dc.eval_windows)
         seq_len = int(windows.opt(dc, "seq_len", DEFAULT_SEQ_LEN))
         rows = min(settings.batch_size, n_calib, n_eval)
-        est = panels.estimate(self.model, n_eval, seq_len, rows)
+        est = estimate(self.model, n_eval, seq_len, rows)
         model = {"n_layer": self.cfg.n_layers, "dim": self.cfg.hidden_size,
                  "dtype": self.cfg.dtype, "params": est["param_count"],
                  "active_params": est["active_param_count"]}
@@ -118,5 +118,5 @@ class HfDir(Target):
         return w["calibration"], w["evaluation"], info
 
     def execution(self, params, ev, config) -> dict:
-        return panels.moe_execution_panel(self.cfg, params, ev, tuple(config.latency_batches),
-                                          int(config.latency_repeats))
+        return moe_execution_panel(self.cfg, params, ev, tuple(config.latency_batches),
+                                   int(config.latency_repeats))

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from dynjax.measure import panels
+from dynjax.measure.execution import muddpythia_execution_panel
 from dynjax.audit import plan as audit_plan
 from dynjax.audit.targets import windows
 from dynjax.audit.targets.base import Target
@@ -108,6 +108,6 @@ class MuddPythiaDir(Target):
         return calib, ev, src
 
     def execution(self, params, ev, config) -> dict:
-        return panels.muddpythia_execution_panel(self.cfg, params, ev,
-                                                 tuple(config.latency_batches),
-                                                 int(config.latency_repeats))
+        return muddpythia_execution_panel(self.cfg, params, ev,
+                                          tuple(config.latency_batches),
+                                          int(config.latency_repeats))

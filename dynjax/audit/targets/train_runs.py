@@ -10,7 +10,7 @@ import pathlib
 from dynjax.decoding.text import ByteText
 from dynjax.runs import rundir
 from dynjax.models import gate_schedule
-from dynjax.measure import panels
+from dynjax.measure.execution import classifier_execution_panel, execution_panel
 from dynjax.audit.targets import windows
 from dynjax.audit.targets.base import Target
 from dynjax.errors import AuditError
@@ -122,8 +122,8 @@ class LmRun(_TrainRun):
         return windows.text_run_windows(data_cfg, self.config, seq_len, n_calib, n_eval)
 
     def execution(self, params, ev, config) -> dict:
-        return panels.execution_panel(self.model.cfg, params, ev, tuple(config.latency_batches),
-                                      int(config.latency_repeats))
+        return execution_panel(self.model.cfg, params, ev, tuple(config.latency_batches),
+                               int(config.latency_repeats))
 
 
 class ClassifierRun(_TrainRun):
@@ -180,6 +180,6 @@ class ClassifierRun(_TrainRun):
         return {"gate_settings": self.gate_settings}
 
     def execution(self, params, ev, config) -> dict:
-        return panels.classifier_execution_panel(
+        return classifier_execution_panel(
             self.model, params, ev["x"], self.gate_settings, tuple(config.latency_batches),
             int(config.classifier_latency_repeats))

@@ -425,7 +425,7 @@ def test_scorecard_reuses_the_audit_and_flop_report_numbers(fg_run, fg_audit, tm
     from configs import scorecard as scorecard_config
     from dynjax import scorecard
     from dynjax.runs import rundir
-    from dynjax.measure import lm_execution, panels
+    from dynjax.measure import execution, lm_execution
 
     res, _ = fg_audit
     config = scorecard_config.get_config()
@@ -442,7 +442,7 @@ def test_scorecard_reuses_the_audit_and_flop_report_numbers(fg_run, fg_audit, tm
     assert to_jsonable(card["variation"]["variance"]) == res["variance"]
     cfg = rundir.load_params(fg_run)[1].cfg
     ratio = (lm_execution.flop_report(cfg, 1, T)["compiled_flops"]
-             / lm_execution.flop_report(panels.dense_twin(cfg), 1, T)["compiled_flops"])
+             / lm_execution.flop_report(execution.dense_twin(cfg), 1, T)["compiled_flops"])
     assert card["execution"]["flops_ratio_compiled"] == ratio
     assert card["execution"]["executed_fraction"] == 1.0
     assert card["verdicts"]["execution"].startswith("no skipping")

@@ -8,7 +8,7 @@ import pytest
 
 from configs import scorecard as scorecard_config
 from dynjax import scorecard
-from dynjax.measure import macs, panels
+from dynjax.measure import execution, macs
 from dynjax.measure.lm_execution import compiled_cost
 from dynjax.models.gated_mlp import GatedMLP, MLPConfig, structured_forward
 
@@ -24,7 +24,7 @@ def test_structured_panel_counts_open_blocks_and_both_programs():
     model = GatedMLP(cfg)
     x = jax.random.normal(jax.random.key(1), (8, 24))
     params = model.init(jax.random.key(0), x)
-    ex = panels.classifier_execution_panel(model, params, x, SETTINGS, (1,), repeats=1)
+    ex = execution.classifier_execution_panel(model, params, x, SETTINGS, (1,), repeats=1)
     assert ex["open_units_per_example"] == [16.0, 16.0] and ex["executed_fraction"] == 0.5
     _, _, aux = model.apply(params, x, with_aux=True, **SETTINGS)
     rep = macs.report(model.dims, macs.model_mac_sums(model, aux["open"]), 8)
