@@ -2,6 +2,7 @@
 import importlib
 import os
 import sys
+from typing import NamedTuple
 
 import fsspec
 import pytest
@@ -38,6 +39,38 @@ def cpu_devices_env(n_devices):
 @pytest.fixture
 def make_config():
     return tiny_config
+
+
+class TinyModel(NamedTuple):
+    model: object       # dynjax.models.build's Model
+    params: dict        # fresh containers on each request: a test may edit its copy
+    tokens: object      # (B, T) int32 bytes from key 0
+    apply: object       # jax.jit(model.apply): one compilation per signature, shared
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """``tiny_model(variant="feature_gate", shape=(4, 32), **model_overrides)``: one tiny
+    language model per config for the whole session (``tiny_config``'s sizes, params from
+    key 1), so files and tests that need the same model trace and compile its init and
+    apply once instead of once each."""
+    import jax
+
+    from dynjax.models import build
+
+    built = {}
+
+    def get(variant="feature_gate", shape=(4, 32), **overrides):
+        config = tiny_config(variant, **overrides).model.to_dict()
+        key = (repr(sorted(config.items())), tuple(shape))   # overrides equal to a default
+        if key not in built:                                  # share the default's model
+            model = build(config)
+            tokens = jax.random.randint(jax.random.key(0), shape, 0, 256)
+            built[key] = TinyModel(model, model.init(jax.random.key(1), tokens), tokens,
+                                   jax.jit(model.apply))
+        t = built[key]
+        return t._replace(params=jax.tree.map(lambda x: x, t.params))
+    return get
 
 
 @pytest.fixture(scope="session")

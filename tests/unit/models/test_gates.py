@@ -23,16 +23,13 @@ def _tokens(seed=0, shape=(4, 32)):
 
 
 @pytest.mark.parametrize("variant", ALL)
-def test_causality(variant):
+def test_causality(variant, tiny_model):
     """Changing bytes after position t never changes logits at positions <= t."""
-    model = _model(variant)
-    tokens = _tokens()
-    params = model.init(jax.random.key(1), tokens)
-    apply = jax.jit(lambda p, t: model.apply(p, t)[0])
-    base = apply(params, tokens)
+    _, params, tokens, apply = tiny_model(variant)
+    base = apply(params, tokens)[0]
     t = 13
     changed = tokens.at[:, t + 1:].set((tokens[:, t + 1:] + 7) % 256)
-    other = apply(params, changed)
+    other = apply(params, changed)[0]
     np.testing.assert_allclose(other[:, :t + 1], base[:, :t + 1], rtol=0, atol=1e-6)
     assert not np.allclose(other[:, t + 1:], base[:, t + 1:])
 
@@ -53,88 +50,75 @@ def test_loss_is_next_token_prediction():
 @pytest.mark.parametrize("dtype, scan", [("float32", True), ("bfloat16", True),
                                          ("float32", False)])
 @pytest.mark.parametrize("variant", GATED)
-def test_replay_is_bitwise(variant, dtype, scan):
-    model = _model(variant, dtype=dtype, scan_layers=scan)
-    tokens = _tokens()
-    params = model.init(jax.random.key(1), tokens)
-    apply = jax.jit(model.apply)
+def test_replay_is_bitwise(variant, dtype, scan, tiny_model):
+    model, params, tokens, apply = tiny_model(variant, dtype=dtype, scan_layers=scan)
     logits, coeffs = apply(params, tokens)
     assert set(coeffs) == {"gate"}
     chex.assert_shape(coeffs["gate"], (3, 4, 32))          # (layer, example, token)
     assert coeffs["gate"].dtype == jnp.float32
     assert model.schema == {"gate": Axes(("layer", "example", "token"))}
     replayed, coeffs2 = apply(params, tokens, coeffs)
-    assert np.array_equal(np.asarray(replayed), np.asarray(logits))
-    assert np.array_equal(np.asarray(coeffs2["gate"]), np.asarray(coeffs["gate"]))
+    np.testing.assert_array_equal(np.asarray(replayed), np.asarray(logits), strict=True)
+    np.testing.assert_array_equal(np.asarray(coeffs2["gate"]), np.asarray(coeffs["gate"]),
+                                  strict=True)
 
 
-def test_replay_ignores_the_controller():
+def test_replay_ignores_the_controller(tiny_model):
     """Replay ignores the controller: changing its parameters changes record, not replay."""
-    model = _model("feature_gate")
-    tokens = _tokens()
-    params = model.init(jax.random.key(1), tokens)
-    apply = jax.jit(model.apply)
+    _, params, tokens, apply = tiny_model()
     logits, coeffs = apply(params, tokens)
     broken = jax.tree_util.tree_map_with_path(
         lambda path, x: x + 3.0 if "controller" in jax.tree_util.keystr(path) else x, params)
     assert not np.array_equal(apply(broken, tokens)[0], logits)
-    assert np.array_equal(apply(broken, tokens, coeffs)[0], logits)
+    np.testing.assert_array_equal(apply(broken, tokens, coeffs)[0], logits, strict=True)
 
 
-def test_replay_is_exact_where_the_features_are_not_finite():
+def test_replay_is_exact_where_the_features_are_not_finite(tiny_model):
     """Layer 0's MLP scaled by 1e21: its update stays finite but the update-norm feature
     overflows to inf, so the controller's gate is not finite. Replaying gate 0 there leaves
     h unchanged (0 * finite update), so the logits equal bitwise those of the unscaled
     model; a tie such as ``gate + 0 * sum(features)`` would have made them NaN."""
-    model = _model("feature_gate")
-    tokens = _tokens()
-    params = model.init(jax.random.key(1), tokens)
+    _, params, tokens, apply = tiny_model()
     scale = lambda path, x: x.at[0].multiply(1e21) if "mlp" in jax.tree_util.keystr(path) \
         and "down" in jax.tree_util.keystr(path) else x
     huge = jax.tree_util.tree_map_with_path(scale, params)
-    apply = jax.jit(model.apply)
     _, recorded = apply(huge, tokens)
     assert not np.isfinite(np.asarray(recorded["gate"][0])).all()   # the premise
     _, coeffs = apply(params, tokens)
     given = {"gate": coeffs["gate"].at[0].set(0.0)}
     replayed = apply(huge, tokens, given)[0]
     assert np.isfinite(np.asarray(replayed)).all()
-    assert np.array_equal(np.asarray(replayed), np.asarray(apply(params, tokens, given)[0]))
+    np.testing.assert_array_equal(np.asarray(replayed),
+                                  np.asarray(apply(params, tokens, given)[0]), strict=True)
 
 
-def test_replayed_gates_are_used():
+def test_replayed_gates_are_used(tiny_model):
     """Replay uses the given values verbatim: different gates, different logits."""
-    model = _model("feature_gate")
-    tokens = _tokens()
-    params = model.init(jax.random.key(1), tokens)
-    logits, coeffs = model.apply(params, tokens)
+    _, params, tokens, apply = tiny_model()
+    logits, coeffs = apply(params, tokens)
     halved = {"gate": coeffs["gate"] * 0.5}
-    assert not np.allclose(model.apply(params, tokens, halved)[0], logits)
+    assert not np.allclose(apply(params, tokens, halved)[0], logits)
 
 
-def test_dense_equals_gate_fixed_at_one():
-    tokens = _tokens()
-    fg = _model("feature_gate")
-    params = fg.init(jax.random.key(1), tokens)
+def test_dense_equals_gate_fixed_at_one(tiny_model):
+    _, params, tokens, fg_apply = tiny_model()
     dense_params = {k: v for k, v in params.items()}
     dense_params["layers"] = {"block": params["layers"]["block"]}
-    dense_logits = jax.jit(_model("dense").apply)(dense_params, tokens)[0]
+    dense_logits = tiny_model("dense").apply(dense_params, tokens)[0]
     ones = {"gate": jnp.ones((3, 4, 32), jnp.float32)}
-    gated_logits = jax.jit(fg.apply)(params, tokens, ones)[0]
+    gated_logits = fg_apply(params, tokens, ones)[0]
     np.testing.assert_array_equal(gated_logits, dense_logits)
-    uniform_one = jax.jit(_model("uniform", uniform_value=1.0).apply)(dense_params, tokens)[0]
+    uniform_one = tiny_model("uniform", uniform_value=1.0).apply(dense_params, tokens)[0]
     np.testing.assert_array_equal(uniform_one, dense_logits)
 
 
-def test_uniform_and_layer_static_coefficients():
-    tokens = _tokens()
+def test_uniform_and_layer_static_coefficients(tiny_model):
     for variant, n_values in (("uniform", 1), ("layer_static", 3)):
-        model = _model(variant)
-        params = model.init(jax.random.key(1), tokens)
+        _, params, tokens, apply = tiny_model(variant)
         key = "uniform_gate" if variant == "uniform" else "layer_gate"
         params[key] = jnp.arange(1.0, 1.0 + np.size(params[key]), dtype=jnp.float32).reshape(
             np.shape(params[key]))
-        gate = model.apply(params, tokens)[1]["gate"]
+        gate = apply(params, tokens)[1]["gate"]
         # constant over examples and tokens, one value per layer (or one overall)
         assert np.unique(np.asarray(gate)).size == n_values
         assert np.all(gate == gate[:, :1, :1])
@@ -178,10 +162,8 @@ def test_bad_model_config_errors(bad, match):
         build(cfg)
 
 
-def test_wrong_coefficients_error():
-    model = _model("feature_gate")
-    tokens = _tokens()
-    params = model.init(jax.random.key(1), tokens)
+def test_wrong_coefficients_error(tiny_model):
+    model, params, tokens, _ = tiny_model()
     with pytest.raises(ValueError, match="schema"):
         model.apply(params, tokens, {"mix": jnp.ones((3, 4, 32))})
     with pytest.raises(ValueError, match="axes"):
