@@ -131,9 +131,9 @@ def test_replay_is_bitwise_equal_to_record_under_jit(state_dict, ref, dtype):
     ids = jnp.asarray(ref["input_ids"])
     logits, coeffs = muddpythia.apply_jit(cfg, params, ids)
     logits2, coeffs2 = muddpythia.apply_jit(cfg, params, ids, coeffs=coeffs)
-    assert np.array_equal(np.asarray(logits), np.asarray(logits2))
+    np.testing.assert_array_equal(np.asarray(logits), np.asarray(logits2), strict=True)
     for a, b in zip(coeffs["mix"], coeffs2["mix"]):
-        assert np.array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), strict=True)
     if dtype == "bfloat16":   # sanity: bf16 compute stays close to the float32 reference
         assert _max_err(logits, ref["logits"]) < 0.1
 

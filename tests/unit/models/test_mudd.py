@@ -89,7 +89,7 @@ def test_replay_is_bitwise(variant, dtype):
     params = _randomize(init(jax.random.key(1), tokens), "", 0.05)
     logits, coeffs = apply(params, tokens)
     replayed, coeffs2 = apply(params, tokens, coeffs)
-    assert np.array_equal(np.asarray(replayed), np.asarray(logits))
+    np.testing.assert_array_equal(np.asarray(replayed), np.asarray(logits), strict=True)
     assert all(np.array_equal(a, b) for a, b in zip(coeffs["mix"], coeffs2["mix"]))
 
 
@@ -101,7 +101,8 @@ def test_replay_is_bitwise_at_training_width():
     params = _randomize(jax.jit(model.init)(jax.random.key(1), tokens), "", 0.05, seed=0)
     apply = jax.jit(model.apply)
     logits, coeffs = apply(params, tokens)
-    assert np.array_equal(np.asarray(apply(params, tokens, coeffs)[0]), np.asarray(logits))
+    np.testing.assert_array_equal(np.asarray(apply(params, tokens, coeffs)[0]), np.asarray(logits),
+                                  strict=True)
 
 
 def test_replay_ignores_the_da_controllers(trained_like):
@@ -110,7 +111,7 @@ def test_replay_ignores_the_da_controllers(trained_like):
     logits, coeffs = apply(params, tokens)
     broken = _randomize(params, "'da'", 1.0, seed=7)
     assert not np.array_equal(apply(broken, tokens)[0], logits)
-    assert np.array_equal(apply(broken, tokens, coeffs)[0], logits)
+    np.testing.assert_array_equal(apply(broken, tokens, coeffs)[0], logits, strict=True)
 
 
 def test_initial_model_is_a_plain_residual_decoder():
@@ -120,7 +121,7 @@ def test_initial_model_is_a_plain_residual_decoder():
     params = init(jax.random.key(1), tokens)
     logits, coeffs = apply(params, tokens)
     for a in coeffs["mix"]:
-        assert np.array_equal(a, jnp.zeros_like(a).at[..., -1].set(1.0))
+        np.testing.assert_array_equal(a, jnp.zeros_like(a).at[..., -1].set(1.0), strict=True)
     dense = build(tiny_config("dense", scan_layers=False).model.to_dict())
     blocks = {f"layer_{i}": {"block": {"attn": params[f"layer_{i}"]["block"]["attn"],
                                        "attn_norm": params[f"layer_{i}"]["block"]["q_norm"],
@@ -141,7 +142,8 @@ def test_static_variant_has_constant_coefficients():
     _, coeffs = apply(params, tokens)
     for i, a in enumerate(coeffs["mix"]):
         bias = params[f"layer_{i}"]["static_bias"]
-        assert np.array_equal(a, jnp.broadcast_to(bias[:, None, None, :], a.shape))
+        np.testing.assert_array_equal(a, jnp.broadcast_to(bias[:, None, None, :], a.shape),
+                                      strict=True)
 
 
 def test_loss_falls():
@@ -178,12 +180,13 @@ def test_audit_conditions_on_mudd_coefficients(trained_like):
     donated = interventions.cross_input(coeffs, schema, jax.random.key(0))
     donor = interventions.derangement(interventions.condition_keys(jax.random.key(0))[0], B)
     for a, d in zip(coeffs["mix"], donated["mix"]):
-        assert np.array_equal(d, a[:, donor])
+        np.testing.assert_array_equal(d, a[:, donor], strict=True)
 
     uniform = interventions.structure_removed(coeffs, schema, calib)
     for u, c in zip(uniform["mix"], calib["mix"]):
         assert u.shape[1:3] == (B, T)
-        assert np.array_equal(u, np.broadcast_to(u[..., :1], u.shape))   # equal over sources
+        np.testing.assert_array_equal(u, np.broadcast_to(u[..., :1], u.shape),   # over sources
+                                      strict=True)
         want = c.sum(axis=-1).mean(axis=(1, 2))                      # (stream,) signed sum
         np.testing.assert_allclose(u.sum(axis=-1), np.broadcast_to(want[:, None, None], u.shape[:3]),
                                    rtol=1e-5, atol=1e-6)
