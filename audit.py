@@ -3,8 +3,8 @@
 The program is ``dynjax/programs/audit.py`` (its usage and flags: ``python audit.py --help``);
 installed, the same program is the ``dynjax-audit`` command.
 """
-from dynjax._alloc import reexec  # the allocator setting, before JAX starts: dynjax/_alloc.py
-reexec(__name__)
+from dynjax.runtime import setup  # the allocator setting, before JAX starts: dynjax/runtime.py
+setup(__name__)
 from dynjax.programs import audit  # noqa: E402
 
 if __name__ == "__main__":

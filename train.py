@@ -3,8 +3,8 @@
 The program is ``dynjax/programs/train.py`` (its usage and flags: ``python train.py --help``);
 installed, the same program is the ``dynjax-train`` command.
 """
-from dynjax._alloc import reexec  # the allocator setting, before JAX starts: dynjax/_alloc.py
-reexec(__name__)
+from dynjax.runtime import setup  # the allocator setting, before JAX starts: dynjax/runtime.py
+setup(__name__)
 if __name__ == "__main__":   # signals handled from the start, before JAX is imported
     from dynjax.train import preempt
     preempt.from_the_start()

@@ -2,7 +2,7 @@
 
     python -m benchmarks.alloc_speed --out results/alloc_speed.json [--rounds 2] [--steps 4]
 
-The allocator is fixed when a process starts, so each setting of ``dynjax._alloc`` runs in
+The allocator is fixed when a process starts, so each setting of ``dynjax.runtime`` runs in
 its own process (the dense benchmark model of ``benchmarks/common.py``, T=1024, batch 8,
 f32): ``system`` (glibc defaults), ``hugetlb`` (transparent huge pages: the default),
 ``retain`` (huge pages, freed memory kept) and, where Debian's libjemalloc2 is installed,
@@ -10,8 +10,8 @@ f32): ``system`` (glibc defaults), ``hugetlb`` (transparent huge pages: the defa
 falls on each alike; each reports the median time of its train step and of its forward
 after one warm-up call of each, their minor page faults per call, and its peak resident size.
 """
-from dynjax._alloc import reexec, runtime  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import describe, setup  # noqa: E402  one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import argparse
 import json
 import os
@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from dynjax import _alloc  # noqa: E402
+from dynjax import runtime  # noqa: E402
 from dynjax.jsonio import command_line, publish_json  # noqa: E402
 
 def child(args):
@@ -58,28 +58,28 @@ def main():
     args = ap.parse_args()
     if args.child:
         return child(args)
-    settings = [k for k in _alloc.SETTINGS if k != "jemalloc" or os.path.exists(_alloc.JEMALLOC)]
+    settings = [k for k in runtime.SETTINGS if k != "jemalloc" or os.path.exists(runtime.JEMALLOC)]
     runs = {name: [] for name in settings}
     load_before = os.getloadavg()
     for _ in range(args.rounds):
         for name in settings:
             env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "LD_PRELOAD")}
-            env = dict(_alloc.environment(name, env), DYNJAX_MALLOC="system",
+            env = dict(runtime.environment(name, env), DYNJAX_MALLOC="system",
                        PYTHONPATH=os.getcwd())
             out = subprocess.run([sys.executable, "-m", "benchmarks.alloc_speed", "--child",
                                   "--steps", str(args.steps), "--seq-len", str(args.seq_len),
                                   "--batch-size", str(args.batch_size)], env=env, check=True,
                                  capture_output=True, text=True).stdout
             runs[name].append(json.loads(out.strip().splitlines()[-1]))
-    res = {"command": command_line(), "runtime": runtime(), "load_average_before": load_before,
+    res = {"command": command_line(), "runtime": describe(), "load_average_before": load_before,
            "load_average_after": os.getloadavg(),
-           "settings": {name: _alloc.SETTINGS[name] for name in settings},
+           "settings": {name: runtime.SETTINGS[name] for name in settings},
            "note": "one process per setting and round; medians over rounds; compare ratios"}
     for name, rs in runs.items():
         res[name] = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         res[name]["step_s_per_round"] = [r["step_s"] for r in rs]
         res[name]["forward_s_per_round"] = [r["forward_s"] for r in rs]
-    res["default"] = _alloc.DEFAULT
+    res["default"] = runtime.DEFAULT
     for call in ("step", "forward"):
         res[f"{call}_time_over_system"] = {n: res[n][f"{call}_s"] / res["system"][f"{call}_s"]
                                            for n in runs}

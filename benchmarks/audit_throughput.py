@@ -13,8 +13,8 @@ Ratios are reported for the engine alone (record, replay check, every condition)
 whole audit (plus variance decomposition and the statistics). Prints JSON. Aim: warm engine
 ratio <= 1.3. These machines are noisy: compare ratios from one run.
 """
-from dynjax._alloc import reexec, runtime  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import describe, setup  # noqa: E402  one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import argparse
 import os
 import statistics
@@ -90,7 +90,7 @@ def main():
     bound_programs = forwards.get("record", 0) * t_record + forwards.get("replay", 0) * t_replay
 
     out = {
-        "command": command_line(), "runtime": runtime(),
+        "command": command_line(), "runtime": describe(),
         "load_average_after": os.getloadavg(),
         "backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
         "variant": args.variant, "seq_len": args.seq_len, "rows_per_forward": engine.rows,

@@ -20,8 +20,8 @@ machine shared by many jobs the run then sits at the few percent of a core it ge
 it is on. Prints JSON (and writes ``--out``) with the
 command and the runtime settings; timings on a shared machine say so in ``--note``.
 """
-from dynjax._alloc import reexec, runtime  # noqa: E402  one runtime set-up for every program
-reexec(__name__)
+from dynjax.runtime import describe, setup  # noqa: E402  one runtime set-up for every program
+setup(__name__)
 import argparse  # noqa: E402
 import resource  # noqa: E402
 import time  # noqa: E402
@@ -110,7 +110,7 @@ def main(argv=None):
         "tokens": r["tokens"] / first["tokens"],
         **{n: r[n]["min_s"] / first[n]["min_s"] for n in ("deltanet", "attention")}}
         for r in rows[1:]}
-    publish_json({"command": command_line(), "runtime": runtime(),
+    publish_json({"command": command_line(), "runtime": describe(),
                   "backend": jax.default_backend(), "device": str(jax.devices()[0]),
                   "note": args.note,
                   "layer": {"d_model": D, "key_heads": args.key_heads, "value_heads": H,

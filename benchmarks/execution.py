@@ -29,8 +29,8 @@ round, medians after a warm-up, ``dynjax.measure.latency``):
 Prints a Markdown table and writes JSON (with the command and the load average) to
 ``results/execution_<preset>.json`` (``--out`` to change).
 """
-from dynjax._alloc import reexec, runtime  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import describe, setup  # noqa: E402  one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import argparse
 import importlib
 import json
@@ -152,7 +152,7 @@ def main():
     batches = [int(b) for b in args.batches.split(",")]
     repeats = args.repeats or preset["repeats"]
     seq_len = args.seq_len or preset["seq_len"]
-    res = {"command": command_line(), "runtime": runtime(), "preset": args.preset,
+    res = {"command": command_line(), "runtime": describe(), "preset": args.preset,
            "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
            "seq_len": seq_len, "batches": batches, "repeats": repeats,
            "load_average_before": latency.load_average(),

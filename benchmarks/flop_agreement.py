@@ -8,8 +8,8 @@ The ratio is what a FLOP claim can trust: tests hold every case to within 5%.
 """
 from __future__ import annotations
 
-from dynjax._alloc import reexec, runtime  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import describe, setup  # noqa: E402  one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import argparse
 import json
 
@@ -54,7 +54,7 @@ def main():
     ap.add_argument("--out", default="results/flop_agreement.json")
     args = ap.parse_args()
     rows = {name: agreement(name) for name in CASES}
-    write_json_atomic(args.out, {"command": command_line(), "runtime": runtime(),
+    write_json_atomic(args.out, {"command": command_line(), "runtime": describe(),
                                  "size": SIZE, "batch": BATCH, "seq_len": SEQ,
                                  "compiled": "XLA cost analysis, unrolled layers, all ops",
                                  "analytic": "matmuls and controllers, 2 x MACs",

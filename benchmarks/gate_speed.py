@@ -20,8 +20,8 @@ another block somewhere, which ``topk_margin`` (see there) tells.
 """
 from __future__ import annotations
 
-from dynjax._alloc import reexec, runtime  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import describe, setup  # noqa: E402  one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import argparse
 import json
 import platform
@@ -89,7 +89,7 @@ def main():
     base = dict(in_dim=784, hidden=(args.hidden, args.hidden), n_classes=10, gate_hidden=16,
                 gate_bias_init=0.0, block_size=args.block, keep_fraction=args.keep)
     key = jax.random.key(0)
-    results = {"command": command_line(), "runtime": runtime(), "device": str(jax.devices()[0]), "platform": platform.platform(),
+    results = {"command": command_line(), "runtime": describe(), "device": str(jax.devices()[0]), "platform": platform.platform(),
                "jax": jax.__version__, "config": base, "repeats": args.repeats, "runs": []}
     for batch in [int(b) for b in args.batches.split(",")]:
         x = jax.random.uniform(jax.random.key(batch), (batch, 784))

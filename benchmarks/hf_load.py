@@ -16,8 +16,8 @@ parent's size across fork and exec), the RSS after importing jax and starting it
 page cache is warm for both (the files were just written or read), so the comparison is
 of CPU work, not of the disk. JSON out.
 """
-from dynjax._alloc import reexec, runtime  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import describe, setup  # noqa: E402  one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import argparse  # noqa: E402
 import glob  # noqa: E402
 import json  # noqa: E402
@@ -162,7 +162,7 @@ def main():
         row["seconds_over_cat"] = row["seconds"] / min(cat_before[0], cat_after[0])
         row["cpu_seconds_over_cat"] = row["cpu_seconds"] / min(cat_before[1], cat_after[1])
     publish_json({
-        "command": command_line(), "runtime": runtime(),
+        "command": command_line(), "runtime": describe(),
         "note": "wall times on a 2-core VM shared with other agents' work at the time: not a "
                 "quiet measurement; peak RSS does not depend on the load",
         "checkpoint": {"files": len(files), "bytes": file_bytes,

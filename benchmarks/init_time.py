@@ -8,8 +8,8 @@ Each form runs in its own subprocess with no compilation cache, so neither reuse
 other's compiled operations: the time a user waits at the first ``model.init`` of a session.
 The two forms' parameters are bit for bit equal (tests/unit/models/test_registry.py); JSON out.
 """
-from dynjax._alloc import reexec, runtime  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import describe, setup  # noqa: E402  one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import argparse
 import json
 import os
@@ -58,7 +58,7 @@ def main():
         rows[name] = {"config": f"configs/{config.replace(':', '.py:')}",
                       "params": compiled["params"], "compiled_s": compiled["seconds"], "op_by_op_s": op_by_op["seconds"],
                       "speedup": op_by_op["seconds"] / compiled["seconds"]}
-    publish_json({"command": command_line(), "runtime": runtime(), "families": rows},
+    publish_json({"command": command_line(), "runtime": describe(), "families": rows},
                  args.out, indent=1)
 
 

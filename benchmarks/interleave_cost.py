@@ -22,10 +22,10 @@ import resource
 import statistics
 import time
 
-from dynjax import _alloc
-from dynjax._alloc import runtime  # noqa: E402
+from dynjax import runtime
+from dynjax.runtime import describe  # noqa: E402
 
-_alloc.reexec(__name__)
+runtime.setup(__name__)
 
 import jax  # noqa: E402
 
@@ -86,7 +86,7 @@ def main():
         for name, first in before.items():
             first()
             runs[name].append(timed(step))
-    res = {"command": command_line(), "runtime": runtime(),
+    res = {"command": command_line(), "runtime": describe(),
            "page_reporting": page_reporting(), "pause_s": args.pause, "repeats": args.repeats,
            "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
            "load_average_before": load_before, "load_average_after": os.getloadavg(),

@@ -25,8 +25,8 @@ calls of all models interleaved round by round in one run (``latency.paired_time
 ratios to dense of medians and of minima (steadier on a loaded machine) beside the
 analytic FLOP ratio (``mod_speed.decode_flops``). Prints JSON, writes it to ``--out``.
 """
-from dynjax._alloc import reexec, runtime  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import describe, setup  # noqa: E402  one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import argparse
 import os
 import sys
@@ -135,7 +135,7 @@ def main():
     if unknown:
         ap.error(f"--models: unknown {', '.join(unknown)}; choose from {', '.join(sorted(MODELS))}")
     backend = jax.default_backend()
-    res = {"command": command_line(), "runtime": runtime(), "backend": backend,
+    res = {"command": command_line(), "runtime": describe(), "backend": backend,
            "device_kind": jax.devices()[0].device_kind, "repeats": args.repeats,
            "goal_mod_step_vs_dense": GOAL.get(backend, GOAL["gpu"]),
            "xla_flags": os.environ.get("XLA_FLAGS", ""),

@@ -22,8 +22,8 @@ FLOP ratios: forward from XLA's cost analysis of the unrolled program (all ops) 
 the analytic matmul count; train step from the compiled unrolled step; decode analytic.
 Prints JSON (and writes it to ``--out``).
 """
-from dynjax._alloc import reexec, runtime  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import describe, setup  # noqa: E402  one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import argparse
 
 import jax
@@ -129,7 +129,7 @@ def main():
     ap.add_argument("--dtype", choices=("float32", "bfloat16"))
     ap.add_argument("--out")
     args = ap.parse_args()
-    res = {"command": command_line(), "runtime": runtime(), "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
+    res = {"command": command_line(), "runtime": describe(), "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
            "devices": jax.device_count(), "model": {k: getattr(args, k) for k in
                                                     ("d_model", "n_heads", "n_layers", "dtype")},
            "seq_len": args.seq_len, "batch_size": args.batch_size,

@@ -21,8 +21,8 @@ load from other processes falls on every dispatch alike). Temporaries: XLA's
 adds compile-only points (no run) for the growth in tokens. Prints JSON (and writes
 ``--out``) with the command and the runtime settings.
 """
-from dynjax._alloc import reexec, runtime  # noqa: E402  one runtime set-up for every program
-reexec(__name__)
+from dynjax.runtime import describe, setup  # noqa: E402  one runtime set-up for every program
+setup(__name__)
 import argparse  # noqa: E402
 
 import flax.linen as nn  # noqa: E402
@@ -130,7 +130,7 @@ def main(argv=None):
     cases = [case(args, E, k, n) for E in args.experts for k in args.top_k
              for n in args.tokens if k <= E]
     growth = [memory_growth(args, E, 2) for E in args.experts]
-    result = {"command": command_line(), "runtime": runtime(),
+    result = {"command": command_line(), "runtime": describe(),
               "backend": jax.default_backend(), "grouped_matmul": dispatch.default_impl(),
               "layer": {"d_model": args.d_model, "d_ff": args.d_ff, "seq_len": args.seq_len,
                         "dtype": "float32", "repeats": args.repeats},

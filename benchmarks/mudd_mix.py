@@ -22,10 +22,10 @@ from __future__ import annotations
 import argparse
 import platform
 
-from dynjax import _alloc
-from dynjax._alloc import runtime
+from dynjax import runtime
+from dynjax.runtime import describe
 
-_alloc.reexec(__name__)
+runtime.setup(__name__)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -116,7 +116,7 @@ def main():
     ap.add_argument("--sources", default="2,5,9", help="source counts S for the mix alone")
     ap.add_argument("--out", default=None, help="also write the JSON here (atomically)")
     args = ap.parse_args()
-    result = {"command": command_line(), "runtime": runtime(), "host": platform.node(),
+    result = {"command": command_line(), "runtime": describe(), "host": platform.node(),
               "backend": jax.default_backend(), "shape": {"C": C, "B": B, "T": T, "D": D},
               "mix": [measure_mix(int(s), args.repeats) for s in args.sources.split(",")],
               "train_step": {"size": LARGE, **measure_train_step(args.repeats)}}

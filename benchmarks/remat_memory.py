@@ -7,8 +7,8 @@ recomputed in the backward pass, beside the same model without remat. One run, J
 XLA's memory and cost analyses of the compiled program, not timings: they do not depend on
 the load of a shared machine. Gradients of the three programs are compared too.
 """
-from dynjax._alloc import reexec, runtime  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import describe, setup  # noqa: E402  one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import argparse
 
 import jax
@@ -51,7 +51,7 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--out")
     args = ap.parse_args()
-    res, grads = {"command": command_line(), "runtime": runtime(), "args": vars(args)}, {}
+    res, grads = {"command": command_line(), "runtime": describe(), "args": vars(args)}, {}
     for name, remat, save in (("no_remat", False, True), ("remat_features_saved", True, True),
                               ("remat_features_recomputed", True, False)):
         res[name], grads[name] = measure(args, remat, save)

@@ -9,8 +9,8 @@ before that change (7e561ab, where replay skipped the controller and this file r
 script) and in one after to compare (results/replay_cost.json). FLOPs are exact; times are
 medians of interleaved calls (noisy on a shared machine).
 """
-from dynjax._alloc import reexec, runtime  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import describe, setup  # noqa: E402  one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import argparse
 
 import jax
@@ -41,7 +41,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--out")
     args = ap.parse_args()
-    out = {"command": command_line(), "runtime": runtime()}
+    out = {"command": command_line(), "runtime": describe()}
     for family, variant in FAMILIES:
         forward, calls = programs(family, variant)
         times = paired_times({k: (lambda a=a: forward(*a)) for k, a in calls.items()},

@@ -8,8 +8,8 @@ single-checkpoint audit's unit) and return a two-sided p; the p-values agree wit
 Carlo error. Peak memory from ``tracemalloc`` (NumPy allocations), time from
 ``time.perf_counter``; JSON out.
 """
-from dynjax._alloc import reexec, runtime  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import describe, setup  # noqa: E402  one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import argparse
 import time
 import tracemalloc
@@ -46,7 +46,7 @@ def main():
     ap.add_argument("--out")
     args = ap.parse_args()
     x = np.random.default_rng(0).normal(args.effect, 1.0, args.windows)
-    res = {"command": command_line(), "runtime": runtime(), "args": vars(args),
+    res = {"command": command_line(), "runtime": describe(), "args": vars(args),
            "dynjax": profile(lambda: stats.sign_flip_test(x, max_exact=0,
                                                           n_resamples=args.resamples)["p"]),
            "scipy": profile(lambda: scipy_sign_flip(x, args.resamples, 0))}

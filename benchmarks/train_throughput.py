@@ -9,8 +9,8 @@ tokens/s, analytic model FLOPs per step and MFU against ``dynjax.measure.mfu.PEA
 (null on a device the table does not know, e.g. a CPU), and FeatureGate's overhead over dense as a ratio of medians from this same run
 (these machines are noisy: compare ratios, not absolute times across runs).
 """
-from dynjax._alloc import reexec, runtime  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import describe, setup  # noqa: E402  one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import argparse
 import ast
 import importlib
@@ -81,7 +81,7 @@ def main():
     ap.add_argument("--out")
     args = ap.parse_args()
     config_module = importlib.import_module(f"dynjax.configs.{args.config}")
-    res = {"command": command_line(), "runtime": runtime(), "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
+    res = {"command": command_line(), "runtime": describe(), "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind,
            "devices": jax.device_count(), "config": args.config, "model_set": args.model_set,
            "batch_size": args.batch_size, "seq_len": args.seq_len, "variants": {}}
     res["variants"] = measure(config_module, args.variants.split(","), args.steps, args.repeats,

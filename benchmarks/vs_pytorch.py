@@ -33,7 +33,7 @@ and the time per step the program was not executing (host work the loop did not 
 
 Each framework runs in its own process, as a user runs it (dynjax, one train.py loop per
 variant, PyTorch eager and ``torch.compile``, all under dynjax's allocator setting,
-``dynjax/_alloc.py``); the processes take turns, one call of every model and framework per
+``dynjax/runtime.py``); the processes take turns, one call of every model and framework per
 round, so load from other processes falls on all alike;
 medians after warm-up (compilation excluded). Within its turn each timed call follows
 ``--settle`` untimed calls of the same function (default 1), so it runs as a training loop's
@@ -55,10 +55,10 @@ import subprocess
 import sys
 import time
 
-from dynjax import _alloc
-from dynjax._alloc import runtime  # noqa: E402
+from dynjax import runtime
+from dynjax.runtime import describe  # noqa: E402
 
-_alloc.reexec(__name__)
+runtime.setup(__name__)
 
 try:
     import torch
@@ -382,7 +382,7 @@ def main():
     timed_s = time.time() - t0
     medians = {k: statistics.median(v) for k, v in times.items()}
     tokens_per_call = args.batch_size * args.seq_len
-    res = {"command": command_line(), "runtime": runtime(),
+    res = {"command": command_line(), "runtime": describe(),
            "torch": torch.__version__,
            "jax": jax.__version__, "torch_threads": torch.get_num_threads(), "settle": args.settle,
            "processes": "one per framework (dynjax, torch_eager, torch_compile) and one per "

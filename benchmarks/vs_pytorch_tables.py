@@ -6,8 +6,8 @@ shows what the file says (tests/unit/test_docs.py checks that it does).
 
 Torch-free: the goals live here, and vs_pytorch.py (which needs torch) reads them.
 """
-from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import setup  # noqa: E402  one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import json
 import pathlib
 import sys

@@ -23,10 +23,10 @@ import sys
 import tempfile
 import time
 
-from dynjax import _alloc
-from dynjax._alloc import runtime  # noqa: E402
+from dynjax import runtime
+from dynjax.runtime import describe  # noqa: E402
 
-_alloc.reexec(__name__)
+runtime.setup(__name__)
 
 try:
     import torch
@@ -135,7 +135,7 @@ def main():
     tokens = args.batch_size * args.seq_len
     med = {fw: statistics.median(t) for fw, t in times.items()}
     publish_json({
-        "command": command_line(), "runtime": runtime(), "torch": torch.__version__,
+        "command": command_line(), "runtime": describe(), "torch": torch.__version__,
         "transformers": transformers.__version__, "model_type": args.model_type,
         "torch_device": args.torch_device, "jax_device": str(jax.devices()[0]),
         "config": CONFIG, "batch_size": args.batch_size, "seq_len": args.seq_len,

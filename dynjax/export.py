@@ -301,7 +301,7 @@ def main(argv=None, prog: str = PROG) -> int:
 
 
 if __name__ == "__main__":
-    from dynjax._alloc import reexec
+    from dynjax.runtime import setup
 
-    reexec("__main__")
+    setup("__main__")
     sys.exit(main())

@@ -157,7 +157,7 @@ def stamp() -> dict:
 def command_line() -> str:
     """How this program was started, as a user retypes it from the directory it ran in: the
     command a results file names. ``python -m PKG.MOD ARGS`` when started with ``-m`` (kept
-    across dynjax._alloc's re-execution), ``dynjax-NAME ARGS`` for an installed console
+    across dynjax.runtime's re-execution), ``dynjax-NAME ARGS`` for an installed console
     command, else ``python PATH ARGS``; shell-quoted. A main run in-process under another
     program (a test sets ``sys.argv``) is named by that argv. Absolute paths in it are
     made :func:`portable_path` (a results file holds no machine path)."""

@@ -2,8 +2,8 @@
 
     python experiments/bpb_table.py runs/fca      # reads runs/fca/VARIANT_sSEED/eval.json
 """
-from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import setup  # noqa: E402  one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import json
 import pathlib
 import re

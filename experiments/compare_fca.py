@@ -10,8 +10,8 @@ label, e.g. LayerMean / StaticMixMean), then the factorial effects: the ΔNLL es
 The paper's finding to check: MUDD's reassignment penalties (cross_input, token_shuffle) are
 orders of magnitude above FeatureGate's.
 """
-from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import setup  # noqa: E402  one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import json
 import sys
 

@@ -32,8 +32,8 @@ as results/scorecard/ says; the routing report is the causal side.
 """
 from __future__ import annotations
 
-from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import setup  # noqa: E402  one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import argparse
 import json
 import statistics

@@ -12,8 +12,8 @@ and ``<out>.md`` (the table) from the runs' test-set evaluations. RelMAC is
 """
 from __future__ import annotations
 
-from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import setup  # noqa: E402  one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import argparse
 import json
 import subprocess

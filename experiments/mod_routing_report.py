@@ -5,8 +5,8 @@
 Precision, recall and F1 of the router and predictor rules against top-k membership on test
 windows (base rate beside them), on the top-k forward and the causal forward. JSON out.
 """
-from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import setup  # noqa: E402  one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import argparse
 import json
 

@@ -3,8 +3,8 @@ one JSON per row (naming its command), and print the README's table.
 
     .venv/bin/python experiments/plan_table.py
 """
-from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import setup  # noqa: E402  one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import json
 import pathlib
 import subprocess

@@ -15,8 +15,8 @@ program). Writes OUT/predicted_skipping.json (with the command), atomically.
 """
 from __future__ import annotations
 
-from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import setup  # noqa: E402  one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import argparse
 import time
 from pathlib import Path

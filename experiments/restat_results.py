@@ -10,8 +10,8 @@ report.md, results.json and the plots are rewritten atomically (report.write_rep
 Nothing measured changes; meta.restat records when and how. tests/unit/test_results_files.py
 checks that every results.json agrees with the current code.
 """
-from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import setup  # noqa: E402  one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import datetime
 import json
 import os

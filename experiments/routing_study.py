@@ -41,8 +41,8 @@ Rerunning skips finished items and resumes an interrupted training from its chec
 """
 from __future__ import annotations
 
-from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import setup  # noqa: E402  one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import argparse  # noqa: E402
 import json  # noqa: E402
 import pathlib  # noqa: E402

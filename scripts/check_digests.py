@@ -15,8 +15,8 @@ version); regenerate them with ``--write`` only on purpose, from the commit befo
 """
 from __future__ import annotations
 
-from dynjax._alloc import reexec  # noqa: E402  one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import setup  # noqa: E402  one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import argparse
 import hashlib
 import json

@@ -4,8 +4,8 @@ Run the suite with DYNJAX_COMPILE_PROFILE=PREFIX, then
 ``python scripts/compile_profile.py PREFIX [--top N]``: compile (or cache load) seconds per
 test file, per test and per program name, largest first.
 """
-from dynjax._alloc import reexec  # one runtime set-up for every program (dynjax/_alloc.py)
-reexec(__name__)
+from dynjax.runtime import setup  # one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
 import argparse  # noqa: E402
 import collections  # noqa: E402
 import glob  # noqa: E402

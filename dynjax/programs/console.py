@@ -1,15 +1,15 @@
 """The command-line programs, as console commands (``pip install`` puts them on PATH) and
 behind the checkout's thin shells (``train.py``, ``audit.py``, ``scorecard.py``,
 ``sample.py``, ``plan.py``): each entry point applies the allocator setting
-(``dynjax._alloc``) before JAX is imported, then runs the program under its own name.
+(``dynjax.runtime``) before JAX is imported, then runs the program under its own name.
 ``dynjax-fetch`` is :mod:`dynjax.data.fetch`, which needs neither."""
 import importlib
 
 
 def _run(module: str, prog: str):
-    from dynjax._alloc import reexec
+    from dynjax.runtime import setup
 
-    reexec("__main__")   # a console command is the main program: re-execute once
+    setup("__main__")   # a console command is the main program: re-execute once
     importlib.import_module(module).start(prog)
 
 
@@ -46,9 +46,9 @@ def export():
     """``dynjax-export RUN_DIR OUT_DIR``: an llm-family run as a Hugging Face directory."""
     import sys
 
-    from dynjax._alloc import reexec
+    from dynjax.runtime import setup
 
-    reexec("__main__")
+    setup("__main__")
     from dynjax import export as export_lib
 
     sys.exit(export_lib.main(prog="dynjax-export"))

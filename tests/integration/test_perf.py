@@ -203,18 +203,18 @@ def test_online_row_features_equal_blockwise():
 @pytest.mark.subprocess
 @pytest.mark.parametrize("setting", ["retain", "hugetlb", "system", None])
 def test_entry_points_reexec_with_the_allocator_setting(setting):
-    """A program that calls _alloc.reexec(__name__) runs with the setting without being told
+    """A program that calls runtime.setup(__name__) runs with the setting without being told
     (None: DYNJAX_MALLOC unset, the default)."""
-    from dynjax import _alloc
+    from dynjax import runtime
     env = {k: v for k, v in os.environ.items()
            if k not in ("GLIBC_TUNABLES", "DYNJAX_MALLOC", "DYNJAX_MALLOC_APPLIED")}
     if setting:
         env["DYNJAX_MALLOC"] = setting
-    code = ("from dynjax._alloc import reexec; reexec(__name__); import os; "
+    code = ("from dynjax.runtime import setup; setup(__name__); import os; "
             "print(os.environ.get('GLIBC_TUNABLES'))")
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, timeout=60,
                          capture_output=True, text=True, check=True).stdout
-    want = _alloc.SETTINGS[setting or _alloc.DEFAULT].get("GLIBC_TUNABLES")
+    want = runtime.SETTINGS[setting or runtime.DEFAULT].get("GLIBC_TUNABLES")
     assert out.strip() == str(want)
 
 
@@ -222,8 +222,8 @@ def test_entry_points_reexec_with_the_allocator_setting(setting):
 @pytest.mark.parametrize("setting", ["retain", "hugetlb", "system", None])
 def test_env_sh_sets_what_alloc_sets(setting):
     """scripts/env.sh (sourced by the shell scripts, twice here: it is idempotent) and
-    dynjax/_alloc.py give the same GLIBC_TUNABLES, also on top of one already set."""
-    from dynjax import _alloc
+    dynjax/runtime.py give the same GLIBC_TUNABLES, also on top of one already set."""
+    from dynjax import runtime
     for before in ({}, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}):
         env = dict({k: v for k, v in os.environ.items()
                     if k not in ("GLIBC_TUNABLES", "DYNJAX_MALLOC")}, **before)
@@ -232,5 +232,5 @@ def test_env_sh_sets_what_alloc_sets(setting):
         out = subprocess.run(["bash", "-c", "source scripts/env.sh; source scripts/env.sh; "
                               "echo \"${GLIBC_TUNABLES:-None}\""], env=env, cwd=ROOT,
                              timeout=30, capture_output=True, text=True, check=True).stdout
-        want = _alloc.environment(setting or _alloc.DEFAULT, before).get("GLIBC_TUNABLES")
+        want = runtime.environment(setting or runtime.DEFAULT, before).get("GLIBC_TUNABLES")
         assert out.strip() == str(want)

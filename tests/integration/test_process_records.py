@@ -1,5 +1,5 @@
 """What a started program records about itself, checked in processes of their own: the
-command line a user retypes (also after _alloc's re-execution), the allocator setting and
+command line a user retypes (also after runtime.setup's re-execution), the allocator setting and
 XLA flags of its runtime, and dynjax's version and commit (``git describe``). The in-process
 halves: tests/unit/test_jsonio.py, tests/unit/test_runtime.py, tests/unit/test_results_files.py."""
 import json
@@ -16,11 +16,11 @@ from tests.conftest import ROOT
 @pytest.mark.parametrize("how", ["module", "path", "module_reexec"])
 def test_command_line_is_the_command_a_user_retypes(tmp_path, how):
     """A results file names the command that made it: ``-m`` stays ``-m`` (also after
-    _alloc's re-execution, where sys.argv[0] becomes a path), a script path stays a path
+    runtime.setup's re-execution, where sys.argv[0] becomes a path), a script path stays a path
     relative to where it ran, and arguments are shell-quoted."""
     pkg = tmp_path / "bench"
     pkg.mkdir()
-    reexec = "from dynjax import _alloc\n_alloc.reexec(__name__)\n" if "reexec" in how else ""
+    reexec = "from dynjax import runtime\nruntime.setup(__name__)\n" if "reexec" in how else ""
     (pkg / "probe.py").write_text(f"{reexec}import os\nfrom dynjax.jsonio import command_line\n"
                                   "print(os.environ.get('DYNJAX_MALLOC_APPLIED'))\n"
                                   "print(command_line())\n")
@@ -40,8 +40,8 @@ def test_runtime_names_the_allocator_and_xla_flags():
     env = {k: v for k, v in os.environ.items()
            if k not in ("GLIBC_TUNABLES", "DYNJAX_MALLOC", "DYNJAX_MALLOC_APPLIED")}
     env["XLA_FLAGS"] = "--xla_cpu_enable_fast_math=false"
-    code = ("from dynjax._alloc import reexec, runtime; reexec(__name__); import json; "
-            "print(json.dumps(runtime()))")
+    code = ("from dynjax.runtime import describe, setup; setup(__name__); import json; "
+            "print(json.dumps(describe()))")
     out = json.loads(subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, timeout=120,
                                     capture_output=True, text=True, check=True).stdout)
     assert out["malloc"] == "hugetlb" and out["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
@@ -56,7 +56,7 @@ def test_results_writers_record_dynjax_version_and_commit():
     import jax
 
     import dynjax
-    from dynjax._alloc import runtime
+    from dynjax.runtime import describe
     from dynjax.jsonio import stamp, versions
 
     v = versions()
@@ -64,4 +64,4 @@ def test_results_writers_record_dynjax_version_and_commit():
                                capture_output=True, text=True).stdout.strip()
     assert v == {"dynjax": dynjax.__version__, "commit": described or "unknown",
                  "jax": jax.__version__}
-    assert stamp()["versions"] == v and runtime()["commit"] == v["commit"]
+    assert stamp()["versions"] == v and describe()["commit"] == v["commit"]

@@ -9,7 +9,7 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "dynjax"
 # Lowest first; a module may import its own layer or any layer below it. Each name is a
 # top-level module or a whole folder: no module sits in a layer other than its folder's.
-LAYERS = (("errors",), ("coeffs", "jsonio", "_alloc", "figures"), ("data",), ("parallel",),
+LAYERS = (("errors",), ("coeffs", "jsonio", "runtime", "figures"), ("data",), ("parallel",),
           ("models",), ("loaders", "decoding", "tasks"), ("measure",), ("runs",), ("train",),
           ("audit", "configs"), ("scorecard",), ("programs", "export"))
 RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}

@@ -129,7 +129,7 @@ def test_benchmark_results_exist():
 
 @pytest.mark.parametrize("path", BENCHMARK_RESULTS, ids=lambda p: p.name)
 def test_every_benchmark_result_names_its_runtime(path):
-    """The allocator setting and XLA flags a figure was measured under (dynjax._alloc.runtime),
+    """The allocator setting and XLA flags a figure was measured under (dynjax.runtime.runtime),
     or, for a figure measured before they were recorded, that they were not and why."""
     rt = json.loads(path.read_text()).get("runtime")
     assert isinstance(rt, dict), f"{path}: no runtime"

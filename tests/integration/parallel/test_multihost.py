@@ -90,8 +90,8 @@ def _launch(cmd, devices=1, processes=1):
 EP_TRAIN = textwrap.dedent("""
     import inspect, json, sys
     sys.path.insert(0, {root!r})
-    from dynjax._alloc import reexec
-    reexec(__name__)
+    from dynjax.runtime import setup
+    setup(__name__)
     import jax
     from absl import flags
     from dynjax.models import dispatch

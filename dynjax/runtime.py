@@ -1,11 +1,12 @@
-"""The C allocator setting XLA:CPU needs, applied by re-executing an entry point once.
+"""The runtime setting every dynjax program starts under: ``setup(__name__)``, called before
+JAX is imported, re-executes a program once with the C allocator setting XLA:CPU needs.
 
 XLA:CPU allocates its large temporaries afresh on every execution; above glibc's mmap
 threshold each one is a fresh mapping whose 4 KB pages fault in one by one (about 0.9 M
 faults per d=256, T=1024 train step) and are zeroed by the kernel.
 ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` has malloc ask for transparent huge pages instead
 (200x fewer faults). glibc reads it only when a process starts, so ``train.py``,
-``audit.py`` and the benchmarks call ``reexec(__name__)`` before anything else: run as a
+``audit.py`` and the benchmarks call ``setup(__name__)`` before anything else: run as a
 program without the setting, they replace themselves with the same command line and the
 setting added.
 
@@ -49,7 +50,7 @@ def applied(setting: str, env=None) -> bool:
     return environment(setting, env) == dict(os.environ if env is None else env)
 
 
-def reexec(module_name: str):
+def setup(module_name: str):
     """Re-execute this program with the chosen setting, if it is the main program on Linux
     and has not been re-executed yet; otherwise (imported, e.g. by a test) do nothing."""
     setting = os.environ.get("DYNJAX_MALLOC", DEFAULT)
@@ -65,7 +66,7 @@ def reexec(module_name: str):
     os.execve(sys.executable, [sys.executable] + sys.orig_argv[1:], env)
 
 
-def runtime() -> dict:
+def describe() -> dict:
     """The settings this process runs under, for a benchmark's JSON: the allocator, XLA's
     flags, the machine and the library versions, so a figure says what measured it."""
     import platform
