@@ -5,8 +5,9 @@
     logits, coeffs = model.apply(params, input_ids)    # record; coeffs=coeffs replays
     windows = hf.token_windows(DIR, seq_len=512, n_calibration=32, n_evaluation=64)
 
-``model`` is ``dynjax.models.build`` of the ``llm`` family (:mod:`dynjax.models.llm`), so
-the audit, the sharding presets and ``python plan.py`` treat it like any family.
+``model`` is ``dynjax.models.build`` of the ``llm`` family (:mod:`dynjax.models.llm`), or of
+the family an architecture's plug-in names through its ``port`` (DeepSeek-V4), so the
+audit, the sharding presets and ``python plan.py`` treat it like any family.
 No torch is needed: tensors stream one at a time through :mod:`dynjax.loaders.tensors`
 (block FP8 and MXFP4 dequantised, unused towers skipped, broken files one line).
 
