@@ -2,7 +2,7 @@
 
     python -m benchmarks.mudd_mix --out=results/mudd_mix.json
 
-- ``train_step``: train.py's jitted step (``lm.Task.train_step``) of FeatureGate and MUDD at
+- ``train_step``: train.py's jitted step (``lm.Training.train_step``) of FeatureGate and MUDD at
   the sweep's larger size (``experiments/fca_sweep.py``'s ``large`` rows: 8 layers, d = 256,
   8 heads, d_ff = 1024, batch 32 x 128), and MUDD's step compiled with XLA's default
   options instead of its family's (``families.no_ynn_reduce_on_cpu``: no YNNPACK reduce
@@ -34,7 +34,7 @@ from dynjax.configs import mudd_tiny, tiny  # noqa: E402
 from dynjax.jsonio import command_line, publish_json  # noqa: E402
 from dynjax.measure.latency import paired_medians  # noqa: E402
 from dynjax.models.muddpythia import mix  # noqa: E402
-from dynjax.train.lm import Task  # noqa: E402
+from dynjax.train.lm import Training  # noqa: E402
 
 C, B, T, D = 4, 32, 128, 256
 LARGE = dict(n_layers=8, d_model=256, n_heads=8, d_ff=1024)
@@ -69,9 +69,9 @@ def measure_mix(n_sources: int, repeats: int) -> dict:
 
 
 def trainer_step(config, tokens, family_options: bool = True):
-    """train.py's jitted step (``lm.Task.train_step``) and its first state; without
+    """train.py's jitted step (``lm.Training.train_step``) and its first state; without
     ``family_options``, compiled with XLA's default options instead of the family's."""
-    task = Task(config)
+    task = Training(config)
     if not family_options:
         task.hooks = task.hooks._replace(compiler_options=lambda backend: None)
     return task.train_step(), task.init_state(jax.random.key(0))

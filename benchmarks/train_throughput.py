@@ -20,14 +20,14 @@ import time
 import jax
 
 from dynjax.measure import mfu  # noqa: E402
-from dynjax.train.lm import Task  # noqa: E402
+from dynjax.train.lm import Training  # noqa: E402
 from dynjax.jsonio import command_line, publish_json  # noqa: E402
 
 VARIANTS = ("dense", "uniform", "layer_static", "feature_gate", "fixed_depth2")
 
 
 def compiled_step(config_module, variant, batch_size, seq_len, model_set=()):
-    """train.py's compiled, warmed-up train step (``lm.Task.train_step``: the family's XLA
+    """train.py's compiled, warmed-up train step (``lm.Training.train_step``: the family's XLA
     options and the mesh's layout included, e.g. MUDD's) of one variant and its state."""
     config = config_module.get_config(variant)
     for item in model_set:  # "field=value", e.g. "remat=False"
@@ -36,7 +36,7 @@ def compiled_step(config_module, variant, batch_size, seq_len, model_set=()):
             raise SystemExit(f"--model-set {item!r}: the model config has no field {field!r}")
         config.model[field] = ast.literal_eval(value)
     config.train.batch_size, config.data.seq_len = batch_size, seq_len
-    task = Task(config)
+    task = Training(config)
     step_fn, state = task.train_step(), task.init_state(jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (batch_size, seq_len), 0, 256)
     state, m = step_fn(state, tokens)  # compile + warm-up

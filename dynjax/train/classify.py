@@ -2,7 +2,7 @@
 or image data.
 
 Read top to bottom: ``resolve_config`` -> ``make_tx`` -> ``make_train_step`` ->
-``evaluate`` -> :class:`Task` (what :func:`dynjax.train.loop.train` calls). It adds what
+``evaluate`` -> :class:`Training` (what :func:`dynjax.train.loop.train` calls). It adds what
 classification needs: the gate training recipe (:mod:`dynjax.models.gate_schedule`, a function of
 the step so one compiled step serves the whole run), weight sparsity (RigL / magnitude
 pruning) and compute accounting (:mod:`dynjax.measure.macs`); ``model.min_keep`` is the
@@ -149,7 +149,7 @@ def evaluate(eval_step, model, params, opt_state, x, y, batch_size, sched, put=N
     return result
 
 
-class Task:
+class Training:
     """Classification for :func:`dynjax.train.loop.train`. Built from the raw config
     (validating it); ``load_data`` reads the data and builds the model, whose input and
     class counts come from it. The state is replicated over the mesh."""

@@ -2,7 +2,7 @@
 byte windows, scored in bits per byte under every routing rule the model has.
 
 Read top to bottom: ``resolve_config`` -> ``init_state`` -> ``make_train_step`` ->
-:class:`Task` (what :func:`dynjax.train.loop.train` calls). The batch for step s depends
+:class:`Training` (what :func:`dynjax.train.loop.train` calls). The batch for step s depends
 only on (seed, s), so a resumed run is bitwise the uninterrupted one; family-specific
 metrics and config fields come from :mod:`dynjax.train.families`.
 """
@@ -69,7 +69,7 @@ def make_train_step(model, tx):
     return train_step
 
 
-class Task:
+class Training:
     """Language modelling for :func:`dynjax.train.loop.train`. Built from the raw config
     (validating it, before the run directory is touched); ``load_data`` reads the corpus."""
 

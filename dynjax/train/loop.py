@@ -37,7 +37,7 @@ from dynjax.train.runlock import RunLock
 
 def task_of(config):
     """The task class that trains ``config``."""
-    return classify.Task if rundir.is_classifier(config) else lm.Task
+    return classify.Training if rundir.is_classifier(config) else lm.Training
 
 
 def summary(config, result: dict) -> list[str]:

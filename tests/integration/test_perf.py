@@ -127,12 +127,12 @@ def test_mudd_trains_without_ynnpack_reductions():
     """train.py compiles MUDD's step without XLA:CPU's YNNPACK reduce fusions (its
     backward's sums over streams ran 2x slower in them); other families keep the default."""
     from configs import mudd_tiny, tiny
-    from dynjax.train.lm import Task
+    from dynjax.train.lm import Training
 
     def hlo(config):
         config.train.batch_size, config.data.seq_len = B, T
         config.model.update(BASE)
-        task = Task(config)
+        task = Training(config)
         state = jax.eval_shape(lambda: task.init_state(jax.random.key(0)))
         return task.train_step().lower(state, tokens()).compile().as_text()
 

@@ -73,9 +73,9 @@ def _copy(base, tmp_path):
 # ------------------------------------------------------------------ non-finite guard
 
 def _diverging(first: int, last: int = 10**9, loss_too: bool = True):
-    """lm.Task whose real step's new parameters (and loss, with ``loss_too``) are NaN at
+    """lm.Training whose real step's new parameters (and loss, with ``loss_too``) are NaN at
     steps ``first..last`` (1-based, the step counter after the update)."""
-    class Diverging(lm.Task):
+    class Diverging(lm.Training):
         def train_step(self, top_level=True):
             real = super().train_step(top_level)
 
@@ -133,7 +133,7 @@ def test_skip_nonfinite_skips_and_counts(tmp_path, monkeypatch):
     result = loop.train(c, str(tmp_path), progress=False)
     assert result["step"] == 6 and np.isfinite(result["test"]["nll"])
     mngr = checkpoint.manager(tmp_path, 3, 2)
-    task = lm.Task(tiny_config())
+    task = lm.Training(tiny_config())
     target = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                           task.abstract, task.state_shardings)
     counts = {step: {int(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(
@@ -151,7 +151,7 @@ def test_a_non_finite_checkpoint_from_before_the_guard_is_set_aside(base, tmp_pa
     run = _copy(base, tmp_path)
     (run / "eval.json").unlink()
     mngr = checkpoint.manager(run, 3, 2)
-    task = lm.Task(tiny_config())
+    task = lm.Training(tiny_config())
     target = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                           task.abstract, task.state_shardings)
     state = checkpoint.restore(mngr, target, 6)
@@ -321,7 +321,7 @@ def test_optimizer_nonsense_is_refused(tmp_path, field, value, message):
 def test_an_unwritable_workdir_is_refused_before_any_compute(tmp_path, monkeypatch):
     """--workdir under a file (ENOTDIR), and on a read-only mount (EROFS) where the machine
     lets a test mount one: refused before the data is read."""
-    monkeypatch.setattr(lm.Task, "load_data", lambda self: pytest.fail("data read"))
+    monkeypatch.setattr(lm.Training, "load_data", lambda self: pytest.fail("data read"))
     (tmp_path / "file").write_text("")
     with pytest.raises(OSError) as e:
         loop.train(tiny_config(), str(tmp_path / "file" / "run"), progress=False)
@@ -419,10 +419,10 @@ RESPONSE_TIMEOUT = 60   # for what the watcher thread answers the moment a signa
 
 
 def _signalling(at_log: int, sig=signal.SIGTERM):
-    """lm.Task that raises ``sig`` in itself inside its ``at_log``-th logged step's log
+    """lm.Training that raises ``sig`` in itself inside its ``at_log``-th logged step's log
     record: after the loop decided whether the step saves, where a signal lands when it
     arrives while the loop waits for the log sync or appends to metrics.jsonl."""
-    class Signalling(lm.Task):
+    class Signalling(lm.Training):
         logs = 0
 
         def log_record(self, *args):

@@ -133,7 +133,7 @@ def test_too_many_skipped_steps_in_a_row_stop_the_run(tmp_path, monkeypatch):
 
 def test_a_non_finite_final_evaluation_is_never_written(faults_base, tmp_path, monkeypatch):
     """The final checkpoint is there, eval.json is not: the evaluation alone runs again."""
-    class NanEvaluation(lm.Task):
+    class NanEvaluation(lm.Training):
         def evaluate(self, state, split, step):
             result = super().evaluate(state, split, step)
             return {**result, "nll": math.nan} if split == "test" else result
@@ -192,8 +192,8 @@ def test_rope_base_is_validated(tmp_path):
 # ------------------------------------------------------------------ the change record (3)
 
 def _spiking_then_diverging():
-    """lm.Task whose logged loss is 10x from step 7 (a spike, finite) and NaN from step 8."""
-    class Task(lm.Task):
+    """lm.Training whose logged loss is 10x from step 7 (a spike, finite) and NaN from step 8."""
+    class Spiking(lm.Training):
         def train_step(self, top_level=True):
             real = super().train_step(top_level)
 
@@ -203,7 +203,7 @@ def _spiking_then_diverging():
                 metrics = {**metrics, "loss": jnp.where(new["step"] >= 8, jnp.nan, loss)}
                 return new, metrics
             return step
-    return Task
+    return Spiking
 
 
 def test_a_change_is_recorded_only_with_a_checkpoint_saved_under_it(faults_base, tmp_path,
@@ -416,7 +416,7 @@ def test_sighup_and_sigusr1_stop_like_sigterm():
 
 def test_a_signal_during_the_final_evaluation_exits_after_it(faults_base, tmp_path,
                                                               monkeypatch):
-    class Signalling(lm.Task):
+    class Signalling(lm.Training):
         def evaluate(self, state, split, step):
             if split == "validation":
                 signal.raise_signal(signal.SIGTERM)

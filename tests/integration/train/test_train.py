@@ -94,7 +94,7 @@ def test_rundir_opens_the_params_alone_at_every_step(straight_run):
     train state's params at each saved step."""
     run, _ = straight_run
     assert rundir.steps(run) == [3, 6]
-    task = lm.Task(rundir.read_config(run))
+    task = lm.Training(rundir.read_config(run))
     target = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                           task.abstract, task.state_shardings)
     mngr = checkpoint.manager(run, every=1, keep=10)
