@@ -1243,9 +1243,18 @@ def copy_tree(dest: pathlib.Path) -> None:
 
 
 def run_tests(tree: pathlib.Path, tests, timeout: float) -> tuple[bool, str, float]:
-    """(passed, first failing test or reason, seconds) for ``tests`` run in ``tree``."""
+    """(passed, first failing test or reason, seconds) for ``tests`` run in ``tree``.
+
+    Every run shares one XLA compilation cache (in the copy, as scripts/test.sh does for the
+    suite): a mutant recompiles only the programs its edit changes (the cache is keyed by
+    the compiled program), the rest load from the baseline's compilations."""
     env = dict(os.environ, PYTHONPATH=str(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               DYNJAX_DATA=os.environ.get("DYNJAX_DATA", str(ROOT / ".data")))
+               DYNJAX_DATA=os.environ.get("DYNJAX_DATA", str(ROOT / ".data")),
+               JAX_COMPILATION_CACHE_DIR=os.environ.get("JAX_COMPILATION_CACHE_DIR",
+                                                        str(tree / ".xla-cache")),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
+    env.pop("JAX_COMPILATION_CACHE_MAX_SIZE", None)   # no eviction scans (scripts/test.sh)
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
     t0 = time.monotonic()
     try:
