@@ -14,6 +14,8 @@ import pytest
 
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.subprocess   # every test here runs audit.py
+
 HF = os.path.join(ROOT, "tests", "data", "hf")
 SMALL = ["--config.reassignments=2", "--config.batch_size=4", "--config.data.calib_windows=4",
          "--config.data.eval_windows=4", "--config.data.seq_len=16",
