@@ -1,28 +1,10 @@
 """The coefficient contract: what a recorded coefficient pytree looks like, and its axes.
 
-Every model family returns ``logits, coeffs = apply(params, tokens)`` and accepts
-``apply(params, tokens, coeffs=coeffs)`` to replay them verbatim. Inside, every coefficient
-passes one :func:`site`, which selects the given or the computed values by a flag that is
-data (:class:`Given`), so record and replay are one compiled program, and under ``jax.jit``
-a replay of unmodified coefficients is bitwise the record (jit both: eager and jitted float
-results differ in the last bits). ``coeffs`` is a plain pytree of arrays. Its *schema* is a
-pytree of the same structure whose leaves are :class:`Axes`, naming each array axis.
-Interventions (``dynjax.audit.interventions``) are written once against these names, never
-per model family.
-
-Axis vocabulary (use these names, so generic interventions understand a new family):
-
-- ``layer``   target layer (absent when a list of per-layer leaves carries the layer instead)
-- ``example`` the batch / input index: cross-input reassignment permutes it
-- ``token``   the sequence position: token shuffles permute it
-- ``stream``  a computation stream (MUDD's q/k/v/r inputs)
-- ``source``  a source layer that is mixed (MUDD)
-- ``unit``    a hidden unit or block of units (DynamicGate-MLP)
-- ``expert``  an expert (MoE routing values)
-- ``head``    an attention or DeltaNet head (gated attention, DeltaNet beta and decay)
-- ``hc``      a hyper-connection residual stream written (DeepSeek-V4's mHC pre/post/comb)
-- ``hc_in``   a hyper-connection residual stream read (mHC comb's rows)
-- ``key``     a key a query scores (the sparse-attention indexers' compressed entries)
+Every family returns ``logits, coeffs = apply(params, tokens)`` and replays them verbatim
+with ``apply(params, tokens, coeffs=coeffs)``. Every coefficient passes one :func:`site`,
+which selects the given or the computed values by a flag that is data (:class:`Given`), so
+record and replay are one compiled program. A schema names each leaf's axes (:class:`Axes`)
+from one vocabulary, so interventions are written once. The vocabulary: docs/models.md.
 """
 from __future__ import annotations
 

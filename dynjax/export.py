@@ -2,28 +2,10 @@
 
     python -m dynjax.export RUN_DIR OUT_DIR [--step N]       # or: dynjax-export RUN_DIR OUT_DIR
 
-OUT_DIR gets ``config.json`` (a ``model_type`` transformers computes exactly as the run
-does), ``model.safetensors`` (the run's parameters in their dtype, under the checkpoint's
-names), ``tokenizer.json`` + ``tokenizer_config.json`` and ``generation_config.json``:
-transformers, vLLM and ``dynjax.loaders.hf.load`` read it as any HF checkpoint.
-
-- The tensor names are the port's own table (``dynjax.loaders.archs.<model_type>.ARCH
-  .tensors``) read backwards, so export and load cannot disagree on a name.
-- The config.json is checked by loading: :func:`hf_config` writes the fields, and the
-  port's ``config`` mapping must give back the run's architecture (every ``llm.Config``
-  field the forward reads), or the model type is not used. A run keeps its own
-  ``model_type`` when that holds; a dense Llama / Qwen3 upcycled into MoE has none in HF,
-  so the first MoE type that computes the same layers is taken (Mixtral for Llama's
-  attention with renormalised top-k in every layer; Qwen3-MoE for Qwen3's; OLMoE;
-  Qwen2-MoE). Keys whose absence changes nothing (transformers' defaults, which the ports
-  hold) are left out.
-- Tokenizer: train.py feeds UTF-8 bytes, id = byte value, so the run's tokenizer is a
-  byte-level BPE with the 256 bytes as its vocabulary and no merges; ``tokenizer.json``
-  says exactly that (GPT-2's byte-to-character map, so every byte is one token).
-- Refused in one line: a family other than ``llm``, MoD layers (no HF architecture has
-  them), an architecture no ported ``model_type`` computes, an existing OUT_DIR.
-- Atomic: everything is written in a temporary folder beside OUT_DIR and renamed into
-  place, so OUT_DIR is complete or absent.
+OUT_DIR gets config.json, model.safetensors (the port's own tensor table read backwards),
+the byte-level tokenizer files and generation_config.json, written atomically; a config
+that does not load back as the run's architecture is refused in one line. What each file
+holds and what is refused: docs/conversion.md (Export).
 """
 from __future__ import annotations
 

@@ -3,33 +3,9 @@
     from dynjax.audit import expert_importance as ei
     report = ei.compare(model, params, windows)     # windows: (N, T) int token windows
 
-**REAP saliency** (Lasby et al. 2025, "REAP the Experts: Why Pruning Prevails for One-Shot
-MoE Compression", arXiv:2510.13999, the router-weighted expert activation criterion): per
-(layer, expert j),
-
-    S_j = (1 / |X_j|) * sum_{x in X_j} g_j(x) * ||f_j(x)||_2
-
-with X_j the tokens whose top-k includes j (the mean is over the routed tokens, not all
-tokens), g_j(x) the gate weight the layer multiplies f_j(x) by, and f_j(x) the expert's
-output. An expert no token reaches has S_j = 0 (REAP prunes it first).
-
-**Causal importance**: the ΔNLL per evaluation window when expert j of one layer is
-removed and nothing else changes. Through the coefficient contract: the router scores are
-recorded once, the removed expert's score is set to -inf (every router kind ranks scores
-with top-k, so its tokens go to their next choice, weighted by the router's own rule on the
-given scores), and the model replays the edited scores; every other coefficient is the
-recorded one, so removing an expert no token uses changes nothing, bitwise. The baseline is
-the replay of the unedited scores through the same compiled program. CIs: paired bootstrap
-over evaluation windows (:func:`dynjax.audit.stats.summarize_windows`).
-
-Then per layer the Spearman correlation of the two rankings, and what pruning the bottom
-25% / 50% of each layer's experts by each ranking costs: the bits per token (bits/byte for
-train.py's byte-level runs) with those experts removed together.
-
-Works for any family whose schema has a ``router`` coefficient (layer, example, token,
-expert) chosen by top-k: the ``moe`` family (token choice) and the ``llm`` family, Hugging
-Face ports included. REAP needs each expert's output, so it reads the layer's inputs:
-written for the ``llm`` family (:func:`reap_saliency`).
+Causal importance removes one expert by replaying its router scores with that expert at
+-inf (every other coefficient the recorded one); per layer, the Spearman correlation of the
+two rankings and what pruning by each costs. Definitions and reasons: docs/audit.md.
 """
 from __future__ import annotations
 

@@ -1,23 +1,10 @@
 """Is a checkpoint what was saved, and is it finite? Per-array digests, computed on device.
 
-At every save the trainer records each array's digest inside the checkpoint, in orbax's step
-metadata (``checkpoints/S/_CHECKPOINT_METADATA``, key :data:`KEY`), which orbax writes into
-the step's temporary directory before it renames it into place: a checkpoint and its digests
-are committed together, so no kill can leave one without the other. Every restore (resume, and the audit's parameters-only read) computes
-the digests of what it read and compares. A bit flipped in a checkpoint file (on disk, in a
-copy) that orbax reads without complaint is caught here.
-
-The digest is two position-weighted sums of the array's 32-bit words modulo 2**32
-(``sum(w)`` and ``sum(w * (odd constant * i + 1))``): integer sums are exact in any order,
-so it is the same on any mesh, process count or device, and it runs where the array lives
-(no copy to the host). Any single flipped bit changes the first sum; swapped elements change
-the second. It guards against damage, not against tampering. The same pass reports whether
-every floating-point entry is finite, which is how a non-finite state is never saved.
-
-A checkpoint without readable digests (written by a dynjax that kept them in a separate
-:data:`FILE` and was killed between orbax's commit and that write, or whose metadata file
-was damaged) cannot be verified: resume prefers an older verified checkpoint, and a restore
-of an unverified one says so (:data:`UNVERIFIED`); see dynjax/train/checkpoint.py.
+Each save records every array's digest in orbax's step metadata (committed with the
+checkpoint); every restore recomputes and compares, so a flipped bit orbax reads without
+complaint is caught. The digest is two position-weighted integer sums of the array's
+32-bit words (exact in any order: the same on any mesh); the same pass says whether every
+entry is finite. How it is computed and the unverified case: docs/reliability.md.
 """
 from __future__ import annotations
 

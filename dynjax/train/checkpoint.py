@@ -1,26 +1,10 @@
 """Saving and resuming the train state: the write side of a run directory
-(:mod:`dynjax.runs.rundir` has the format and the read side: config, steps, parameters alone).
+(:mod:`dynjax.runs.rundir` has the format and the read side).
 
-Checkpoints are orbax, periodic, keep-N, written atomically by orbax's temporary-directory
-rename. Each save records every array's digest (:mod:`dynjax.runs.integrity`) and refuses a state
-with a non-finite entry (:class:`NonFiniteState`): a non-finite checkpoint is never written,
-so keep-N never deletes the newest finite one to make room for it. A save that meets a full
-disk (orbax's ``RESOURCE_EXHAUSTED ... os_error_code='28'``) or any filesystem error is one
-``OSError`` naming the folder and the errno; the step's temporary directory is all it leaves.
-
-A checkpoint can still be damaged after it was written (a disk that filled, a copy cut
-short, a file deleted by hand, a flipped bit: its digests no longer match; or it is
-non-finite, written before this guard existed). Resuming (:func:`restore_newest`) then falls back to the
-newest verified checkpoint that restores and moves each newer one that does not (or
-that has no readable digests) into
-``RUN/unrestorable_checkpoints/`` (kept, not deleted), saying which and why; opening a run
-for the audit (:func:`dynjax.runs.rundir.load`) stops with a
-:class:`~dynjax.errors.CheckpointError` naming the run, the step and the fix.
-
-On many processes every process calls save and restore (orbax coordinates them; the run
-directory must be on a filesystem they share) and each writes or reads the shards its
-devices hold. A checkpoint restores onto any mesh and any number of processes: the target
-shardings, not the writer's, decide the layout.
+Orbax checkpoints, periodic, keep-N, renamed into place whole; each save records every
+array's digest (:mod:`dynjax.runs.integrity`) and refuses a non-finite state
+(:class:`NonFiniteState`). Resuming (:func:`restore_newest`) falls back to the newest
+checkpoint that verifies and moves damaged ones aside. Details: docs/reliability.md.
 """
 from __future__ import annotations
 

@@ -1,25 +1,10 @@
 """The non-finite guard and the loss-spike warning: training that diverged is stopped (or
 its updates skipped), never saved, and a loss that explodes is said out loud.
 
-:func:`guarded_step` wraps a task's jitted train step in one more jitted program that also
-carries a small device-side record ``{"first_bad": step or -1, "skipped": count, "streak":
-consecutive bad steps up to now}``: a step
-is bad when its loss or its gradient norm (hence some gradient) is not finite. Nothing
-is read back per step; the loop reads the record where it already syncs (a logged step)
-and always before a checkpoint save. With ``train.skip_nonfinite`` a bad step keeps the
-previous parameters and optimizer state (only the step counter advances, so the next batch
-is the one an uninterrupted run would read) and is counted instead. Skipping is not
-training: the loop stops (one line, nothing saved) when more than
-``train.max_skipped_in_a_row`` steps in a row were skipped, or when every step since the
-last save was (the checkpoint would hold the same state, and a run that never trains must
-not end as if it had).
-
-The spike warning compares each logged loss with the median of the last
-:data:`SPIKE_WINDOW` logged losses: ``train.spike_factor`` times that median or more (and
-the median is positive) prints one warning line; 0 turns it off. On resume the window is
-seeded from the losses metrics.jsonl keeps, so a spike right after a resume is seen. A loss
-:data:`CHANCE_MARGIN` times a uniform guess's (ln vocabulary, ln classes) or more is
-said once too: such a model predicts worse than chance.
+:func:`guarded_step` carries a small device-side record of bad steps (a non-finite loss or
+gradient norm) read only where the loop already syncs; ``train.skip_nonfinite`` skips them
+within ``train.max_skipped_in_a_row``. The spike and worse-than-chance warnings compare
+logged losses with a window's median. Details: docs/reliability.md.
 """
 from __future__ import annotations
 

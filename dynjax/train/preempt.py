@@ -1,32 +1,10 @@
-"""Preemption: SIGTERM (what Slurm, Kubernetes and TPU maintenance send), SIGINT (Ctrl-C),
-SIGHUP (a closed terminal or ssh session) and SIGUSR1 (Slurm's ``--signal=USR1@90``
-warning) stop a run at the next step boundary, after a checkpoint of that step, instead of
-killing it.
+"""Preemption: SIGTERM, SIGINT, SIGHUP and SIGUSR1 stop a run at the next step boundary,
+after a checkpoint of that step, instead of killing it; a second signal exits at once.
 
-While :class:`StopOnSignal` is active the first signal only sets a flag (and says so on
-stderr); the loop reads the flag once per step (a Python bool: no device sync), saves that
-step and raises :class:`Preempted`, which ``train.py`` turns into one line saying how to
-resume and exit status ``128 + signal number`` (143 for SIGTERM, 130 for SIGINT: what a
-shell reports for a process the signal killed, so schedulers see the usual status). A
-second signal exits at once (same status), without saving: the newest checkpoint on disk
-is complete either way (orbax renames a step into place only once it is whole).
-
-"At once" holds while the main thread is inside a long device computation, a compilation
-or a checkpoint write: Python runs a signal handler only when the main thread next runs
-Python code, so the signals are also read by a watcher thread from the interpreter's
-wakeup file descriptor (:func:`signal.set_wakeup_fd`, written by the C-level handler the
-moment a signal arrives). The watcher prints the lines and makes the second signal's exit;
-the Python-level handler only sets the flag the loop reads.
-
-``train.py`` installs the handlers when it starts (:func:`from_the_start`), before it
-imports JAX: a signal before training begins (imports, compilation, restore) exits at once
-with the same status (there is nothing to save; Python's own SIGINT handler used to raise a
-KeyboardInterrupt that a JAX callback swallowed, and the run trained to the end). During
-the final evaluation a signal lets it finish (eval.json is written) and the run then exits
-with the signal's status.
-
-On many processes each one must receive the signal (Slurm and Kubernetes signal every
-task); the handlers are installed only on the main thread.
+:class:`StopOnSignal` sets a flag the loop reads once per step (no device sync); a watcher
+thread on the wakeup fd makes "at once" hold inside long device work. ``train.py`` installs
+the handlers before it imports JAX (:func:`from_the_start`). Exit statuses, the final
+evaluation and many processes: docs/reliability.md (Signals).
 """
 from __future__ import annotations
 
