@@ -1,25 +1,10 @@
 """Frozen-Controller Audit interventions: pure functions of (coeffs, schema, key | calib),
 plus, for the routing conditions (:data:`ROUTING`), the windows' token ids or the model's top-k.
 
-Every function here reads only axis *names* from the schema (see :mod:`dynjax.coeffs`), so
-one implementation serves gates, MUDD mixing weights, MoD/MoE routing values and unit gates.
-All of them are jittable and vmappable over keys; close over ``schema`` (it is static data,
-not an array pytree)::
-
-    run = jax.jit(jax.vmap(lambda k: cross_input(coeffs, schema, k)))
-    reassigned = run(jax.random.split(key, 20))      # 20 paired reassignments at once
-
-Conventions:
-
-- Reassignment direction: ``permute(..., "example", donor)`` gives ``out[e] = c[donor[e]]``,
-  i.e. example ``e`` *receives* the coefficients of example ``donor[e]``.
-- Pairing: a randomized condition splits its key once, ``k_donor, k_token = split(key)``.
-  ``cross_input`` uses ``k_donor``, ``token_shuffle`` uses ``k_token`` and ``cross_shuffle``
-  uses both, so ``cross_shuffle(c, s, k) == token_shuffle(cross_input(c, s, k), s, k)``
-  and the 2x2 factorial CC/DC/CS/DS is paired reassignment by reassignment.
-- Means are taken over ``calib`` (an independent calibration set's coefficients, same schema)
-  when given, as the FCA prescribes; with ``calib=None`` they use ``coeffs`` itself, which
-  is only a unit-test convenience (the profile then sees the evaluation inputs).
+Each reads only axis *names* from the schema (:mod:`dynjax.coeffs`), so one implementation
+serves every family; all are jittable and vmappable over keys. The reassignment direction,
+the key pairing that makes the 2x2 factorial paired, and where means come from:
+docs/audit.md (Interventions: conventions).
 """
 from __future__ import annotations
 

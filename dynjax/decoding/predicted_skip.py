@@ -1,29 +1,11 @@
 """Predicted skipping: a trained FeatureGate model that runs a block only for the tokens a
 pre-block predictor expects to get a large gate, so removed updates are never computed.
 
-Why a predictor: a FeatureGate's gate reads its own block's attention, so thresholding it
-(``dynjax.measure.update_removal``) removes updates only after they were computed. Here a small
-stop-gradient MLP on h[l] (Mixture-of-Depths' ``mod.Predictor``, one per block, fitted
-post hoc: ``dynjax.measure.skip_predictors``) decides before block l. Its logit > 0 means
-"this token's gate would be >= tau": the token asks. Execution reuses MoD's machinery:
-``mod.first_k_slots`` takes the first askers up to the block's fixed number of slots (later
-askers skip it, counted as overflow), ``mod.routed_update`` gathers them, runs the block on
-them with their original positions and writes back only them.
-
-What a skipped token is: h[l+1, t] = h[l, t] and, as in MoD, it is not a key of block l
-(the tokens of a block attend among those that ran it). A token that ran gets FeatureGate's
-own controller gate from its four features over the keys it saw. The KL feature compares
-with the token's attention in the last block that ran it: each token carries the rotary
-query and key of that block, and the distribution q_prev . k_prev is renormalised over the
-keys seen now (block 0, or no block run yet: zeros, i.e. the model's uniform reference).
-So with every token in every block this is the model's forward (within float rounding:
-the reference's log-sum-exp is recomputed), and with no token anywhere every update is
-removed.
-
-One code path for a window and for decoding: a block's KV cache has exactly its slots
-(``decoding.cache.layer_cache``, plus ``kp``, the reference keys of the tokens held), the
-sequence form is a prefill into empty caches, and ``decode_step`` appends one token, running
-a block only when the token asks (``lax.cond``: a per-token branch at batch 1).
+A stop-gradient MLP on h[l] (MoD's ``mod.Predictor``, fitted post hoc by
+``dynjax.measure.skip_predictors``) decides before block l; execution reuses MoD's fixed
+slots and routed update. A skipped token keeps h[l] and is no key of block l. What a
+skipped token sees, the KL feature across skipped blocks and the cached decoder:
+docs/decoding.md (Predicted skipping).
 """
 from __future__ import annotations
 

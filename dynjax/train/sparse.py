@@ -1,23 +1,10 @@
 """Weight sparsity as optax wrappers: RigL dynamic sparse training and static magnitude pruning.
 
-Both wrap an inner optimizer (``rigl(make_optimizer(tc), ...)``) because RigL must see the
-*raw dense* gradient to decide what to regrow, while the inner optimizer must see only the
-gradients of present weights. The wrapper's state is :class:`SparseState`, whose ``masks``
-(a params-shaped pytree of bool; all-True for parameters that are not sparsified) are the
-single source of truth for which weights exist. Every update re-applies the mask, so masked
-weights are exactly 0.0 after each step and the promised number of non-zeros is exact.
-
-RigL (Evci et al. 2020), as implemented here:
-- initial masks: ERK densities, density_l proportional to (n_in + n_out) / (n_in * n_out),
-  scaled so the total non-zero count is (1 - sparsity) of the sparsified weights, layers that
-  would exceed density 1 held dense and the rest re-scaled; a random exact-count mask per layer.
-- every ``update_every`` steps until ``end_step``: drop the d = floor(f_t * k_l) present
-  weights of smallest magnitude, regrow the d absent weights of largest dense-gradient
-  magnitude (regrown weights start at 0), f_t = drop_fraction * (1 + cos(pi t / end_step)) / 2.
-  Each layer keeps exactly k_l non-zeros throughout.
-
-Magnitude pruning: dense until ``prune_step``, then each sparsified matrix keeps its
-round(density * size) largest-magnitude weights for the rest of training.
+Both wrap an inner optimizer because RigL must see the raw dense gradient to regrow while
+the inner optimizer sees only present weights' gradients. :class:`SparseState`'s ``masks``
+are the one truth of which weights exist; every update re-applies them, so masked weights
+are exactly 0.0 and the non-zero count is exact. The RigL schedule (ERK densities, cosine
+drop fraction) and pruning rule: docs/training.md.
 """
 from __future__ import annotations
 
