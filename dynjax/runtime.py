@@ -1,20 +1,11 @@
 """The runtime setting every dynjax program starts under: ``setup(__name__)``, called before
 JAX is imported, re-executes a program once with the C allocator setting XLA:CPU needs.
 
-XLA:CPU allocates its large temporaries afresh on every execution; above glibc's mmap
-threshold each one is a fresh mapping whose 4 KB pages fault in one by one (about 0.9 M
-faults per d=256, T=1024 train step) and are zeroed by the kernel.
-``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` has malloc ask for transparent huge pages instead
-(200x fewer faults). glibc reads it only when a process starts, so ``train.py``,
-``audit.py`` and the benchmarks call ``setup(__name__)`` before anything else: run as a
-program without the setting, they replace themselves with the same command line and the
-setting added.
-
-``DYNJAX_MALLOC`` chooses: ``hugetlb`` (the default), ``retain`` (huge pages, and what XLA
-frees is kept for the next execution: ``mmap_max=0``, a 16 GiB ``trim_threshold``),
-``jemalloc`` (LD_PRELOAD of Debian's libjemalloc2 with decay off, where installed) or
-``system`` (leave the process as started). Figures: ``benchmarks/alloc_speed.py``
-(``retain`` measured no faster than ``hugetlb``, with a larger resident size).
+glibc reads ``GLIBC_TUNABLES`` only when a process starts, and with transparent huge pages
+XLA:CPU's per-execution temporaries fault in 200x fewer pages; imported (not the main
+program), ``setup`` does nothing. ``DYNJAX_MALLOC`` chooses hugetlb (default), retain,
+jemalloc or system; :func:`describe` is what a benchmark's JSON records. Why and the
+figures: docs/training.md (The runtime setting).
 """
 import os
 import sys

@@ -1,24 +1,10 @@
 """Multiply-accumulates an MLP actually needs, given which units are open: RelMAC, defined once.
 
-Every MLP-family result in dynjax (DynamicGate, structured gating, Switch-MoE, pruning, RigL)
-reports compute with this one definition, so the numbers are comparable:
-
-    layers l = 1..L map n_{l-1} units to n_l units (n_0 = input features, n_L = classes)
-    a_l(x) in {0,1}^{n_l}   units of layer l that are open for input x
-                            (a_0 = a_L = all ones: inputs and logits are never gated)
-    M_l in {0,1}^{n_{l-1} x n_l}   the weight mask (all ones unless pruned / RigL-sparse)
-
-    MAC_l(x)  = a_{l-1}(x)^T M_l a_l(x)       a weight costs one MAC only if it is present
-                                               and both units it joins are open
-    CTRL_l(x) = |a_{l-1}(x)| * r + r * m_l     GateNet with bottleneck r and m_l gate logits
-              = |a_{l-1}(x)| * m_l             linear GateNet (r = 0) or MoE router (m_l = experts)
-    RelMAC    = E_x[ sum_l MAC_l(x) + CTRL_l(x) ] / sum_l n_{l-1} n_l
-    MAC reduction = 1 - RelMAC
-
-Biases, activations and the sigmoid/threshold are not counted (O(n) per layer against
-O(n^2) for the products). The controller is counted in full because it runs for every
-input; that is what separates a saving from a relabelling. The per-layer *open rate*
-(mean of a_l over examples and units, the paper's compute proxy) is reported beside it.
+A weight costs one MAC only if it is present and both units it joins are open; the
+controller (GateNet or router) is counted in full; RelMAC is their expected sum over the
+dense MLP's MACs, with the per-layer open rate beside it. Every MLP-family result
+(DynamicGate, structured gating, Switch-MoE, pruning, RigL) uses this one definition. The
+formulas: docs/models.md (RelMAC).
 """
 from __future__ import annotations
 

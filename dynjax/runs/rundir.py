@@ -1,20 +1,10 @@
 """The run directory's format, and reading one back without any training code.
 
-A run directory (written by ``train.py``) holds::
-
-    config.json      the resolved config
-    checkpoints/S/   orbax, one per saved step S; item ``default`` is the train state
-                     {step, params, opt_state}
-    metrics.jsonl    one record per logged step or evaluation
-    eval.json        the final validation and test evaluation
-    config_history.jsonl   train.* changes accepted on resume (train.allow_changes)
-    checkpoints/S/_CHECKPOINT_METADATA    orbax's, with each array's checksum (verified on
-                                          restore; dynjax.runs.integrity)
-
-Reading parameters restores only the ``params`` subtree (orbax partial restore), so
-opening a run needs its model, not its optimizer: a RigL or pruned run opens like any
-other, and the audit and scripts never import the trainer. Layer order: data -> models ->
-runs -> train -> audit (whose targets open runs through here).
+A run directory (written by ``train.py``) holds config.json, orbax ``checkpoints/S/`` (with
+each array's digest: :mod:`dynjax.runs.integrity`), metrics.jsonl, eval.json and
+config_history.jsonl. Reading parameters restores only the ``params`` subtree, so opening
+a run needs its model, not its optimizer, and the audit never imports the trainer. The
+files one by one: docs/training.md (The run directory's format).
 """
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
 """The training loop every task shares: run directory, resume, cadence, final evaluation.
 
-``train(config, workdir)`` picks the task from the config (a classifier run,
-:func:`dynjax.runs.rundir.is_classifier`: :mod:`dynjax.train.classify`; otherwise a language model:
-:mod:`dynjax.train.lm`) and runs it: every check before the run directory is written, the
-resume guard, ``config.json``, the orbax manager (resume from the newest checkpoint that
-restores), then per step the task's batch and jitted step, logging every
-``train.log_every`` steps, validation every ``train.eval_every``, a checkpoint every
-``train.ckpt_every``, and at the end the validation and test evaluation in ``eval.json``.
-
-The train state is a plain dict {step, params, opt_state} so it goes straight into orbax
-and NamedSharding. A task's batch for step s depends only on (seed, s), so a run stopped
-and resumed from a checkpoint is bitwise identical to an uninterrupted one. On many
-processes (:mod:`dynjax.parallel.distributed`) each builds only its rows of that batch, so
-the run does not depend on the number of processes; process 0 alone writes the run
-directory's files and the progress bar.
+``train(config, workdir)`` builds the task's :class:`~dynjax.train.lm.Training` (or
+classify's), checks everything before the run directory is written, resumes from the
+newest checkpoint that restores, then steps, logs, evaluates and saves on the config's
+cadence and writes eval.json at the end. A batch depends only on (seed, step), so a resumed
+run is bitwise an uninterrupted one. The order of things: docs/training.md (The loop).
 """
 from __future__ import annotations
 

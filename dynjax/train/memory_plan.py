@@ -1,22 +1,10 @@
-"""Memory plan: what one device holds to train a config on a mesh, before anything runs.
+"""Memory plan: what one device holds to train a config on a mesh, before anything runs
+(the library of ``dynjax-plan`` / :mod:`dynjax.programs.plan`).
 
-    python plan.py --config=configs/featuregate_76m.py:feature_gate \
-        --mesh=data=8,fsdp=4 --preset=fsdp [--device-memory=16GiB] [--out=FILE.json]
-
-(installed: ``dynjax-plan``; the program is :mod:`dynjax.programs.plan`, this module its library)
-
-Per device: the parameters, the optimizer state and the gradients (their shapes from
-``jax.eval_shape``, split as the rules preset's logical axes say; nothing is allocated),
-the activations kept for the backward pass (with and without rematerialisation) and the
-batch per device; then whether the total fits each common chip (or ``--device-memory``).
-
-Activations are the residuals of the loss's VJP (``jax.vjp`` under ``jax.eval_shape``) for
-the per-device batch, less what does not grow with the batch (the weights the backward
-pass reads): the residuals at 2b minus those at b. With remat, a scanned layer keeps only
-its input, and the backward pass recomputes one layer at a time, so the peak adds one
-layer's share of the no-remat residuals. Tensor parallelism splits heads and MLP columns
-but not the batch; those activations are counted whole (an upper bound). XLA's own
-buffers (fusion temporaries, collectives) come on top: leave some headroom.
+Per device: parameters, optimizer state and gradients (shapes from ``jax.eval_shape``, split
+as the preset's logical axes say; nothing is allocated), the activations the backward pass
+keeps (with and without remat) and the batch; then whether the total fits each common chip.
+How activations are counted and what is an upper bound: docs/multihost.md.
 """
 from __future__ import annotations
 
