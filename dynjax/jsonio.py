@@ -1,16 +1,10 @@
 """Atomic file writes and JSON conversion: the one helper data, train, audit, scripts and
 benchmarks write their files with.
 
-A file is written to a temporary file beside it and ``os.replace``d, so a reader (or a
-run killed mid-write) sees the old file or the new one, never half of one. The temporary
-name is unique, so two writers of the same path do not trample each other's temp file.
-A program checks its output folder with :func:`check_writable` before any compute, and
-reads the JSON files it wrote with :func:`read_json`, which names a corrupt one and its fix.
-Low in the layer order: numpy only, no JAX import.
-
-Paths may be ``etils.epath`` URIs (``gs://bucket/run``, orbax's path type): there a file is
-written straight to its object (an object store shows the old object or the new one, never
-half), and the writability probe is an object written and removed.
+A file is written beside its path and ``os.replace``d (an object store's object is
+written whole), so a reader sees the old file or the new one, never half; a program checks
+its output folder first (:func:`check_writable`) and reads its JSON back with
+:func:`read_json`, which names a corrupt file and its fix. Numpy only, no JAX import.
 """
 from __future__ import annotations
 

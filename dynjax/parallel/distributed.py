@@ -1,18 +1,10 @@
 """Many hosts on JAX's multi-controller runtime: start-up, per-host data, who writes.
 
-Every host runs the same command. :func:`initialize` calls ``jax.distributed.initialize``
-with ``--coordinator_address=HOST:PORT --num_processes=N --process_id=I``, or with no
-arguments for ``--distributed`` (Cloud TPU, SLURM, Open MPI and Kubernetes are detected by
-JAX itself); without these flags nothing happens and the program is single-process. CPU
-processes talk through gloo, so the whole path runs (and is tested) on one machine.
-
-Data: the global batch of a step is a fixed function of (seed, step); each process builds
-only the rows its devices hold (:func:`local_rows`, from the batch sharding) and
-:func:`put_rows` assembles the global array with ``jax.make_array_from_process_local_data``.
-The global batch is therefore the same for any number of processes.
-
-Output: process 0 alone writes files and prints (:func:`is_main`); :func:`quiet_others`
-silences the rest (errors still reach stderr).
+Every host runs the same command; :func:`initialize` calls ``jax.distributed.initialize``
+(explicit flags, or ``--distributed`` for what JAX detects), else nothing. Each process
+builds only its rows of a step's batch (:func:`local_rows`, :func:`put_rows`), so the batch
+is the same for any number of processes; process 0 alone writes (:func:`is_main`).
+Details: docs/multihost.md (Many hosts: start-up, data, output).
 """
 from __future__ import annotations
 

@@ -1,18 +1,10 @@
 """Device mesh and logical-axis sharding: one rules table maps logical axes to mesh axes.
 
-The mesh has three named axes, ``("data", "fsdp", "tensor")``, sized by the config's
-``sharding.mesh`` (one entry may be -1: the devices left over). Batches split over
-``("data", "fsdp")``: both are data-parallel axes, and ``fsdp`` also shards parameters and
-optimizer state (XLA gathers each layer's weights where it uses them). ``tensor`` splits
-attention heads and MLP columns (tensor parallelism) or experts (expert parallelism).
-
-``sharding.preset`` picks a rules table (:data:`PRESETS`); ``sharding.rules``, when given,
-replaces it. Activations follow the same table inside the train step
-(``dynjax.models.activation_sharding``). The same command runs on one CPU (every axis of
-size 1), eight GPUs or a pod: on TPU and GPU the physical layout comes from
-``jax.experimental.mesh_utils``, and ``sharding.dcn_data > 1`` builds a hybrid mesh whose
-``data`` axis spans slices / hosts over the data-centre network (DCN) while ``fsdp`` and
-``tensor`` stay inside a slice (ICI).
+The mesh's axes are ``("data", "fsdp", "tensor")``, sized by ``sharding.mesh``; batches
+split over data and fsdp, fsdp also shards parameters and optimizer state, tensor splits
+heads, MLP columns or experts. ``sharding.preset`` picks a rules table (:data:`PRESETS`),
+``sharding.rules`` replaces it; ``sharding.dcn_data`` builds a multi-slice mesh. The same
+command runs on one CPU or a pod: docs/multihost.md (The mesh and its rules).
 """
 from __future__ import annotations
 

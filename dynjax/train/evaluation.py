@@ -1,18 +1,10 @@
 """Language-model evaluation: bits per byte under every routing rule a model has.
 
-A routed model can be scored several ways. Mixture-of-Depths trains with top-k over the
-whole window, which lets later tokens decide whether token t enters a block: that score is
-reported (labelled non-causal) but the headline is a causal rule (the router threshold or
-the predictor), the one a sampler can use. ``eval.route`` picks the headline; by default
-the predictor when it was trained, else the router. Families without routing have one
-rule, ``forward``, and their eval dict is unchanged.
-
-``decode_agreement`` runs the KV-cache decoder over the same windows (teacher forcing) and
-reports how far its logits and bits/byte are from the causal forward's.
-
-Given a mesh, windows are split over its data-parallel axes (each process places only its
-own rows) and per-window results come back replicated, so every process of a multi-host
-run computes the same figures.
+Mixture-of-Depths' training top-k sees the future: it is reported, labelled non-causal,
+and the headline (``eval.route``) is a causal rule (router threshold or predictor);
+families without routing have one rule, ``forward``. ``decode_agreement`` compares the
+KV-cache decoder with the causal forward. Under a mesh every process computes the same
+figures. Details: docs/training.md (Evaluation).
 """
 from __future__ import annotations
 

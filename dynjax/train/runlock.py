@@ -1,18 +1,9 @@
 """One writer per run directory: a lock on ``RUN/.lock`` held while training.
 
-Two ``train.py`` on one workdir would double every record and race on the checkpoints, so
-the second one stops with one line naming the holder. On a local filesystem the lock is
-``flock(2)``: the kernel releases it when its holder dies however it dies (``kill -9``
-included), so a lock file left by a dead process is simply taken over; flock is per host,
-so on a network filesystem shared by several hosts it may not exclude another host.
-
-An object store (``gs://``, through ``etils.epath``) has no flock, so there the lock is a
-lease: ``.lock`` names its holder and the time of its last heartbeat, rewritten every
-``lease / 4`` seconds by a daemon thread; a lock whose heartbeat is older than ``lease``
-belongs to a dead writer and is taken over. Claiming is write-then-read-back, not an atomic
-create (epath exposes no generation precondition), so two writers starting within the same
-second can both win; what it prevents is the common mistake, a second run started on a live
-one. Hosts' clocks must agree to within the lease.
+A second ``train.py`` on a live workdir stops with one line naming the holder. Locally the
+lock is ``flock(2)`` (released however its holder dies); on an object store (``gs://``) it
+is a lease renewed by a heartbeat thread and taken over once stale. What each form
+guarantees and what it does not: docs/reliability.md (One writer per run directory).
 """
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
 """TensorBoard event files beside metrics.jsonl, written with tensorboardX (no TensorFlow).
 
-Every record the loop writes to metrics.jsonl becomes one scalar event per numeric field at
-the record's step, tagged ``{split}/{field}`` (``train/loss``, ``train/lr``,
-``validation/bpb``); a list or dict field adds its index or key, so per-block fields keep
-the model's numbering (``train/gate_mass_per_layer/2``, ``train/mod_enter_rate_per_block/3``,
-``train/moe_load_per_expert/1/5``: layer 1, expert 5). TensorBoard keeps float32
-(``simple_value``); metrics.jsonl keeps the full value.
-
-Buffered: tensorboardX's synchronous ``EventsWriter`` (no thread, no queue) fills a buffered
-file; the loop flushes at its log points. Process 0 alone writes. On resume the event files
-are rewritten to hold exactly the records metrics.jsonl keeps (events past the resumed
-checkpoint go, as its lines do; records an unflushed buffer lost are written back from
-metrics.jsonl), so TensorBoard never sees a step twice. Paths go through ``etils.epath``: a
-local folder's file is appended to; on ``gs://`` each flush uploads the file whole (objects
-cannot be appended to) and a new file starts past :data:`ROTATE_BYTES`.
+Every numeric field of a metrics.jsonl record becomes one scalar tagged ``{split}/{field}``
+(list and dict fields add their index or key). Process 0 alone writes, buffered and flushed
+at the loop's log points; on resume the event files are rewritten to hold exactly the
+records metrics.jsonl keeps, so TensorBoard never sees a step twice. Tags, buffering and
+``gs://``: docs/training.md (TensorBoard event files).
 """
 from __future__ import annotations
 
