@@ -3,17 +3,9 @@ Speech Commands, or any TFDS dataset with an image or audio input and a class la
 
     --config.data.dataset=tfds:cifar10 --config.data.data_dir=/data/tensorflow_datasets
 
-dynjax never downloads: the dataset must already be built under ``data_dir`` in the
-array_record format (``tfds build cifar10 --data_dir=... --file_format=array_record``) and is
-read with ``tfds.data_source(..., download=False)``. Images decode without TensorFlow (TFDS
-uses Pillow); audio features need TensorFlow installed (TFDS's Audio feature imports it).
-
-Inputs become flat float32 vectors for the MLP family: images scaled to [0, 1]; audio padded or
-cut to ``AUDIO_SECONDS`` and turned into a log-mel spectrogram (:func:`log_mel`), standardised
-per feature with the training split's statistics. Splits: train / validation / test from the
-dataset where it has them; without a labelled test split the validation split is the test set
-(Tiny-ImageNet); without a validation split the last ``VALIDATION_FRACTION`` of train is one.
-Parsed arrays are cached (``.npz`` in the dynjax data directory, keyed by name and data_dir).
+Never downloads: read with ``tfds.data_source(..., download=False)`` from array_record
+files. Inputs become flat float32 vectors (images in [0, 1], audio as a standardised
+log-mel spectrogram); splits, their fallbacks and the cache: docs/data.md.
 """
 from __future__ import annotations
 

@@ -1,20 +1,10 @@
 """Actual execution of sequence models: blocks executed per token, and FLOPs per forward.
 
-Two FLOP counts, always reported side by side and never mixed up:
-
-- ``compiled_flops``: what XLA's cost analysis of the compiled program says. It counts every
-  op (matmuls, softmax, norms, activations), but a ``lax.scan`` / while body only ONCE, not
-  once per iteration. So count an unrolled program: build the model with
-  ``scan_layers=False`` (``flop_report`` does this and says so).
-- ``analytic_forward_flops``: 2 x multiply-accumulates of the matmuls (projections, MLP,
-  attention scores and values, LM head) and of every controller: MoD routers and
-  predictors, MoE routers, dispatch/combine and expert buffers (full capacity, used or
-  not), MUDD's DA MLPs and mixes, FeatureGate's controller — for the shapes the program
-  really runs: a MoD block runs on k = floor(c*T) gathered tokens under top-k, on all T
-  (masked) under causal routing. Attention is counted over the full score matrix, as the
-  program computes it, not the causal half. Elementwise work (softmax, norms,
-  activations, FeatureGate's attention features) is not counted: at d_model >= 128 it is
-  a few percent of the total (``tests/unit/measure/test_mod_measure.py`` holds every family to 5%).
+Two FLOP counts, side by side and never mixed: ``compiled_flops`` (XLA's cost analysis of
+an unrolled program: a scan body is counted once) and ``analytic_forward_flops`` (2 x the
+matmuls' and every controller's multiply-accumulates at the shapes the program runs;
+elementwise work not counted, within 5% at d_model >= 128). What each counts:
+docs/performance.md (Two FLOP counts).
 """
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
 """What a GatedMLP classifier actually executes, against the dense MLP of the same widths.
 
-Three programs, three counts, kept apart:
-
-- ``model``: the model's own forward (``GatedMLP.apply``), as trained. It computes every
-  unit and multiplies the closed ones by 0, and runs the GateNet / router besides, so it
-  executes *more* than dense whatever its gates say.
-- ``structured``: :func:`dynjax.models.gated_mlp.structured_forward`, which exists only for
-  the ``structured`` variant: the open blocks alone, as smaller (gathered) matmuls.
-- ``dense``: the dense twin (``variant="dense"``, same widths).
-
-Analytic counts are 2 x MACs in :mod:`dynjax.measure.macs`' terms: the masked forward is
-every weight plus its controllers over all inputs; the structured path is the RelMAC
-numerator (open units only, controllers over open inputs); the open units themselves are
-RelMAC's, measured on real examples. Compiled counts are XLA's cost analysis of each
-jitted program (no scan here: the layers are a Python loop).
+Three programs kept apart: the model's own masked forward (every unit, plus its
+controllers: more than dense), the ``structured`` variant's gathered forward of open blocks
+alone, and the dense twin. Analytic counts are 2 x MACs in :mod:`dynjax.measure.macs`'
+terms; compiled counts are XLA's cost analysis of each jitted program. Details:
+docs/performance.md (What a GatedMLP executes).
 """
 from __future__ import annotations
 

@@ -1,18 +1,10 @@
 """Post-training skipping of residual-gate updates, as the audit paper's execution study did.
 
-A trained gate model records its gates ``g[l, b, t]``; two interventions remove updates and
-replay the rest through the same compiled program (coefficients are data, so every tau and
-every depth reuses one executable and tau = 0 is bitwise the plain forward):
-
-- ``threshold``: zero every update whose gate is below tau. Sweeping tau traces bits/byte
-  against the fraction of (layer, token) updates removed.
-- ``truncate``: keep the first K blocks' updates and drop the rest (FixedDepthK applied to
-  the same checkpoint), K = L .. 1, the static baseline at the same fractions.
-
-What this does NOT show is a saving. A FeatureGate's features are computed from the
-block's own attention, so a gate below tau is known only after the block has run: removing
-its update saves nothing unless the decision is moved before the block (a predictor on
-h[l], as Mixture-of-Depths does).
+A gate model's recorded gates are replayed with updates removed (``threshold``: gates below
+tau; ``truncate``: every block after the first K), one compiled program for every tau and
+K. It shows what removal costs, not a saving: a FeatureGate's gate is known only after its
+block ran (the saving needs a decision before the block: :mod:`dynjax.decoding.
+predicted_skip`). Details: docs/audit.md (Post-training update removal).
 """
 from __future__ import annotations
 

@@ -1,18 +1,11 @@
 """The classification task: the MLP family (DynamicGate-MLP and its baselines) on tabular
 or image data.
 
-Read top to bottom: ``resolve_config`` -> ``make_tx`` -> ``make_train_step`` ->
-``evaluate`` -> :class:`Training` (what :func:`dynjax.train.loop.train` calls). It adds what
-classification needs: the gate training recipe (:mod:`dynjax.models.gate_schedule`, a function of
-the step so one compiled step serves the whole run), weight sparsity (RigL / magnitude
-pruning) and compute accounting (:mod:`dynjax.measure.macs`); ``model.min_keep`` is the
-anti-collapse guard (see :mod:`dynjax.models.gated_mlp`).
-
-Objective: ``J = cross-entropy + lambda_g(t) * sum_l mean(p_l) + sown aux losses``.
-
-Data parallel over every device of every process (``config.sharding.mesh``, default all
-on "data"; the state replicated): each process builds only its rows of a step's batch and
-of each evaluation batch, and process 0 alone writes the run directory's files.
+Read top to bottom: ``resolve_config`` -> ``make_tx`` -> ``make_train_step`` -> ``evaluate``
+-> :class:`Training` (what :func:`dynjax.train.loop.train` builds), with the gate recipe,
+weight sparsity and compute accounting. Objective: ``J = cross-entropy + lambda_g(t) *
+sum_l mean(p_l) + sown aux losses``. Data parallel, the state replicated. Details:
+docs/training.md (The classification task).
 """
 from __future__ import annotations
 
