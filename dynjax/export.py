@@ -28,7 +28,7 @@ PROG = "python -m dynjax.export"
 WEIGHTS = "model.safetensors"
 # llm.Config fields that say how the forward is computed on this machine, not what it
 # computes (dispatch form, attention blocks, rematerialisation, dtype) or how it trains
-RUNTIME = ("dtype", "moe_dispatch", "attn_block", "remat", "router_aux_loss_coef",
+RUNTIME = ("dtype", "moe_dispatch", "attn_block", "remat", "moe_load_balance_loss_weight",
            "router_bias_rate",
            "mod_capacity", "mod_route", "mod_router_weight", "mod_bce_weight",
            "mod_predictor_weight", "mod_predictor_hidden")
@@ -242,13 +242,14 @@ def export_params(cfg, params, out_dir, max_positions: int = 2048, extra: dict |
 
 def export_run(run_dir, out_dir, step: int | None = None) -> dict:
     """Export the train.py run ``run_dir`` (at ``step``, default the latest checkpoint)."""
+    from dynjax.models import FAMILIES
     from dynjax.runs import rundir
 
     if not (pathlib.Path(run_dir) / rundir.CONFIG).exists():
         raise CheckpointError(f"{run_dir} is not a train.py run directory (no config.json)")
     config = rundir.read_config(run_dir)
     family = config.model.get("family")
-    if family != "llm":
+    if not getattr(FAMILIES.get(family), "exports_hf", False):
         raise ConfigError(f"{run_dir} is a {family!r}-family run; only llm-family runs "
                           "export (their layers are Hugging Face architectures'): train with "
                           "configs/llm_convert.py or configs/routing_study.py")

@@ -19,6 +19,7 @@ import scipy.stats
 from dynjax import coeffs as coeffs_lib
 from dynjax.audit import stats
 from dynjax.errors import ConfigError
+from dynjax.models import FAMILIES, Routing
 
 FRACTIONS = (0.25, 0.5)
 REMOVED = -jnp.inf      # a removed expert's score: below every real one, so top-k skips it
@@ -28,21 +29,22 @@ def _check(model):
     if "router" not in model.schema:
         raise ConfigError(f"the {model.cfg.family} model has no 'router' coefficient; expert "
                           "importance needs an MoE (moe or llm family with moe_layers)")
-    cfg = model.cfg
-    if cfg.family == "moe" and cfg.moe.routing != "token_choice":
-        raise ConfigError(f"moe_routing={cfg.moe.routing!r}: removing an expert re-routes its "
-                          "tokens only under token choice (expert choice ranks tokens, not "
-                          "experts)")
+    if not routing(model).token_choice:
+        raise ConfigError("expert-choice routing: removing an expert re-routes its tokens "
+                          "only under token choice (expert choice ranks tokens, not experts)")
+
+
+def routing(model) -> Routing:
+    """The model's routing facts (``models.Family.routing``)."""
+    return FAMILIES[model.cfg.family].routing(model.cfg)
 
 
 def num_experts(model) -> int:
-    cfg = model.cfg
-    return cfg.moe.num_experts if cfg.family == "moe" else cfg.num_experts
+    return routing(model).num_experts
 
 
 def top_k(model) -> int:
-    cfg = model.cfg
-    return cfg.moe.num_experts_per_tok if cfg.family == "moe" else cfg.top_k
+    return routing(model).top_k
 
 
 def _batches(windows, batch: int):

@@ -57,7 +57,7 @@ def get_config(variant: str = "moe"):
     model = {name: _from_source(name) for name in (*llm.ARCHITECTURE, "model_type")}
     model.update(family="llm", dtype="float32", remat=False, attn_block=128,
                  moe_dispatch="dropless", moe_layers=(), num_experts=0, top_k=0,
-                 moe_intermediate_size=0, norm_topk_prob=False, router_aux_loss_coef=0.0,
+                 moe_intermediate_size=0, norm_topk_prob=False, moe_load_balance_loss_weight=0.0,
                  mod_layers=(), mod_capacity=0.125, mod_route="topk",
                  mod_router_weight="sigmoid", mod_bce_weight=0.01, mod_predictor_weight=0.01,
                  mod_predictor_hidden=32)
@@ -65,7 +65,7 @@ def get_config(variant: str = "moe"):
         model.update(moe_layers=ml_collections.FieldReference(None, field_type=tuple),
                      num_experts=8, top_k=2,
                      moe_intermediate_size=ml_collections.FieldReference(None, field_type=int),
-                     norm_topk_prob=True, router_aux_loss_coef=0.01)
+                     norm_topk_prob=True, moe_load_balance_loss_weight=0.01)
     elif variant == "mod":
         model.update(mod_layers=ml_collections.FieldReference(None, field_type=tuple))
     c.model = ml_collections.ConfigDict(model)

@@ -45,7 +45,7 @@ ARMS = ("softmax_topk", "deepseek_sigmoid", "hash", "attn_gate", "mhc")
 MOE = dict(moe_layers=(0, 1, 2, 3), num_experts=8, top_k=2, moe_intermediate_size=256,
            norm_topk_prob=False)
 ARM_FIELDS = {
-    "softmax_topk": dict(MOE, router="softmax_topk", router_aux_loss_coef=0.01),
+    "softmax_topk": dict(MOE, router="softmax_topk", moe_load_balance_loss_weight=0.01),
     "deepseek_sigmoid": dict(moe_layers=(0, 1, 2, 3), num_experts=16, top_k=3,
                              moe_intermediate_size=128, shared_expert_size=128,
                              shared_expert_gate=False, router="grouped_topk",

@@ -27,29 +27,37 @@ import jax
 import jax.numpy as jnp
 
 from dynjax.decoding import gates, llm, mod, moe, mudd
+from dynjax.decoding.protocol import FamilyDecoder
 from dynjax.decoding.sampling import Sampling, next_token
-from dynjax.models.transformer import Embed, Head, ModelConfig, Positions, token_positions
+from dynjax.models.transformer import ModelConfig, Positions
 
 GREEDY = Sampling()
-FAMILIES = {"gates": gates, "mod": mod, "moe": moe, "mudd": mudd, "llm": llm}
+FAMILIES: dict[str, FamilyDecoder] = {"gates": gates, "mod": mod, "moe": moe, "mudd": mudd,
+                                      "llm": llm}
+# the families with no KV-cache decoder, and why (dynjax.models.FAMILIES names every family)
+REFUSED = {"gated_mlp": "a classifier of whole examples: there are no tokens to decode",
+           "muddpythia": "the MUDDPythia reference port is checked against its logits only; "
+                         "decode by re-running the forward",
+           "deepseek_v4": "its compressed and sparse attention caches are not built; decode "
+                          "by re-running the forward, which is causal"}
 BRANCHES = mod.BRANCHES
 
 
-def _family(cfg: ModelConfig):
+def _family(cfg: ModelConfig) -> FamilyDecoder:
     if not isinstance(getattr(cfg, "family", None), str):
         raise TypeError(f"the decoder takes a model config, not {type(cfg).__name__}: pass "
                         "(target.model.cfg, target.params) of an opened checkpoint, or "
                         "(model.cfg, params) of dynjax.models.build")
     if cfg.family not in FAMILIES:
-        raise NotImplementedError(f"no KV-cache decoder for model.family={cfg.family!r}; "
+        why = f" ({REFUSED[cfg.family]})" if cfg.family in REFUSED else ""
+        raise NotImplementedError(f"no KV-cache decoder for model.family={cfg.family!r}{why}; "
                                   f"decodable: {sorted(FAMILIES)}")
     return FAMILIES[cfg.family]
 
 
 def forward_config(cfg: ModelConfig) -> ModelConfig:
     """The config whose full-sequence forward the decoder reproduces (see module doc)."""
-    fam = _family(cfg)
-    return fam.forward_config(cfg) if hasattr(fam, "forward_config") else cfg
+    return _family(cfg).forward_config(cfg)
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int):
@@ -63,21 +71,13 @@ def cache_bytes(cache) -> int:
 
 
 def _positions(cfg, index, bound=None) -> Positions:
-    """Rotary positions of tokens at ``index`` (B, n): the family's own where it has them
-    (the Hugging Face ports' frequencies follow their config.json)."""
-    fam = _family(cfg)
-    return fam.positions(cfg, index) if hasattr(fam, "positions") else \
-        token_positions(cfg, index, bound)
+    """Rotary positions of tokens at ``index`` (B, n): the family's own."""
+    return _family(cfg).positions(cfg, index, bound)
 
 
 def _chunk(cfg: ModelConfig, params, cache, tokens, positions: Positions, branch):
-    """tokens (B, n) at ``positions`` -> logits (B, n, V), cache, info (leaves (layers, B, n)).
-    A family with its own embedding and head (``llm``) runs the whole chunk itself."""
-    if hasattr(_family(cfg), "chunk"):
-        return _family(cfg).chunk(cfg, params, cache, tokens, positions, branch)
-    h = Embed(cfg).apply({"params": params["embed"]}, tokens)
-    h, cache, info = _family(cfg).layers(cfg, params, cache, h, positions, branch)
-    return Head(cfg).apply({"params": params["head"]}, h), cache, info
+    """tokens (B, n) at ``positions`` -> logits (B, n, V), cache, info (leaves (layers, B, n))."""
+    return _family(cfg).chunk(cfg, params, cache, tokens, positions, branch)
 
 
 def decode_step(cfg: ModelConfig, params, cache, token, pos, branch: str = "cond"):

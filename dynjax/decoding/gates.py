@@ -15,6 +15,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
+from dynjax.decoding import protocol
 from dynjax.decoding.cache import CachedBlock, append_slots, layer_cache, layer_slices
 from dynjax.models import gates
 from dynjax.models.transformer import MASK_VALUE, ModelConfig
@@ -85,3 +86,12 @@ def layers(cfg: ModelConfig, params, cache, h, pos, branch):
         new_cache.append(c)
         used.append(g)
     return h, new_cache, {"gate": jnp.stack(used)}
+
+
+def chunk(cfg: ModelConfig, params, cache, tokens, pos, branch):
+    """tokens (B, n) at ``pos`` -> logits, the new cache, info (``protocol.core_chunk``)."""
+    return protocol.core_chunk(layers, cfg, params, cache, tokens, pos, branch)
+
+
+positions = protocol.core_positions
+forward_config = protocol.same_config

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from dynjax.decoding import protocol
 from dynjax.decoding.cache import append_slots, write
 from dynjax.models import llm
 from dynjax.models.components import deltanet, hyper
@@ -45,8 +46,13 @@ def init_cache(cfg: llm.Config, batch: int, max_len: int):
             for i in range(cfg.n_layers)]
 
 
-def positions(cfg: llm.Config, index):
+def positions(cfg: llm.Config, index, bound=None):
+    """The port's own rotary positions (its frequencies follow its config.json)."""
+    del bound
     return llm.positions_at(cfg, index)
+
+
+forward_config = protocol.same_config
 
 
 def chunk(cfg: llm.Config, params, cache, tokens, pos, branch):

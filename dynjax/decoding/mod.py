@@ -19,6 +19,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from dynjax.decoding import protocol
 from dynjax.decoding.cache import CachedBlock, append_slots, layer_cache
 from dynjax.models import mod
 from dynjax.models.transformer import ModelConfig
@@ -117,3 +118,11 @@ def layers(cfg: ModelConfig, params, cache, h, pos, branch):
     return h, new_cache, {"entered": jnp.stack(entered) if entered
                           else jnp.zeros((0, B, n), bool)}
 
+
+
+def chunk(cfg: ModelConfig, params, cache, tokens, pos, branch):
+    """tokens (B, n) at ``pos`` -> logits, the new cache, info (``protocol.core_chunk``)."""
+    return protocol.core_chunk(layers, cfg, params, cache, tokens, pos, branch)
+
+
+positions = protocol.core_positions

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from dynjax.decoding import protocol
 from dynjax.decoding.cache import CachedBlock, append_slots, layer_cache, layer_slices
 from dynjax.models import moe
 from dynjax.models.transformer import ModelConfig
@@ -52,3 +53,11 @@ def layers(cfg: ModelConfig, params, cache, h, pos, branch):
         new_cache.append(c)
         ran.append(r)
     return h, new_cache, {"ffn_ran": jnp.stack(ran)}
+
+
+def chunk(cfg: ModelConfig, params, cache, tokens, pos, branch):
+    """tokens (B, n) at ``pos`` -> logits, the new cache, info (``protocol.core_chunk``)."""
+    return protocol.core_chunk(layers, cfg, params, cache, tokens, pos, branch)
+
+
+positions = protocol.core_positions

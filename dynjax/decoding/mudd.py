@@ -9,6 +9,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
+from dynjax.decoding import protocol
 from dynjax.decoding.cache import CachedAttention, append_slots, layer_cache
 from dynjax.models import mudd
 from dynjax.models.muddpythia import mix
@@ -66,3 +67,12 @@ def layers(cfg: ModelConfig, params, cache, h, pos, branch):
             {"params": params[f"layer_{i}"]}, streams, sources, pos, c)
         new_cache.append(c)
     return streams[0], new_cache, {}
+
+
+def chunk(cfg: ModelConfig, params, cache, tokens, pos, branch):
+    """tokens (B, n) at ``pos`` -> logits, the new cache, info (``protocol.core_chunk``)."""
+    return protocol.core_chunk(layers, cfg, params, cache, tokens, pos, branch)
+
+
+positions = protocol.core_positions
+forward_config = protocol.same_config

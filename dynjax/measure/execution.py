@@ -17,17 +17,13 @@ import numpy as np
 
 from dynjax import decoding
 from dynjax.measure import latency, lm_execution, mlp_execution
-from dynjax.models import build, dispatch, llm, muddpythia
+from dynjax.models import FAMILIES, build, dispatch, llm, muddpythia
 from dynjax.models.transformer import ModelConfig
 
 
 def dense_twin(cfg: ModelConfig) -> ModelConfig:
     """The same-size dense decoder a dynamic model's execution is compared with."""
-    if cfg.family in ("gates", "mod"):
-        return cfg.replace(variant="dense")
-    return ModelConfig(family="gates", variant="dense", vocab_size=cfg.vocab_size,
-                       d_model=cfg.d_model, n_heads=cfg.n_heads, n_layers=cfg.n_layers,
-                       d_ff=cfg.d_ff, dtype=cfg.dtype, scan_layers=cfg.scan_layers)
+    return FAMILIES[cfg.family].dense_twin(cfg)
 
 
 def execution_panel(cfg: ModelConfig, params, windows, batches=(1, 8), repeats: int = 5) -> dict:

@@ -80,11 +80,13 @@ def _moe_ffn_flops(cfg: ModelConfig, n: int, capacity: int) -> dict:
     combine einsums (every token against every buffer slot), and each real expert's MLP on
     its full buffer of ``capacity`` slots, used or not (a no-op route has no buffer).
     Dropless: no dispatch einsums; the experts' MLP on the sorted layout's static rows
-    (every route, padded to blocks: ``dispatch.n_rows``), used or not."""
+    (every route, padded to blocks: ``dispatch.n_rows``), used or not; dense: on every
+    token."""
     d, E = cfg.d_model, cfg.moe.num_experts
-    if moe.dropless(cfg):
+    if moe.dropless(cfg):   # "dense": every expert on every token
         pairs = n * cfg.moe.num_experts_per_tok
-        rows = dispatch.n_rows(pairs, E, dispatch.default_block(pairs, E))
+        rows = n * E if cfg.moe.dispatch == "dense" else dispatch.n_rows(
+            pairs, E, dispatch.default_block(pairs, E))
         return {"router": 2 * n * d * moe.n_routes(cfg), "experts": _mlp_flops(cfg, rows)}
     return {"router": 2 * n * d * moe.n_routes(cfg),
             "dispatch_combine": 2 * 2 * n * E * capacity * d,
@@ -144,6 +146,10 @@ def _mudd_flops(cfg: ModelConfig, T: int) -> dict:
 
 FAMILY_FLOPS = {"gates": _gates_flops, "mod": _mod_flops, "moe": _moe_flops,
                 "mudd": _mudd_flops}
+# counted elsewhere: measure.panels.llm_flops_per_window (the llm family's parameter table),
+# measure.macs (the classifier's masked MACs), measure.panels.muddpythia_execution_panel,
+# DeepseekV4.sizes (measure.panels.estimate)
+FLOPS_ELSEWHERE = ("llm", "gated_mlp", "muddpythia", "deepseek_v4")
 
 
 def analytic_forward_flops(cfg: ModelConfig, batch: int, seq_len: int) -> dict:

@@ -8,7 +8,6 @@ docs/performance.md (What a GatedMLP executes).
 """
 from __future__ import annotations
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -16,12 +15,13 @@ import numpy as np
 
 from dynjax.measure import macs
 from dynjax.measure.lm_execution import compiled_cost
+from dynjax.models import FAMILIES
 from dynjax.models.gated_mlp import GatedMLP, MLPConfig, structured_forward
 
 
 def dense_twin(cfg: MLPConfig) -> MLPConfig:
     """The dense MLP of the same widths that a gated one's execution is compared with."""
-    return dataclasses.replace(cfg, variant="dense")
+    return FAMILIES["gated_mlp"].dense_twin(cfg)
 
 
 def has_structured_path(cfg: MLPConfig) -> bool:

@@ -11,11 +11,13 @@ or, in the layers ``moe_layers`` names, a Mixture-of-Experts:
     e, w = router.select(p)                      # e.g. softmax top-k, renormalised or not
     y = sum_j w_j Expert_{e_j}(x)  [+ (sigmoid(x w_g)) SwiGLU_shared(x)]  (Qwen2-MoE gated)
 
-Nothing is dropped: every token reaches its k experts (``dispatch.dropless``).
+The MoE FFN is ``moe_ffn.moe_ffn``, the one every MoE family runs; ``moe_dispatch``
+"dropless" (the default) drops nothing.
 
 Conversions (``dynjax.train.convert``: a dense checkpoint upcycled into MoE, or continued as
-Mixture-of-Depths) add two things the checkpoints never have. ``router_aux_loss_coef`` > 0
-trains the MoE routers with Switch's load-balancing loss, E * sum_e f_e P_e. The layers
+Mixture-of-Depths) add two things the checkpoints never have.
+``moe_load_balance_loss_weight`` > 0 trains the MoE routers with Switch's load-balancing
+loss (``moe_ffn.load_balance``), E * sum_e f_e P_e, as in the moe family. The layers
 ``mod_layers`` are Mixture-of-Depths blocks (Raposo et al. 2024), routed by
 ``dynjax.models.mod``'s rule: a router r = w.h picks k = floor(c T) tokens (top-k while
 training; under causal routing, ``mod_route`` "router" | "predictor", the tokens whose
@@ -59,7 +61,7 @@ import numpy as np
 
 from dynjax import coeffs as coeffs_lib
 from dynjax.coeffs import Axes
-from dynjax.models import dispatch
+from dynjax.models import moe_ffn as moe_ffn_lib
 from dynjax.models import mod as mod_lib
 from dynjax.models.sections import ModConfig
 from dynjax.models.components import deltanet
@@ -68,7 +70,7 @@ from dynjax.models.components import rotary as rotary_lib
 from dynjax.models.components import table
 from dynjax.models.components.attention import ATTENTION, LATENT_NORM_EPS
 from dynjax.models.components import indexer as indexer_lib
-from dynjax.models.components.experts import EXPERTS, experts_ffn, mlp_rows, swiglu
+from dynjax.models.components.experts import EXPERTS, mlp_rows, swiglu
 from dynjax.models.components.norms import rms_norm
 from dynjax.models.components import routers as routers_lib
 from dynjax.models.components.routers import ROUTERS
@@ -84,8 +86,10 @@ MIXERS = ("attention", "deltanet")
 RESIDUALS = ("plain", "hyper")          # h + block(h) | hyper-connections (components.hyper)
 QK_NORMS = ("none", "head", "full")      # none; per head (Qwen3); over all heads (OLMoE)
 ROPE_TYPES = rotary_lib.ROPE_TYPES
-MOE_DISPATCHES = ("dropless", "dense")
+MOE_DISPATCHES = moe_ffn_lib.DISPATCHES
 MOD_ROUTES = ("topk", "router", "predictor")
+# Old config.json names of today's fields (models.canonical reads runs made before a rename)
+RENAMED = {"router_aux_loss_coef": "moe_load_balance_loss_weight"}
 # The fields that say what a checkpoint computes (config_from_hf sets them); a conversion
 # keeps them and adds routing (moe_*, mod_*), so they must equal the source's.
 ARCHITECTURE = ("vocab_size", "hidden_size", "n_layers", "n_heads", "n_kv_heads", "head_dim",
@@ -175,7 +179,8 @@ class Config:
     swiglu_alpha: float = 1.702      # "clamped_swiglu": gate * sigmoid(alpha * gate)
     moe_dispatch: str = "dropless"   # "dropless": sort by expert (dispatch.dropless);
     #                                  "dense": every expert on every token (E/k x the FLOPs)
-    router_aux_loss_coef: float = 0.0  # training: Switch load balance, E sum_e f_e P_e
+    moe_load_balance_loss_weight: float = 0.0  # training: Switch load balance (moe_ffn),
+    #                                  the moe family's knob (was router_aux_loss_coef)
     router_bias_rate: float = 0.0    # training: DeepSeek-V3's aux-loss-free bias step u
     residual: str = "plain"          # RESIDUALS: "hyper" = mHC with hc streams (DeepSeek-V4)
     hc: int = 4                      # "hyper": residual streams per token
@@ -522,19 +527,12 @@ def after_update(cfg: Config, old, new, router, tokens=None):
     return {**new, "layers": layers}
 
 
-def load_balance(probs, experts):
-    """Switch's load-balancing loss E * sum_e f_e P_e (1 when balanced): f_e the share of the
-    routes (token, choice) that picked expert e, P_e the mean router probability."""
-    E = probs.shape[-1]
-    share = jax.nn.one_hot(experts, E, dtype=F32).mean(axis=tuple(range(experts.ndim)))
-    return E * jnp.sum(share * probs.mean(axis=tuple(range(probs.ndim - 1))))
-
-
 def moe_ffn(cfg: Config, p, x, given, tokens=None):
-    """x (B, T, D) -> (y, {"router": probs (B, T, E)[, "shared_gate": (B, T)]}, aux), the
+    """The shared ``moe_ffn.moe_ffn`` behind this family's routers, shared expert and gate:
+    x (B, T, D) -> (y, {"router": probs (B, T, E)[, "shared_gate": (B, T)]}, aux), the
     coefficients after their site: the router always runs, ``given`` decides. ``aux``: the
-    weighted load-balancing loss when ``router_aux_loss_coef`` > 0 (training). ``tokens``
-    (B, T): the token ids (a hash router's selection)."""
+    weighted load-balancing loss when ``moe_load_balance_loss_weight`` > 0 (training).
+    ``tokens`` (B, T): the token ids (a hash router's selection)."""
     B, T, D = x.shape
     dt = cfg.compute_dtype
     computed = {"router": ROUTERS[cfg.router].scores(cfg, p, x)}
@@ -544,14 +542,16 @@ def moe_ffn(cfg: Config, p, x, given, tokens=None):
             .astype(F32)
     used = coeffs_lib.site(computed, _pick(given, tuple(computed)))
     experts, weights = route(cfg, used["router"], p, tokens)
-    y = experts_ffn(cfg, p["experts"], x.reshape(B * T, D), experts.reshape(B * T, -1),
-                    weights.reshape(B * T, -1)).reshape(B, T, D)
+    y, _ = moe_ffn_lib.moe_ffn(x, used["router"], experts, weights, p["experts"],
+                               kind=EXPERTS[cfg.experts](cfg), num_experts=cfg.num_experts,
+                               dispatch=cfg.moe_dispatch, capacity=T, dtype=dt)
     if gated:
         y = y + used["shared_gate"].astype(dt)[..., None] * swiglu(p["shared"], x, dt)
     elif cfg.shared_expert_size:
         y = y + swiglu(p["shared"], x, dt)
-    aux = {"load_balance": cfg.router_aux_loss_coef * load_balance(used["router"], experts)} \
-        if cfg.router_aux_loss_coef else {}
+    aux = {"load_balance": moe_ffn_lib.load_balance(used["router"], experts,
+                                                    cfg.moe_load_balance_loss_weight)} \
+        if cfg.moe_load_balance_loss_weight else {}
     return y, used, aux
 
 
@@ -765,7 +765,7 @@ class LLM:
     def apply(self, params, tokens, coeffs=None, *, with_aux=False):
         """``(logits, coeffs)``, as every family; ``with_aux`` adds the auxiliary training
         losses (already weighted; the train step adds them to the loss): MoE load balance
-        when ``router_aux_loss_coef`` > 0, the MoD layers' router and predictor BCE; none
+        when ``moe_load_balance_loss_weight`` > 0, the MoD layers' router and predictor BCE; none
         for a port of a trained checkpoint."""
         given = coeffs_lib.as_given(coeffs)
         if given.values is not None:

@@ -29,10 +29,12 @@ outputs; the last is a no-op expert with no parameters and no buffer. A token ro
 skips the MLP (its update is just its attention output), so the layer computes only the
 E real experts' buffers, C = ceil(cf * k * T / (E + 1)) each.
 
-Dispatch (``moe_dispatch``): "onehot" is the GShard form above (the default, as existing
-runs were trained); "dropless" (token choice only) sends every token to each of its top-k
-experts through ``dynjax.models.dispatch``, what the one-hot form computes with
-``moe_capacity_factor <= 0`` within float rounding (docs/moe.md).
+Dispatch (``moe_dispatch``, one value set with the ``llm`` family: ``moe_ffn.DISPATCHES``):
+"onehot" is the GShard form above (the default, as existing runs were trained); "dropless"
+(token choice only) sends every token to each of its top-k experts through
+``dynjax.models.dispatch``, and "dense" runs every expert on every token: both compute what
+the one-hot form computes with ``moe_capacity_factor <= 0`` within float rounding
+(docs/moe.md).
 
 Coefficients: ``{"router": (layer, example, token, expert)}``, the router probabilities.
 Replay recomputes the selection, capacity and weights from them.
@@ -47,13 +49,14 @@ import jax.numpy as jnp
 
 from dynjax import coeffs as coeffs_lib
 from dynjax.coeffs import Axes
-from dynjax.models import dispatch as dispatch_lib
-from dynjax.models.activation_sharding import BUFFER_HIDDEN, BUFFERS, TOKENS, constrain
+from dynjax.models import moe_ffn
+from dynjax.models.components.experts import EXPERTS
+from dynjax.models.moe_ffn import expert_choice, token_choice  # noqa: F401  (callers' names)
 from dynjax.models.transformer import (Attention, Head, ModelConfig, dense_init, embed_tokens, norm,
                                        scan_layers)
 
 VARIANTS = ("moe", "mode_integrated")
-DISPATCHES = ("onehot", "dropless")
+DISPATCHES = moe_ffn.DISPATCHES
 ROUTER_AXES = Axes(("layer", "example", "token", "expert"))
 
 
@@ -75,10 +78,10 @@ def validate(cfg: ModelConfig):
         raise ValueError("expert_choice routing needs model.moe_capacity_factor > 0")
     if cfg.moe.dispatch not in DISPATCHES:
         raise ValueError(f"model.moe_dispatch={cfg.moe.dispatch!r}; use 'onehot' (GShard "
-                         "buffers) or 'dropless' (sort by expert)")
-    if cfg.moe.dispatch == "dropless" and cfg.moe.routing != "token_choice":
-        raise ValueError("model.moe_dispatch='dropless' needs moe_routing='token_choice' "
-                         "(expert choice has capacity by definition)")
+                         "buffers), 'dropless' (sort by expert) or 'dense' (every expert)")
+    if dropless(cfg) and cfg.moe.routing != "token_choice":
+        raise ValueError(f"model.moe_dispatch={cfg.moe.dispatch!r} needs moe_routing="
+                         "'token_choice' (expert choice has capacity by definition)")
     if cfg.moe.priority not in ("choice", "position"):
         raise ValueError(f"model.moe_priority={cfg.moe.priority!r}; use 'choice' (GShard) or "
                          "'position' (causal)")
@@ -93,8 +96,18 @@ def is_causal(cfg: ModelConfig) -> bool:
             or cfg.moe.capacity_factor <= 0)
 
 
+def eval_routes(cfg: ModelConfig) -> dict:
+    """name -> (config, causal?): the sequence form, and token-order buffers beside it when
+    the sequence form is not causal."""
+    routes = {"sequence": (cfg, is_causal(cfg))}
+    if not is_causal(cfg) and cfg.moe.routing == "token_choice":
+        routes["position"] = (cfg.replace(moe_priority="position"), True)
+    return routes
+
+
 def dropless(cfg: ModelConfig) -> bool:
-    return cfg.moe.dispatch == "dropless"
+    """No capacity: every route is computed ("dropless" or "dense" dispatch)."""
+    return cfg.moe.dispatch != "onehot"
 
 
 def expert_capacity(cfg: ModelConfig, seq_len: int) -> int:
@@ -111,32 +124,6 @@ def schema(cfg: ModelConfig):
     return {"router": ROUTER_AXES}
 
 
-def token_choice(probs, k, capacity, valid=None, by_position=False):
-    """Top-k experts per token -> (dispatch, combine), both (B, T, E, C), and kept (B,T,k).
-    Tokens with ``valid`` False take no buffer slot; ``by_position``: token-order priority."""
-    B, T, E = probs.shape
-    gates, experts = jax.lax.top_k(probs, k)                       # (B, T, k)
-    choice = jax.nn.one_hot(experts, E, dtype=jnp.int32)          # (B, T, k, E)
-    if valid is not None:
-        choice = choice * valid[:, :, None, None]
-    if by_position:   # a token's k choices are distinct experts: no order among them
-        pos = (jnp.cumsum(choice.reshape(B, T * k, E), axis=1) - 1).reshape(B, T, k, E)
-    else:             # GShard: every first choice before any second choice
-        by_rank = jnp.swapaxes(choice, 1, 2).reshape(B, k * T, E)
-        pos = (jnp.cumsum(by_rank, axis=1) - 1).reshape(B, k, T, E).swapaxes(1, 2)
-    kept = choice * (pos < capacity)                               # (B, T, k, E)
-    slot = jax.nn.one_hot(pos, capacity) * kept[..., None]         # (B, T, k, E, C)
-    return slot.sum(2), (slot * gates[..., None, None]).sum(2), kept.sum(-1)
-
-
-def expert_choice(probs, capacity):
-    """Each expert takes its top-C tokens -> (dispatch, combine), both (B, T, E, C)."""
-    T = probs.shape[1]
-    gates, tokens = jax.lax.top_k(jnp.swapaxes(probs, 1, 2), capacity)   # (B, E, C)
-    dispatch = jnp.moveaxis(jax.nn.one_hot(tokens, T), -1, 1)             # (B, T, E, C)
-    return dispatch, dispatch * gates[:, None]
-
-
 def router_layer(cfg: ModelConfig):
     """Every MoE FFN's "router": float32 logits over the routes (experts, plus a no-op)."""
     return nn.Dense(n_routes(cfg), use_bias=False, dtype=jnp.float32, name="router",
@@ -151,8 +138,9 @@ def expert_kernels(module: nn.Module, cfg: ModelConfig, d: int):
 
 
 class MoeFfn(nn.Module):
-    """x (B, T, d) -> (y, probs, aux, stats). The router always runs; ``given`` (a
-    :class:`~dynjax.coeffs.Given` of the probabilities, or None) decides which are used."""
+    """x (B, T, d) -> (y, probs, aux, stats) through ``moe_ffn.moe_ffn`` with GELU experts.
+    The router always runs; ``given`` (a :class:`~dynjax.coeffs.Given` of the probabilities,
+    or None) decides which are used."""
 
     cfg: ModelConfig
 
@@ -161,70 +149,22 @@ class MoeFfn(nn.Module):
         """``valid`` (B, T): tokens that may take buffer slots (all when None); ``capacity``:
         the expert buffer size (default ``expert_capacity(cfg, T)``)."""
         cfg = self.cfg
-        B, T, d = x.shape
-        E, k = cfg.moe.num_experts, cfg.moe.num_experts_per_tok
+        T, d = x.shape[1:]
         logits = router_layer(cfg)(x.astype(jnp.float32))
         probs = coeffs_lib.site(jax.nn.softmax(logits, axis=-1), given)
-        aux = {"router_z": cfg.moe.router_z_loss_weight * jnp.mean(
-            jax.nn.logsumexp(logits, axis=-1) ** 2)}
-        if dropless(cfg):
-            y, routes_aux, stats = dropless_ffn(cfg, x, probs, *expert_kernels(self, cfg, d),
-                                                valid)
-            return y, probs, dict(aux, **routes_aux), stats
-        C = expert_capacity(cfg, T) if capacity is None else capacity
+        aux = {"router_z": moe_ffn.router_z(logits, cfg.moe.router_z_loss_weight)}
+        experts = weights = None
         if cfg.moe.routing == "token_choice":
-            dispatch, combine, kept = token_choice(probs, k, C, valid,
-                                                   cfg.moe.priority == "position")
-            top1 = jax.nn.one_hot(jax.lax.top_k(probs, k)[1], n_routes(cfg)).sum(2) / k
-            aux["load_balance"] = cfg.moe.load_balance_loss_weight * n_routes(cfg) * jnp.sum(
-                top1.mean((0, 1)) * probs.mean((0, 1)))
-            n_valid = k * (B * T if valid is None else jnp.maximum(valid.sum(), 1))
-            dropped = 1.0 - kept.sum() / n_valid
-        else:
-            dispatch, combine = expert_choice(probs, C)
-            dropped = jnp.mean(dispatch.sum((2, 3)) == 0)
-        noop = dispatch[:, :, E:].sum((2, 3)).mean() if n_routes(cfg) > E else jnp.zeros(())
-        dispatch, combine = dispatch[:, :, :E], combine[:, :, :E]  # the no-op expert: nothing
+            weights, experts = jax.lax.top_k(probs, cfg.moe.num_experts_per_tok)
+            aux["load_balance"] = moe_ffn.load_balance(probs, experts,
+                                                       cfg.moe.load_balance_loss_weight)
         wi, wo = expert_kernels(self, cfg, d)
-        dt = cfg.compute_dtype
-        xe = constrain(jnp.einsum("btec,btd->becd", dispatch.astype(dt), x), BUFFERS)
-        he = constrain(jnp.einsum("becd,edf->becf", xe, wi.astype(dt)), BUFFER_HIDDEN)
-        ye = constrain(jnp.einsum("becf,efd->becd", nn.gelu(he), wo.astype(dt)), BUFFERS)
-        y = constrain(jnp.einsum("btec,becd->btd", combine.astype(dt), ye), TOKENS)
-        stats = {"dropped": dropped, "noop": noop, "load": dispatch.sum((1, 3)).mean(0) / T,
-                 "ffn_ran": dispatch.sum((2, 3)) > 0}  # (B, T): some real expert took it
+        y, stats = moe_ffn.moe_ffn(
+            x, probs, experts, weights, {"wi": wi, "wo": wo}, kind=EXPERTS["gelu"](),
+            num_experts=cfg.moe.num_experts, dispatch=cfg.moe.dispatch,
+            capacity=expert_capacity(cfg, T) if capacity is None else capacity,
+            by_position=cfg.moe.priority == "position", valid=valid, dtype=cfg.compute_dtype)
         return y, probs, aux, stats
-
-
-def dropless_ffn(cfg: ModelConfig, x, probs, wi, wo, valid=None):
-    """MoeFfn's token-choice arithmetic without capacity: -> (y, aux, stats) as the one-hot
-    form computes them with capacity_factor <= 0, from per-route counts instead of
-    [B, T, E, C] tensors. Tokens with ``valid`` False and no-op routes go nowhere."""
-    B, T, d = x.shape
-    E, k, R = cfg.moe.num_experts, cfg.moe.num_experts_per_tok, n_routes(cfg)
-    gates, experts = jax.lax.top_k(probs, k)                       # (B, T, k)
-    routes = experts if valid is None else jnp.where(valid[..., None], experts, -1)
-    dt = cfg.compute_dtype
-
-    def expert_fn(w, rows, groups):
-        h = nn.gelu(dispatch_lib.grouped_matmul(rows, w["wi"], groups))
-        return dispatch_lib.grouped_matmul(h, w["wo"], groups)
-
-    y = dispatch_lib.dropless(x.reshape(B * T, d), routes.reshape(B * T, k),
-                              gates.reshape(B * T, k), E, expert_fn,
-                              expert_params={"wi": wi.astype(dt), "wo": wo.astype(dt)}
-                              ).reshape(B, T, -1)
-    # routes per (example, route), the no-op route included; invalid tokens count nowhere
-    per_example = jnp.zeros((B, R + 1), jnp.float32).at[
-        jnp.arange(B)[:, None, None], jnp.where(routes < 0, R, routes)].add(1.0)[:, :R]
-    counts = jnp.zeros((B, R), jnp.float32).at[jnp.arange(B)[:, None, None], experts].add(1.0)
-    aux = {"load_balance": cfg.moe.load_balance_loss_weight * R * jnp.sum(
-        counts.sum(0) / (k * B * T) * probs.mean((0, 1)))}
-    real = (routes >= 0) & (routes < E)
-    stats = {"dropped": jnp.zeros((), jnp.float32),
-             "noop": per_example[:, E:].sum() / (B * T) if R > E else jnp.zeros(()),
-             "load": per_example[:, :E].mean(0) / T, "ffn_ran": real.any(-1)}
-    return constrain(y, TOKENS), aux, stats
 
 
 class MoeFfnPerToken(nn.Module):

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 
 from dynjax.coeffs import is_axes
-from dynjax.models.components.routers import ROUTERS
+from dynjax.models import FAMILIES
 
 PANEL_CONDITIONS = ("cross_input", "token_shuffle", "static_profile", "structure_removed",
                     "token_identity", "expert_relabel", "weights_flat")   # those the audit ran
@@ -44,23 +44,8 @@ def variation(audit: dict, coeffs: dict, cfg, schema=None, family: str | None = 
         vals = np.concatenate([np.asarray(v, np.float64).ravel() for v in leaves])
         out["ranges"][name] = {"min": float(vals.min()), "max": float(vals.max()),
                                "std": float(vals.std())}
-    if family == "mod" and "router" in coeffs:
-        out["entered_fraction_topk"] = cfg.mod.capacity
-        ask = coeffs.get("predictor", coeffs["router"])
-        out["asks_to_enter_fraction"] = float(np.mean(np.asarray(ask) > 0))
-    if family in ("moe", "gated_mlp", "llm") and "router" in coeffs:  # MoE, MLP's Switch-MoE
-        leaves = coeffs["router"] if isinstance(coeffs["router"], list) else [coeffs["router"]]
-        if family == "llm":   # the recorded scores may be logits (gpt-oss): its probabilities
-            dist = getattr(ROUTERS[cfg.router], "distribution", None)
-            leaves = [dist(cfg, p) for p in leaves] if dist else leaves
-        ent = [_entropy(np.asarray(p, np.float64)) for p in leaves]
-        out["routing_entropy_nats"] = float(np.mean([e.mean() for e in ent]))
-        out["routing_entropy_max_nats"] = float(np.log(np.shape(leaves[0])[-1]))
+    out.update(FAMILIES[family].routing_summary(cfg, coeffs))
     return out
-
-
-def _entropy(p):
-    return -np.sum(p * np.log(np.clip(p, 1e-12, None)), axis=-1)
 
 
 def _dependence_rows(conditions: dict) -> dict:

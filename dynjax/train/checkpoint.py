@@ -20,6 +20,7 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from dynjax import models
 from dynjax.runs import integrity, rundir
 from dynjax.train import preempt
 from dynjax.errors import CheckpointError, ConfigError
@@ -179,6 +180,8 @@ def check_same_run(run_dir, config, keys=None) -> list[str]:
         "config.json records how the run was made: restore it from a copy, or delete "
         f"{run_dir} to train the run from the start"))
     new = json.loads(json.dumps(config.to_dict()))
+    if isinstance(old.get("model"), dict):   # a renamed field compares under today's name
+        old["model"] = models.canonical(old["model"])
     keys = [k for k in (keys or sorted(set(old) | set(new))) if k != "train"]
     diffs = [d for k in keys for d in _diff(old.get(k), new.get(k), k)]
     if diffs:

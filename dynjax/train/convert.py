@@ -22,6 +22,11 @@ from dynjax.models import mod as mod_lib
 from dynjax.models.transformer import Block, Embed, window_positions
 
 FAMILIES = ("gates", "mod", "moe", "llm")    # the families a block list reads
+REFUSED = {"mudd": "its blocks read every earlier layer's output (cross-layer mixing)",
+           "gated_mlp": "a classifier: no decoder blocks",
+           "muddpythia": "a reference port with its own parameter names",
+           "deepseek_v4": "its layers (compressed attention, mHC, hash routing) have no "
+                          "block list here"}
 CORE = ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "rope_base")
 MLP_OF = {"wi": ("mlp", "up", "kernel"), "wo": ("mlp", "down", "kernel")}
 LLM_MLP = ("gate", "up", "down")             # an llm expert stack (E, ...) <- mlp/<name>

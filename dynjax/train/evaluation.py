@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dynjax import decoding
-from dynjax.models import build, llm, mod, moe
+from dynjax.models import FAMILIES, build
 from dynjax.models.transformer import ModelConfig, next_token_nll
 from dynjax.parallel import distributed, sharding
 
@@ -25,16 +25,7 @@ LN2 = math.log(2.0)
 
 def eval_routes(cfg: ModelConfig) -> dict:
     """name -> (config, causal?) for every routing rule the model can be evaluated under."""
-    if cfg.family == "mod":
-        return mod.eval_routes(cfg)
-    if cfg.family == "llm":
-        return llm.eval_routes(cfg)
-    if cfg.family == "moe":
-        routes = {"sequence": (cfg, moe.is_causal(cfg))}
-        if not moe.is_causal(cfg) and cfg.moe.routing == "token_choice":
-            routes["position"] = (cfg.replace(moe_priority="position"), True)
-        return routes
-    return {"forward": (cfg, True)}
+    return FAMILIES[cfg.family].eval_routes(cfg)
 
 
 def headline_route(cfg: ModelConfig, routes: dict, wanted=None) -> str:

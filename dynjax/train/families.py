@@ -158,7 +158,10 @@ HOOKS = {"gates": Hooks(resolve=mass_match, step_metrics=gate_mass, log_fields=g
          "moe": Hooks(step_metrics=moe_load, log_fields=moe_load_fields),
          "mudd": Hooks(compiler_options=no_ynn_reduce_on_cpu),
          "llm": Hooks(resolve=llm_resolve, step_metrics=llm_metrics, log_fields=llm_fields,
-                      after_update=llm_after_update)}
+                      after_update=llm_after_update),
+         "gated_mlp": NONE,      # the classifier trainer logs its own gate statistics
+         "muddpythia": NONE,     # a reference port: loaded, never trained here
+         "deepseek_v4": NONE}    # a port of a checkpoint: no training-time statistics
 
 
 def hooks_of(family: str) -> Hooks:

@@ -37,7 +37,7 @@ CASES = {
     "olmoe": dict(model_type="olmoe", vocab_size=256, hidden_size=32, n_layers=2, n_heads=4,
                   n_kv_heads=4, head_dim=8, intermediate_size=64, qk_norm="full",
                   moe_layers=(0, 1), num_experts=4, top_k=2, moe_intermediate_size=32,
-                  norm_topk_prob=False, router_aux_loss_coef=0.01),
+                  norm_topk_prob=False, moe_load_balance_loss_weight=0.01),
 }
 EXPORTED_AS = {"llama_moe": "mixtral", "olmoe": "olmoe"}
 ROUTER_GAIN = 40.0   # routers far from uniform: top-k margins well above float32 noise

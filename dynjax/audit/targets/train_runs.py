@@ -9,7 +9,7 @@ import pathlib
 
 from dynjax.decoding.text import ByteText
 from dynjax.runs import rundir
-from dynjax.models import gate_schedule
+from dynjax.models import FAMILIES, gate_schedule
 from dynjax.measure.execution import classifier_execution_panel, execution_panel
 from dynjax.audit.targets import windows
 from dynjax.audit.targets.base import Target
@@ -110,11 +110,8 @@ class LmRun(_TrainRun):
     @property
     def condition_facts(self) -> dict:
         cfg = self.model.cfg
-        if cfg.family == "moe" and cfg.moe.routing == "token_choice":
-            return {"top_k": int(cfg.moe.num_experts_per_tok)}
-        if cfg.family == "llm" and cfg.moe_layers:   # as an HF directory of it says
-            return {"top_k": int(cfg.top_k)}
-        return {}
+        routing = FAMILIES[cfg.family].routing(cfg)   # an llm run as its HF directory says
+        return {"top_k": int(routing.top_k)} if routing and routing.token_choice else {}
 
     def windows(self, data_cfg, n_calib: int, n_eval: int):
         seq_len = windows.resolve_seq_len(windows.opt(data_cfg, "seq_len"),

@@ -1,11 +1,14 @@
-"""Expert MLPs (``Config.experts``) and the dropless dispatch every MoE layer shares.
-
-An expert kind is a namespace of:
+"""Expert MLPs (``Config.experts``; ``dynjax.models.moe_ffn`` runs them). An expert kind is a
+namespace of:
 
 - ``rows(path, d, width, experts)``: its stacked parameters ((expert, ...) leading axis);
 - ``grouped(w, rows, groups)``: its MLP on rows sorted by expert (``groups``: rows per
   expert, ``dispatch.grouped_matmul``'s convention);
-- ``dense(w, x)``: its MLP of every expert on every token, (N, E, D).
+- ``dense(w, x)``: its MLP of every expert on every token, (N, E, D);
+- ``buffers(w, xe, hidden)``: its MLP on one-hot expert buffers xe (B, E, C, D)
+  (``hidden`` constrains the hidden layer's sharding).
+
+"gelu" (the ``moe`` family's experts): wo(gelu(x wi)), no biases.
 
 "swiglu": down(silu(x gate) * (x up)), no biases (every port before gpt-oss). The same
 MLP unstacked is every dense layer and the shared experts (:func:`swiglu`).
@@ -38,6 +41,33 @@ def swiglu(p, x, dt):
     return h @ p["down"].astype(dt)
 
 
+class Gelu:
+    """wo(gelu(x wi)): the moe family's experts (``wi`` (E, d, d_ff), ``wo`` (E, d_ff, d))."""
+
+    def __init__(self, cfg=None):
+        del cfg   # no constants
+
+    @staticmethod
+    def rows(path, d, width, experts):
+        return [(path + ("wi",), (experts, d, width), ("expert", "embed", "mlp")),
+                (path + ("wo",), (experts, width, d), ("expert", "mlp", "embed"))]
+
+    @staticmethod
+    def grouped(w, rows, groups):
+        h = jax.nn.gelu(dispatch.grouped_matmul(rows, w["wi"], groups))
+        return dispatch.grouped_matmul(h, w["wo"], groups)
+
+    @staticmethod
+    def dense(w, x):
+        h = jax.nn.gelu(jnp.einsum("nd,edf->nef", x, w["wi"]))
+        return jnp.einsum("nef,efd->ned", h, w["wo"])
+
+    @staticmethod
+    def buffers(w, xe, hidden):
+        h = hidden(jnp.einsum("becd,edf->becf", xe, w["wi"]))
+        return jnp.einsum("becf,efd->becd", jax.nn.gelu(h), w["wo"])
+
+
 class SwiGLU:
     rows = staticmethod(mlp_rows)
 
@@ -54,6 +84,11 @@ class SwiGLU:
         h = jax.nn.silu(jnp.einsum("nd,edf->nef", x, w["gate"])) * \
             jnp.einsum("nd,edf->nef", x, w["up"])
         return jnp.einsum("nef,efd->ned", h, w["down"])
+
+    @staticmethod
+    def buffers(w, xe, hidden):
+        mm = lambda a, name: jnp.einsum("becd,edf->becf", a, w[name])
+        return mm(hidden(jax.nn.silu(mm(xe, "gate")) * mm(xe, "up")), "down")
 
 
 def clamped_glu(gate, up, limit: float, alpha: float = 1.0, up_offset: float = 0.0):
@@ -92,33 +127,10 @@ class ClampedSwiGLU:
         h = jnp.einsum("nd,edf->nef", x, w["gate_up"]) + w["gate_up_bias"]
         return jnp.einsum("nef,efd->ned", self.glu(h), w["down"]) + w["down_bias"]
 
+    def buffers(self, w, xe, hidden):
+        h = jnp.einsum("becd,edf->becf", xe, w["gate_up"]) + w["gate_up_bias"][:, None]
+        return jnp.einsum("becf,efd->becd", hidden(self.glu(h)), w["down"]) + \
+            w["down_bias"][:, None]
 
-EXPERTS = {"swiglu": SwiGLU, "clamped_swiglu": ClampedSwiGLU}
 
-
-def experts_ffn(cfg, p, x, experts, weights):
-    """sum_j weights_j MLP_{experts_j}(x) for tokens x (N, D), every route kept.
-
-    "dropless" (the default): the N k (token, expert) pairs sorted by expert, each expert's
-    MLP on its own rows (``dispatch.dropless``), weighted and summed back; when the
-    sorted rows (N k plus a block of padding per expert) would outnumber the N E rows of
-    the dense form (a few tokens: decoding one token per sequence), the dense form, which
-    is then the cheaper exact one. Traced under the ``ep`` sharding rules on a mesh with
-    more than one device on the expert axis, dropless splits the experts over it and sends
-    the tokens by all-to-all (``dispatch.dropless_expert_parallel``). "dense": every expert
-    on every token, combined with zero weight where not chosen (E/k times the FLOPs)."""
-    dt = cfg.compute_dtype
-    kind = EXPERTS[cfg.experts](cfg)
-    w = {n: a.astype(dt) for n, a in p.items()}
-    N, k = experts.shape
-    E = cfg.num_experts
-    if cfg.moe_dispatch == "dropless" and dispatch.sorted_rows(N * k, E) < N * E:
-        # each token's routes in expert order, so its k outputs are summed in the order
-        # transformers adds them (its loop over experts; the dense form's too)
-        order = jnp.argsort(experts, axis=-1)
-        experts, weights = (jnp.take_along_axis(a, order, -1) for a in (experts, weights))
-        return dispatch.dropless(x, experts, weights.astype(dt), E, kind.grouped,
-                                 expert_params=w)
-    combine = jnp.sum(jax.nn.one_hot(experts, E, dtype=dt)
-                      * weights.astype(dt)[..., None], axis=-2)             # (N, E)
-    return jnp.einsum("ne,ned->nd", combine, kind.dense(w, x))
+EXPERTS = {"gelu": Gelu, "swiglu": SwiGLU, "clamped_swiglu": ClampedSwiGLU}

@@ -30,7 +30,7 @@ from dynjax.data import text as text_data
 from dynjax.errors import ConfigError
 from dynjax.jsonio import read_jsonl
 from dynjax.loaders import hf
-from dynjax.models import build, llm
+from dynjax.models import build, llm, moe_ffn
 from dynjax.train import convert, init_from, loop
 from tests.conftest import ROOT
 
@@ -149,9 +149,9 @@ def test_load_balance_is_switchs_and_one_when_balanced():
     experts = jax.lax.top_k(probs, 2)[1]
     share = np.bincount(np.asarray(experts).ravel(), minlength=4) / experts.size
     want = 4 * np.sum(share * np.asarray(probs).mean((0, 1)))
-    assert float(llm.load_balance(probs, experts)) == pytest.approx(want, rel=1e-6)
+    assert float(moe_ffn.load_balance(probs, experts)) == pytest.approx(want, rel=1e-6)
     uniform = jnp.full((1, 4, 4), 0.25)
-    assert float(llm.load_balance(uniform, jnp.arange(4).reshape(1, 4, 1))) == pytest.approx(1.0)
+    assert float(moe_ffn.load_balance(uniform, jnp.arange(4).reshape(1, 4, 1))) == pytest.approx(1.0)
 
 
 # ------------------------------------------------------------------ Mixture-of-Depths

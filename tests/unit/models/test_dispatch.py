@@ -235,7 +235,7 @@ def test_no_tokens_by_experts_by_capacity_tensor_in_the_compiled_train_step():
     x = jax.random.normal(jax.random.key(4), (1, n_tok, d))
     params = nn.meta.unbox(moe.MoeFfn(cfg).init(jax.random.key(5), x))
     programs = {}
-    for name in moe.DISPATCHES:
+    for name in ("onehot", "dropless"):
         ffn = moe.MoeFfn(cfg.replace(moe_dispatch=name))
         step = jax.grad(lambda p: jnp.sum(ffn.apply(p, x)[0] ** 2))
         programs[name] = jax.jit(step).lower(params).compile()
