@@ -1,14 +1,10 @@
 """Routing conditions one layer at a time: is layer l's routing a token-id lookup or a
 function of context? (issue 48's headline table)
 
-For each MoE layer l, the router scores of layer l alone are replaced by a condition's
-(``cross_input``: another example's scores; ``token_identity``: another occurrence of the
-same token's), every other layer keeps its recorded scores, and the model replays
-(:class:`dynjax.audit.expert_importance.Recorded`). ΔNLL per evaluation window against the
-replay of the recorded scores, averaged over R paired reassignments (draw r uses the same
-key for every layer and condition). The difference token_identity - cross_input per window
-gives a paired CI; the share of the cross-input effect token identity recovers is
-1 - ΔNLL(token_identity) / ΔNLL(cross_input) (``stats.retention_ci`` across seeds).
+Layer l's router scores alone are replaced by a condition's (``cross_input``,
+``token_identity``), every other layer replays its recorded scores; ΔNLL per window against
+the recorded replay over R paired reassignments, the paired difference and the share token
+identity recovers. Details: docs/audit.md (Routing conditions one layer at a time).
 """
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
 """How well Mixture-of-Depths' causal decode rules reproduce training-time top-k routing.
 
-At capacity c only a fraction c of tokens is in the top-k, so accuracy flatters every rule
-(one that never routes scores 1 - c). The report gives, per rule and per MoD block,
-precision, recall and F1 against top-k membership, with the base rate beside them:
-
-- ``router``: route when sigmoid(r) > 0.5 (the router logit trained by BCE),
-- ``predictor``: route when the stop-gradient MLP's logit > 0,
-
-each measured two ways: the rule's answer on the training (top-k) forward, and the tokens
-that really entered in the causal forward (whose hidden states differ once earlier blocks
-routed differently).
+Per rule (``router``: sigmoid(r) > 0.5; ``predictor``: its logit > 0) and per MoD block:
+precision, recall and F1 against top-k membership with the base rate beside them (accuracy
+would flatter a rule that never routes), on the training forward and on the tokens that
+really entered in the causal forward. Details: docs/audit.md (Causal MoD routing).
 """
 from __future__ import annotations
 

@@ -1,15 +1,10 @@
 """Fitting and scoring ``dynjax.decoding.predicted_skip``'s predictors on a frozen FeatureGate checkpoint.
 
-The predictor of block l learns "gate[l, t] >= tau" from h[l, t], both recorded by the
-plain forward (every token in every block) on training windows: binary cross-entropy, Adam,
-a few hundred steps, all blocks at once (one MLP per block, vmapped). Only the predictors
-learn; the model is frozen. A block's fixed capacity (its slots) is a quantile of the
-per-window number of askers on those windows, so most windows fit and the rest overflow.
-
-Costs are the analytic matmul FLOPs of the program that runs (``dynjax.measure.lm_execution``'s
-conventions: 2 x MACs, attention over the full score square of the slots, elementwise
-feature work not counted): each predictor on all T tokens, each block, its controller and
-its slot-square attention on its slots only, and the head.
+Each block's predictor learns "gate[l, t] >= tau" from h[l, t] of the plain forward (BCE,
+Adam, all blocks at once; the model frozen); a block's slots are a quantile of the
+per-window askers. Costs are analytic matmul FLOPs of the program that runs
+(:mod:`dynjax.measure.lm_execution`'s conventions). Details: docs/decoding.md (Fitting
+the skip predictors).
 """
 from __future__ import annotations
 
