@@ -33,7 +33,7 @@ def main():
     from dynjax import jsonio
     from dynjax.audit.settings import Settings
     from dynjax.loaders import hf
-    from dynjax.loaders.hf_architectures import CONFIGS
+    from dynjax.loaders.hf_architectures import PUBLISHED_FIELDS
     from dynjax.measure import execution
     from dynjax.models import llm
     from dynjax.audit import plan as audit_plan
@@ -43,7 +43,7 @@ def main():
     dc = config.data
     n_calib, n_eval, T = int(dc.calib_windows), int(dc.eval_windows), int(dc.seq_len)
     rows = {}
-    for name, fields in CONFIGS.items():
+    for name, fields in PUBLISHED_FIELDS.items():
         cfg = hf.config_from_hf(fields, "bfloat16")
         if not cfg.moe_layers:
             continue

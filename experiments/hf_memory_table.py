@@ -8,7 +8,7 @@ one 80 GB (H100) or 141 GB (H200) GPU.
 Two sources of counts, both from config.json fields written below or in
 ``dynjax/loaders/hf_architectures.py`` (copied by hand; nothing is downloaded):
 
-- the ported architectures (``hf_architectures.CONFIGS``): ``config_from_hf`` (so a field
+- the ported architectures (``hf_architectures.PUBLISHED_FIELDS``): ``config_from_hf`` (so a field
   the port would refuse fails here too) and ``llm.param_table``; with transformers
   installed, also transformers' own count, which must agree;
 - the checkpoints of :data:`PUBLISHED` (ports pending or under way): transformers' model
@@ -33,7 +33,7 @@ from dynjax.runtime import setup  # noqa: E402  one runtime set-up for every pro
 setup(__name__)
 import argparse  # noqa: E402
 
-from dynjax.loaders.hf_architectures import CONFIGS  # noqa: E402
+from dynjax.loaders.hf_architectures import PUBLISHED_FIELDS  # noqa: E402
 
 GIB = 2 ** 30
 GPUS = {"H100 80GB": 78 * GIB, "H200 141GB": 139 * GIB}
@@ -152,7 +152,7 @@ def main():
     except ImportError:
         transformers = None
     rows = {}
-    for name, fields in CONFIGS.items():
+    for name, fields in PUBLISHED_FIELDS.items():
         cfg = hf.config_from_hf(fields)
         n = llm.param_count(cfg)
         rows[name] = {"model_type": cfg.model_type, "params": n["total"],

@@ -26,13 +26,13 @@ MODELS = {"olmoe_1b_7b": "allenai/OLMoE-1B-7B-0924", "qwen3_30b_a3b": "Qwen/Qwen
 
 def get_config(arg: str = "olmoe_1b_7b"):
     from dynjax.loaders import hf
-    from dynjax.loaders.hf_architectures import CONFIGS
+    from dynjax.loaders.hf_architectures import PUBLISHED_FIELDS
     from dynjax.models import family_of
 
     if arg not in MODELS:
         raise ValueError(f"unknown model {arg!r}; choose one of {sorted(MODELS)}")
     c = tiny.get_config()
-    cfg = hf.config_from_hf(CONFIGS[MODELS[arg]], "bfloat16")
+    cfg = hf.config_from_hf(PUBLISHED_FIELDS[MODELS[arg]], "bfloat16")
     c.model = ml_collections.ConfigDict(dict(dataclasses.asdict(cfg), family=family_of(cfg),
                                              remat=True))
     c.data.seq_len = 2048

@@ -4,7 +4,7 @@ is downloaded): the production models ``dynjax.loaders.hf`` ports, sized by the 
 ``experiments/audit_hf_plan.py``."""
 
 GQA = dict(hidden_act="silu", tie_word_embeddings=False)
-CONFIGS = {
+PUBLISHED_FIELDS = {
     "meta-llama/Llama-3.1-8B": dict(
         GQA, model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
         num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
