@@ -2,9 +2,12 @@
 
     python benchmarks/audit_throughput.py [--variant feature_gate] [--windows 64]
         [--reassignments 20] [--batch-size 64] [--seq-len 128] [--out FILE]
+    python benchmarks/audit_throughput.py --hf DIR [--hf-dtype bfloat16] ...   # an HF MoE
 
 Audits a tiny model (configs/tiny.py architecture, initial parameters: the cost does not
-depend on training) several times with the same compiled engine: ``cold`` includes
+depend on training), or with ``--hf DIR`` a Hugging Face checkpoint as ``audit.py --hf``
+opens it (``dynjax.audit.targets.hf.HfDir``; e.g. the OLMoE-shaped checkpoint of
+``benchmarks/vs_transformers.py``), several times with the same compiled engine: ``cold`` includes
 compilation, ``warm`` (median of ``--audit-repeats``) is the steady state. The lower bound is
 (number of forward calls) x (median time of one jitted forward of the same batch, timed in
 interleaved rounds before and after the warm audits): ``bound_plain`` uses the model's plain
@@ -35,6 +38,8 @@ from dynjax.jsonio import command_line, publish_json  # noqa: E402
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--variant", default="feature_gate")
+    ap.add_argument("--hf", help="a Hugging Face checkpoint directory instead of --variant")
+    ap.add_argument("--hf-dtype", help="its load dtype (default: the checkpoint's)")
     ap.add_argument("--windows", type=int, default=64, help="calibration and evaluation each")
     ap.add_argument("--reassignments", type=int, default=20)
     ap.add_argument("--batch-size", type=int, default=64)
@@ -46,16 +51,23 @@ def main():
     ap.add_argument("--out")
     args = ap.parse_args()
 
-    config = tiny.get_config(args.variant)
-    model = build(config.model.to_dict())
     splits = text.load_splits()
     calib = text.eval_windows(splits["validation"], args.seq_len, args.windows)
     ev = text.eval_windows(splits["test"], args.seq_len, args.windows)
-    params = model.init(jax.random.key(0), jnp.asarray(ev[:1]))
     settings = Settings(reassignments=args.reassignments, batch_size=args.batch_size,
                         replay_atol=args.replay_atol)
-    target = {"apply_fn": model.apply, "schema": model.schema, "params": params,
-              "info": {"name": args.variant}, "engine_key": "bench"}
+    if args.hf:   # the byte-level windows are valid token ids of any vocabulary >= 256
+        from dynjax.audit.targets.hf import HfDir
+        opened = HfDir(args.hf, {"hf": {"dtype": args.hf_dtype}} if args.hf_dtype else None)
+        target = {**opened.audit_target(), "engine_key": "bench"}
+        model, params = opened.model, target["params"]
+        args.variant = f"hf/{opened.cfg.model_type}/{opened.cfg.dtype}"
+    else:
+        config = tiny.get_config(args.variant)
+        model = build(config.model.to_dict())
+        params = model.init(jax.random.key(0), jnp.asarray(ev[:1]))
+        target = {"apply_fn": model.apply, "schema": model.schema, "params": params,
+                  "info": {"name": args.variant}, "engine_key": "bench"}
     engines = {}
 
     batch = jnp.asarray(ev[:min(args.batch_size, args.windows)])
