@@ -266,3 +266,21 @@ def test_analytic_flops_count_the_sorted_rows_not_buffers():
     rows = dispatch.n_rows(128, 8, dispatch.default_block(128, 8))     # 64 tokens x top-2
     assert drop["moe_experts"] == rows * 2 * 2 * D * 64 and "moe_dispatch_combine" not in drop
     assert onehot["moe_experts"] == 8 * 64 * 2 * 2 * D * 64             # E buffers of T slots
+
+
+def test_bfloat16_grouped_matmul_rounds_float32_products_once():
+    """bfloat16 rows and experts: each row is its expert's float32 product rounded once to
+    bfloat16 (what XLA's own bfloat16 dot gives), within one rounding step."""
+    E, d, f = 4, 512, 8
+    experts = jax.random.randint(jax.random.key(4), (64,), 0, E)
+    _, _, groups = dispatch.layout(experts, E, block=8, impl="blocks")
+    rows = jax.random.normal(jax.random.key(5), (groups.rows, d)).astype(jnp.bfloat16)
+    w = jax.random.normal(jax.random.key(6), (E, d, f)).astype(jnp.bfloat16)
+    got = jax.jit(lambda r, w: dispatch.grouped_matmul(r, w, groups))(rows, w)
+    want = jnp.einsum("ma,mab->mb", rows.astype(jnp.float32),
+                      w.astype(jnp.float32)[groups.row_expert],
+                      precision=jax.lax.Precision.HIGHEST).astype(jnp.bfloat16)
+    used = int(groups.group_sizes.sum())
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(got[:used], np.float32),
+                               np.asarray(want[:used], np.float32), rtol=2 ** -7, atol=0)
