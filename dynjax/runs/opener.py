@@ -53,15 +53,16 @@ def _has_safetensors(path: pathlib.Path) -> bool:
     return bool(glob.glob(os.path.join(path, "*.safetensors")))
 
 
-def _missing(spec: str, path: pathlib.Path, kind: str | None) -> CheckpointError:
+def _missing(spec: str, path: pathlib.Path, kind: str | None, train: str | None) -> CheckpointError:
     if hub.is_repo_id(spec) and kind in ONE_SET_KINDS:
         try:
             hub.resolve(spec)       # raises the cache's own line (where it looked, the fix)
         except CheckpointError as e:
             return e
+    train = train or f"train.py ... --workdir={path}"
     return CheckpointError(
         f"{path} does not exist; give a train.py run directory (RUN or RUN:STEP: train one "
-        f"first with --workdir={path}), a Hugging Face checkpoint directory (config.json + "
+        f"first, e.g. `{train}`), a Hugging Face checkpoint directory (config.json + "
         f"*.safetensors), or a repo id ORG/NAME cached under {hub.cache_dir()}")
 
 
@@ -93,12 +94,14 @@ def recognise(path: pathlib.Path, config) -> str:
                           "a run directory or an HF checkpoint directory")
 
 
-def open_checkpoint(spec, kind: str | None = None, step: int | None = None) -> Checkpoint:
+def open_checkpoint(spec, kind: str | None = None, step: int | None = None,
+                    train: str | None = None) -> Checkpoint:
     """The checkpoint ``spec`` names: a train.py run directory (``RUN``, or ``RUN:STEP`` for
     a saved step), a Hugging Face checkpoint directory of a ported ``model_type``, a
     MUDDPythia directory, or a repo id ``ORG/NAME[@REV]`` in the local Hugging Face cache.
     Reads config.json only (no weights). ``kind``: the kind the caller insists on (one of
-    :data:`KINDS`); ``step``: a run's saved step (as ``:STEP`` does). Anything else is one
+    :data:`KINDS`); ``step``: a run's saved step (as ``:STEP`` does); ``train``: the command
+    that would train a missing run, as the caller's program words it. Anything else is one
     :class:`CheckpointError` naming the problem and the fix."""
     if kind is not None and kind not in KINDS:
         raise CheckpointError(f"unknown checkpoint kind {kind!r}; choose one of {list(KINDS)}")
@@ -109,7 +112,7 @@ def open_checkpoint(spec, kind: str | None = None, step: int | None = None) -> C
     step = spec_step if step is None else step
     path = pathlib.Path(hub.local_path(spec, required=kind in ONE_SET_KINDS))
     if not path.is_dir():
-        raise _missing(spec, path, kind)
+        raise _missing(spec, path, kind, train)
     config_file = path / rundir.CONFIG
     config = read_json(config_file, fix="copy the checkpoint's config.json again") \
         if config_file.exists() else None
@@ -120,7 +123,7 @@ def open_checkpoint(spec, kind: str | None = None, step: int | None = None) -> C
     if found in ONE_SET_KINDS:
         if step is not None:
             raise CheckpointError(f"{path} is a {NAMES[found]} directory and holds one set "
-                                  f"of weights; drop the step ({step})")
+                                  f"of weights; drop the step ({step}: --step, :STEP)")
         return Checkpoint(found, path, None, config)
     if step is not None:
         saved = rundir.steps(path)

@@ -1,4 +1,5 @@
-"""``open_target(path)``: any checkpoint dynjax can read, as one :class:`~dynjax.audit.targets.base.Target`.
+"""``open_target(path)``: any checkpoint dynjax can read, as one
+:class:`~dynjax.audit.targets.base.Target`.
 
 :func:`dynjax.runs.opener.open_checkpoint` recognises the kind (a train.py LM or classifier
 run, an HF directory of a ported ``model_type``, a MUDDPythia directory; anything else is
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from dynjax import configs
 from dynjax.audit.targets.base import Target
 from dynjax.audit.targets.hf import HfDir
 from dynjax.audit.targets.muddpythia import MuddPythiaDir
@@ -24,7 +26,8 @@ def open_target(path, kind: str | None = None, config=None, step: int | None = N
     ``kind``). ``config``: the audit config, whose section of the kind (``muddpythia``,
     ``hf``: the dtype weights load in) applies; None: the defaults. ``step``: a train.py
     run's saved step (None: the latest); a kind with one set of weights refuses one."""
-    found = open_checkpoint(path, kind, step)
+    train = f"{configs.command('train', 'tiny:feature_gate')} --workdir={path}"
+    found = open_checkpoint(path, kind, step, train=train)
     return KINDS[found.kind](found.path, config, found.step)
 
 

@@ -71,7 +71,8 @@ def test_a_bad_spec_is_one_line_naming_the_fix(tmp_path):
 
     with pytest.raises(CheckpointError) as e:
         open_checkpoint(HF / "llama", step=3)
-    assert "is a Hugging Face directory and holds one set of weights; drop the step (3)" in one_line(e)
+    assert ("is a Hugging Face directory and holds one set of weights; drop the step (3: --step"
+            in one_line(e))
     with pytest.raises(CheckpointError, match="holds one set of weights"):
         open_checkpoint(f"{HF / 'llama'}:3")
     with pytest.raises(CheckpointError) as e:
