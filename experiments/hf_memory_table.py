@@ -115,7 +115,13 @@ def transformers_counts(model_type: str, fields, quant: str) -> dict:
     E = (getattr(cfg, "n_routed_experts", None) or getattr(cfg, "num_local_experts", None)
          or getattr(cfg, "num_experts", None))
     total = routed = shipped = 0
-    for name, p in model.named_parameters():
+    # the tensors a checkpoint ships: parameters (tied ones once) and persistent buffers
+    # (DeepSeek's e_score_correction_bias and V4's tid2eid table are buffers in transformers,
+    # tensors in the checkpoint and in dynjax's parameter tree)
+    saved = model.state_dict().keys()
+    tensors = [*model.named_parameters(),
+               *((name, b) for name, b in model.named_buffers() if name in saved)]
+    for name, p in tensors:
         n = p.numel()
         total += n
         routed += n if _experts(name) else 0
@@ -145,7 +151,7 @@ def main():
     args = ap.parse_args()
     from dynjax import jsonio
     from dynjax.loaders import hf
-    from dynjax.models import llm
+    from dynjax.models import deepseek_v4, llm
 
     try:
         import transformers
@@ -154,7 +160,8 @@ def main():
     rows = {}
     for name, fields in PUBLISHED_FIELDS.items():
         cfg = hf.config_from_hf(fields)
-        n = llm.param_count(cfg)
+        n = (deepseek_v4.param_count if isinstance(cfg, deepseek_v4.Config)
+             else llm.param_count)(cfg)
         rows[name] = {"model_type": cfg.model_type, "params": n["total"],
                       "active_params": n["active"], "bf16_GiB": n["total"] * 2 / GIB,
                       "f32_GiB": n["total"] * 4 / GIB, "source": "dynjax llm.param_table",
