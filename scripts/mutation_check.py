@@ -1229,7 +1229,7 @@ MUTANTS = (
     Mutant("family_condition_acts_on_every_leaf", "dynjax/audit/families.py",
            "        return {**coeffs, **fn(sub(coeffs, keys), sub(schema, keys), arg, **needs)}",
            "        return fn(coeffs, schema, arg, **needs)",
-           ("tests/unit/audit/test_families.py::test_family_conditions_leave_the_other_families_as_recorded",),
+           ("tests/unit/audit/test_site_families.py::test_family_conditions_leave_the_other_families_as_recorded",),
            "a family's condition changes its own leaves only; the others replay as recorded"),
     Mutant("family_audit_beta_replays_decay", "dynjax/models/components/deltanet.py",
            "    used = coeffs_lib.site(decay_and_beta(p, x), given)",
