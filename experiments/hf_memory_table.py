@@ -151,7 +151,7 @@ def main():
     args = ap.parse_args()
     from dynjax import jsonio
     from dynjax.loaders import hf
-    from dynjax.models import deepseek_v4, llm
+    from dynjax import models
 
     try:
         import transformers
@@ -160,8 +160,7 @@ def main():
     rows = {}
     for name, fields in PUBLISHED_FIELDS.items():
         cfg = hf.config_from_hf(fields)
-        n = (deepseek_v4.param_count if isinstance(cfg, deepseek_v4.Config)
-             else llm.param_count)(cfg)
+        n = models.FAMILIES[models.family_of(cfg)].module.param_count(cfg)
         rows[name] = {"model_type": cfg.model_type, "params": n["total"],
                       "active_params": n["active"], "bf16_GiB": n["total"] * 2 / GIB,
                       "f32_GiB": n["total"] * 4 / GIB, "source": "dynjax llm.param_table",

@@ -170,15 +170,16 @@ def test_real_configs_for_the_plan():
     import ml_collections  # noqa: F401  (the config is a ConfigDict)
 
     from configs import hf_llm
-    from dynjax.models import build, deepseek_v4, llm
+    from dynjax.models import FAMILIES, build
 
     table = json.load(open(os.path.join(ROOT, "results", "hf_memory.json")))["models"]
-    count = {"llm": llm.param_count, "deepseek_v4": deepseek_v4.param_count}
     for arg, name in hf_llm.MODELS.items():
         c = hf_llm.get_config(arg)
         model = build(c.model.to_dict())
-        assert c.model.family in count and c.model.dtype == "bfloat16" and c.model.remat
-        assert count[c.model.family](model.cfg)["total"] == table[name]["params"], arg
+        assert c.model.family in ("llm", "deepseek_v4") and c.model.dtype == "bfloat16"
+        assert c.model.remat
+        count = FAMILIES[c.model.family].module.param_count(model.cfg)
+        assert count["total"] == table[name]["params"], arg
     with pytest.raises(ValueError, match="unknown model"):
         hf_llm.get_config("deepseek_v3")
 
