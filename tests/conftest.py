@@ -29,6 +29,18 @@ def tiny_config(variant="feature_gate", **model_overrides):
     return c
 
 
+def assert_causal(apply, params, tokens, t=13):
+    """Changing the bytes after position ``t`` never changes the logits at positions <= t,
+    and does change some logit after it."""
+    import numpy as np
+
+    base = apply(params, tokens)[0]
+    changed = tokens.at[:, t + 1:].set((tokens[:, t + 1:] + 7) % 256)
+    other = apply(params, changed)[0]
+    np.testing.assert_allclose(other[:, :t + 1], base[:, :t + 1], rtol=0, atol=1e-6)
+    assert not np.allclose(other[:, t + 1:], base[:, t + 1:])
+
+
 def cpu_devices_env(n_devices):
     """The environment for a subprocess with ``n_devices`` CPU devices: the count must be set
     before JAX starts. Any XLA flags the suite was started with are kept."""
