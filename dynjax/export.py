@@ -110,6 +110,11 @@ def hf_config(cfg, max_positions: int) -> dict:
     """The config.json of ``cfg`` (an ``llm.Config``): its own model_type when the port of
     that type computes it, else the first of the MoE / dense types that does; ConfigError
     when none does."""
+    from dynjax.models import llm
+    if not isinstance(cfg, llm.Config):
+        raise ConfigError(f"export writes llm-family runs; a {type(cfg).__module__} model "
+                          "has no exporter yet (its checkpoint directory is already the HF "
+                          "one it was loaded from)")
     if cfg.mod_layers:
         raise ConfigError(f"the run has Mixture-of-Depths layers {list(cfg.mod_layers)}, "
                           "which no Hugging Face architecture computes; only runs without "

@@ -105,6 +105,15 @@ class GroupedTopK:
         experts = jax.lax.top_k(choice, cfg.top_k)[1]
         return experts, weigh(scores, experts, cfg.norm_topk_prob, cfg.routed_scaling_factor)
 
+    @staticmethod
+    def distribution(cfg, scores):
+        return normalised(scores)
+
+
+def normalised(scores):
+    """Sigmoid scores as a distribution over all experts (softmax scores are one already)."""
+    return scores / jnp.sum(scores, axis=-1, keepdims=True)
+
 
 def weigh(scores, experts, renormalise: bool, scale: float):
     """The chosen experts' weights: their scores, renormalised (w / (sum w + 1e-20)) when
@@ -189,7 +198,7 @@ class Hash:
 
     @staticmethod
     def distribution(cfg, scores):
-        return scores / jnp.sum(scores, axis=-1, keepdims=True)
+        return normalised(scores)
 
 
 def bias_update(bias, experts, num_experts: int, rate: float):
