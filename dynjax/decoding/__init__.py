@@ -15,31 +15,29 @@ arithmetic. A cache is a list with one dict of fixed-shape arrays per attention 
 (``dynjax.decoding.cache``), so every step has static shapes and ``decode_step`` jits once.
 
 What decoding equals: the sequence forward of ``forward_config(cfg)`` within float
-tolerance, at every position. For gates and MUDD that is the model itself. MoD and staged
-MoDE route causally (``dynjax.decoding.mod``); MoE expert buffers fill in token order and
-are sized for a window of max_len (``dynjax.decoding.moe``). ``info`` says what ran, per
-layer and token: ``gate`` (gates: the multiplier of each block's update), ``entered`` (MoD:
-which tokens entered each MoD block), ``ffn_ran`` (MoE: whether an expert took the token).
+tolerance, at every position. For gates, MUDD and DeepSeek-V4 (``decoding.deepseek_v4``)
+that is the model itself. MoD and staged MoDE route causally (``decoding.mod``); MoE expert
+buffers fill in token order, sized for a window of max_len (``decoding.moe``). ``info`` says
+what ran, per layer and token: ``gate`` (gates: each block's update multiplier),
+``entered`` (MoD: the tokens that entered a block), ``ffn_ran`` (MoE: an expert took it).
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
-from dynjax.decoding import gates, llm, mod, moe, mudd
+from dynjax.decoding import deepseek_v4, gates, llm, mod, moe, mudd
 from dynjax.decoding.protocol import FamilyDecoder
 from dynjax.decoding.sampling import Sampling, next_token
 from dynjax.models.transformer import ModelConfig, Positions
 
 GREEDY = Sampling()
 FAMILIES: dict[str, FamilyDecoder] = {"gates": gates, "mod": mod, "moe": moe, "mudd": mudd,
-                                      "llm": llm}
+                                      "llm": llm, "deepseek_v4": deepseek_v4}
 # the families with no KV-cache decoder, and why (dynjax.models.FAMILIES names every family)
 REFUSED = {"gated_mlp": "a classifier of whole examples: there are no tokens to decode",
            "muddpythia": "the MUDDPythia reference port is checked against its logits only; "
-                         "decode by re-running the forward",
-           "deepseek_v4": "its compressed and sparse attention caches are not built; decode "
-                          "by re-running the forward, which is causal"}
+                         "decode by re-running the forward"}
 BRANCHES = mod.BRANCHES
 
 
@@ -66,8 +64,9 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int):
 
 
 def cache_bytes(cache) -> int:
-    """Bytes of the cached keys and values (positions and counters are not counted)."""
-    return sum(layer[n].nbytes for layer in cache for n in ("k", "v"))
+    """Bytes of the cache's floating arrays: keys, values, compressed entries, compressor
+    and recurrent states (positions and counters are not counted)."""
+    return sum(a.nbytes for a in jax.tree.leaves(cache) if jnp.issubdtype(a.dtype, jnp.floating))
 
 
 def _positions(cfg, index, bound=None) -> Positions:

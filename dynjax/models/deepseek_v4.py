@@ -39,9 +39,9 @@ experts); the indexers' scores (``indexer``, axes (layer, example, token, key), 
 compressed entry), from which replay recomputes the causal top-k selection. Record and
 replay are one compiled program (``dynjax.coeffs.site``).
 
-Decoding: greedy by re-running the forward on a fixed-length buffer (:func:`greedy`),
-exact because every piece is causal (an entry is visible only once its window closed);
-the compressed KV cache is not written.
+Decoding (``dynjax.decoding.deepseek_v4``): a cache of each layer's last window of keys, its
+compressors' open window and compressed entries (the indexer's keys too), run through
+:func:`run` with the cache's attention in place of :func:`attention`.
 """
 from __future__ import annotations
 
@@ -286,6 +286,12 @@ def angles(cfg: Config, kind: str, index):
     return jnp.cos(a), jnp.sin(a)
 
 
+def rope_at(cfg: Config, kind: str, positions):
+    """:func:`angles` with a batch axis: positions (T,) shared by the batch, or (B, T)."""
+    cos, sin = angles(cfg, kind, positions)
+    return (cos[None], sin[None]) if positions.ndim == 1 else (cos, sin)
+
+
 def rotate(x, cos, sin):
     """x (B, T, [H,] d): its last 2 cos.shape[-1] channels rotated in pairs (2i, 2i+1)."""
     r = cos.shape[-1] * 2
@@ -321,26 +327,41 @@ def pool(cfg: Config, p, x, rate: int, dim: int, overlap: bool):
         prev_kv = jnp.pad(kv[:, :-1, :, :dim], ((0, 0), (1, 0), (0, 0), (0, 0)))
         prev_gate = jnp.pad(gate[:, :-1, :, :dim], ((0, 0), (1, 0), (0, 0), (0, 0)),
                             constant_values=-jnp.inf)
-        kv = jnp.concatenate([prev_kv, kv[..., dim:]], axis=2)
-        gate = jnp.concatenate([prev_gate, gate[..., dim:]], axis=2)
+        kv, gate = overlap_slots(prev_kv, prev_gate, kv, gate, dim)
+    return pool_windows(cfg, p, kv, gate, jnp.arange(n) * rate)
+
+
+def overlap_slots(prev_kv, prev_gate, kv, gate, dim: int):
+    """A CSA window's 2 rate slots: the previous window's first series (.., rate, dim),
+    then this window's second series (its last ``dim`` channels)."""
+    return (jnp.concatenate([prev_kv, kv[..., dim:]], axis=-2),
+            jnp.concatenate([prev_gate, gate[..., dim:]], axis=-2))
+
+
+def pool_windows(cfg: Config, p, kv, gate, starts):
+    """Entries (B, n, dim) of windows' slots kv, gate (B, n, slots, dim) starting at
+    positions ``starts`` ((n,) or (B, n)): the pool the forward and the cache share."""
     w = jax.nn.softmax(gate.astype(F32), axis=2).astype(kv.dtype)
     entries = rms_norm(jnp.sum(kv * w, axis=2), p["kv_norm"], cfg.rms_norm_eps)
-    cos, sin = angles(cfg, "compress", jnp.arange(n) * rate)
-    return rotate(entries, cos[None], sin[None])
+    return rotate(entries, *rope_at(cfg, "compress", starts))
 
 
 def visible_entries(rate: int, n_entries: int, positions):
-    """(T, n): query t may see entry w once its window closed, (w + 1) rate <= t + 1."""
-    return jnp.arange(n_entries)[None, :] < ((positions + 1) // rate)[:, None]
+    """(.., T, n) for positions (.., T): query t may see entry w once its window closed,
+    (w + 1) rate <= t + 1."""
+    return jnp.arange(n_entries) < ((positions + 1) // rate)[..., None]
 
 
-def indexer_scores(cfg: Config, p, x, q_res, positions):
-    """The lightning indexer's scores (B, T, n) float32 of every query against every entry."""
+def indexer_scores(cfg: Config, p, x, q_res, positions, keys=None):
+    """The lightning indexer's scores (B, T, n) float32 of every query against every entry
+    (``keys``: the indexer's compressed keys (B, n, d), cached; default: pooled from x)."""
     B, T, _ = x.shape
     d, H = cfg.index_head_dim, cfg.index_n_heads
-    keys = pool(cfg, p, x, cfg.csa_rate, d, overlap=True).astype(F32)
-    cos, sin = angles(cfg, "compress", positions)
-    q = rotate((q_res @ p["q_b"]).reshape(B, T, H, d), cos[None], sin[None]).astype(F32)
+    if keys is None:
+        keys = pool(cfg, p, x, cfg.csa_rate, d, overlap=True)
+    keys = keys.astype(F32)
+    cos, sin = rope_at(cfg, "compress", positions)
+    q = rotate((q_res @ p["q_b"]).reshape(B, T, H, d), cos, sin).astype(F32)
     s = jax.nn.relu(jnp.einsum("bthd,bwd->bthw", q, keys)) * F32(d ** -0.5)
     w = (x @ p["weights"]).astype(F32) * F32(H ** -0.5)
     return jnp.einsum("bthw,bth->btw", s, w)
@@ -359,39 +380,57 @@ def index_select(cfg: Config, scores, positions):
 # Attention
 # --------------------------------------------------------------------------------------------
 
+def project(cfg: Config, kind: str, p, x, positions):
+    """A block's queries (B, T, H, hd), its shared key = value (B, T, hd), the normed
+    low-rank query (the indexer's input) and the rotary (cos, sin) at ``positions``."""
+    B, T, _ = x.shape
+    cos, sin = rope_at(cfg, "main" if kind == "sliding_attention" else "compress", positions)
+    q_res = rms_norm(x @ p["q_a"], p["q_a_norm"], cfg.rms_norm_eps)
+    q = rotate(unit_rms((q_res @ p["q_b"]).reshape(B, T, cfg.n_heads, cfg.head_dim),
+                        cfg.rms_norm_eps), cos, sin)
+    kv = rotate(rms_norm(x @ p["kv"], p["kv_norm"], cfg.rms_norm_eps), cos, sin)
+    return q, kv, q_res, (cos, sin)
+
+
+def window_mask(cfg: Config, q_pos, k_pos):
+    """(.., Tq, Tk): a query sees its own layer's keys within ``sliding_window`` before it."""
+    dist = q_pos[..., :, None] - k_pos[..., None, :]
+    return (dist >= 0) & (dist < cfg.sliding_window)
+
+
 def attention(cfg: Config, kind: str, p, x, positions, given):
     """One V4 attention block of x (B, T, D): (y, {"indexer": scores} or {})."""
     B, T, _ = x.shape
-    H, hd = cfg.n_heads, cfg.head_dim
-    rope = "main" if kind == "sliding_attention" else "compress"
-    cos, sin = angles(cfg, rope, positions)
-    cos, sin = cos[None], sin[None]
-    q_res = rms_norm(x @ p["q_a"], p["q_a_norm"], cfg.rms_norm_eps)
-    q = rotate(unit_rms((q_res @ p["q_b"]).reshape(B, T, H, hd), cfg.rms_norm_eps), cos, sin)
-    kv = rotate(rms_norm(x @ p["kv"], p["kv_norm"], cfg.rms_norm_eps), cos, sin)
-    dist = positions[:, None] - positions[None, :]
-    mask = jnp.broadcast_to((dist >= 0) & (dist < cfg.sliding_window), (B, T, T))
+    q, kv, q_res, (cos, sin) = project(cfg, kind, p, x, positions)
+    mask = jnp.broadcast_to(window_mask(cfg, positions, positions), (B, T, T))
     keys, used = kv, {}
     if kind == "heavily_compressed_attention":
-        entries = pool(cfg, p["compressor"], x, cfg.hca_rate, hd, overlap=False)
+        entries = pool(cfg, p["compressor"], x, cfg.hca_rate, cfg.head_dim, overlap=False)
         vis = visible_entries(cfg.hca_rate, entries.shape[1], positions)
         keys = jnp.concatenate([kv, entries], axis=1)
         mask = jnp.concatenate([mask, jnp.broadcast_to(vis, (B, *vis.shape))], axis=-1)
     elif kind == "compressed_sparse_attention":
         c = p["compressor"]
-        entries = pool(cfg, c, x, cfg.csa_rate, hd, overlap=True)
+        entries = pool(cfg, c, x, cfg.csa_rate, cfg.head_dim, overlap=True)
         used = coeffs_lib.site({"indexer": indexer_scores(cfg, c["indexer"], x, q_res,
                                                           positions)}, given)
         chosen = index_select(cfg, used["indexer"], positions)
         keys = jnp.concatenate([kv, entries], axis=1)
         mask = jnp.concatenate([mask, chosen], axis=-1)
-    logits = jnp.einsum("bthd,bsd->bhts", q, keys) * F32(hd ** -0.5)
+    return attend(cfg, p, q, keys, mask, cos, sin), used
+
+
+def attend(cfg: Config, p, q, keys, mask, cos, sin):
+    """Sink softmax of q (B, T, H, hd) over the keys = values (B, S, hd) ``mask`` (B, T, S)
+    admits, the output's rotation undone, the grouped low-rank output projection."""
+    B, T = q.shape[:2]
+    logits = jnp.einsum("bthd,bsd->bhts", q, keys) * F32(cfg.head_dim ** -0.5)
     probs = attention_lib.sink_softmax(jnp.where(mask[:, None], logits, -jnp.inf), p["sinks"])
     out = jnp.einsum("bhts,bsd->bthd", probs, keys)
     out = rotate(out, cos, -sin)                          # undo the values' rotation
     G = cfg.o_groups
     grouped = jnp.einsum("btgi,gir->btgr", out.reshape(B, T, G, -1), p["o_a"])
-    return grouped.reshape(B, T, -1) @ p["o_b"], used
+    return grouped.reshape(B, T, -1) @ p["o_b"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -434,6 +473,15 @@ def moe(cfg: Config, p, x, tokens, given):
     return y + shared, used
 
 
+def selected_experts(cfg: Config, params, coeffs, tokens):
+    """The experts (layer, B, T, k) every layer's MoE takes given recorded ``coeffs``: a
+    hash layer's ``tid2eid[tokens]``, a learned layer's top-k of its scores + bias."""
+    by_kind = {"hash_moe": iter(coeffs.get("hash_router", ())),
+               "moe": iter(coeffs.get("router", ()))}
+    return jnp.stack([route(cfg, p["moe"], next(by_kind[kind]), tokens)[0]
+                      for p, kind in zip(params["layers"], cfg.mlp_layer_types)])
+
+
 # --------------------------------------------------------------------------------------------
 # Forward
 # --------------------------------------------------------------------------------------------
@@ -445,9 +493,18 @@ def _slice(given, name, j):
 def forward(cfg: Config, params, tokens, coeffs=None):
     """``(logits float32 (B, T, V), coeffs)``: None records, a pytree replays, a Given is
     either (one compiled program for both)."""
-    given = coeffs_lib.as_given(coeffs)
-    B, T = tokens.shape
-    positions = jnp.arange(T)
+    positions = jnp.arange(tokens.shape[1])
+
+    def attend_layer(i, p, x, given):
+        return attention(cfg, cfg.layer_types[i], p, x, positions, given)
+    return run(cfg, params, tokens, attend_layer, coeffs_lib.as_given(coeffs), cfg.remat)
+
+
+def run(cfg: Config, params, tokens, attend_layer, given, remat: bool = False):
+    """The embedding, every layer behind its two hyper-connections, the head: (logits,
+    coeffs). ``attend_layer(i, p, x, given) -> (y, {"indexer": scores} or {})`` is layer
+    i's attention: the forward's over the sequence, or the decoder's against its cache
+    (``dynjax.decoding.deepseek_v4``, given None: nothing recorded)."""
     dims = cfg.hc_dims
     h = hyper.expand_embeddings(dims, jnp.take(params["embed"], tokens, axis=0))
     used = {"mhc_attn": [], "mhc_ffn": [], "router": [], "hash_router": [], "indexer": []}
@@ -458,9 +515,8 @@ def forward(cfg: Config, params, tokens, coeffs=None):
         inner = {}
 
         def attn_block(z):
-            y, c = attention(cfg, cfg.layer_types[i], p["attn"],
-                             rms_norm(z, p["input_norm"], cfg.rms_norm_eps), positions,
-                             _inner_given(given, "indexer", used))
+            y, c = attend_layer(i, p["attn"], rms_norm(z, p["input_norm"], cfg.rms_norm_eps),
+                                _inner_given(given, "indexer", used))
             inner.update(c)
             return y
 
@@ -475,7 +531,7 @@ def forward(cfg: Config, params, tokens, coeffs=None):
         return h, c_attn, c_ffn, inner
     for i, p in enumerate(params["layers"]):
         step = functools.partial(layer, i)
-        if cfg.remat:   # training plans: keep each layer's input, recompute the rest
+        if remat:   # training plans: keep each layer's input, recompute the rest
             step = jax.checkpoint(step)
         h, c_attn, c_ffn, inner = step(p, h)
         used["mhc_attn"].append(c_attn)
@@ -495,18 +551,6 @@ def forward(cfg: Config, params, tokens, coeffs=None):
 def _inner_given(given, name, used):
     """The given values of family ``name`` at the next layer that has it."""
     return coeffs_lib.part(given, lambda v: {name: v[name][len(used[name])]})
-
-
-def greedy(cfg: Config, params, prompt, new_tokens: int, length: int = 0, logits_fn=None):
-    """Greedy continuation (B, P + new) by the forward over a fixed buffer of
-    max(P + new, ``length``) tokens (one compiled program; positions after t never change
-    the logits at t). ``logits_fn(buffer)``: the forward to use (default: jitted here)."""
-    B, P = prompt.shape
-    buf = jnp.zeros((B, max(P + new_tokens, length)), jnp.int32).at[:, :P].set(prompt)
-    run = logits_fn or jax.jit(lambda b: forward(cfg, params, b)[0])
-    for t in range(P - 1, P + new_tokens - 1):
-        buf = buf.at[:, t + 1].set(jnp.argmax(run(buf)[:, t], axis=-1).astype(jnp.int32))
-    return buf[:, :P + new_tokens]
 
 
 @dataclasses.dataclass(frozen=True)

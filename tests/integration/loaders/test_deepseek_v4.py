@@ -209,16 +209,14 @@ def test_fp4_experts_dequantise_to_the_unpacked_model():
     an F8_E8M0 ``.scale`` per row and 32 inputs, quantization_config expert_dtype fp4):
     hf.load dequantises them on load, and the forward equals transformers' float32 forward
     of the same model holding those FP4 values unpacked; the expert sets are its own."""
-    from dynjax.loaders import hf, tensors
+    from dynjax.loaders import tensors
     path = CHECKPOINT.parent / "deepseek_v4_fp4"
     raw = tensors.SafetensorsFile(str(path / "model.safetensors"))
     w = "model.layers.1.ffn.experts.3.w2.weight"
     assert raw.dtype(w) == np.int8 and raw.entries[w][1] == (32, 16)
     assert raw.dtype(w[:-7] + ".scale").name == "float8_e8m0fnu"
-    model, params = hf.load(str(path), jnp.float32)
-    ref = dict(np.load(path / "reference.npz"))
+    model, params, ref, logits, coeffs = fp4_port()
     ids = jnp.asarray(ref["input_ids"])
-    logits, coeffs = jax.jit(model.apply)(params, ids)
     err = float(np.abs(np.asarray(logits) - ref["logits"]).max())
     assert err <= 1e-5, f"max |dlogit| {err:.3g}"
     assert f"{parity_row('deepseek_v4_fp4')['max_abs_logit_diff']:.3g}" == f"{err:.3g}"
@@ -251,10 +249,9 @@ def test_logits_equal_transformers():
 def test_expert_sets_and_indexer_selections_equal_transformers():
     model, params, ref, _, _, coeffs = port()
     cfg, ids = model.cfg, jnp.asarray(ref["input_ids"])
-    by_kind = {"hash_moe": iter(coeffs["hash_router"]), "moe": iter(coeffs["router"])}
+    chosen = v4.selected_experts(cfg, params, coeffs, ids)
     for i, kind in enumerate(cfg.mlp_layer_types):
-        experts, _ = v4.route(cfg, params["layers"][i]["moe"], next(by_kind[kind]), ids)
-        np.testing.assert_array_equal(np.sort(experts, -1), np.sort(ref["experts"][i], -1),
+        np.testing.assert_array_equal(np.sort(chosen[i], -1), np.sort(ref["experts"][i], -1),
                                       err_msg=f"layer {i} ({kind})")
     positions = jnp.arange(ids.shape[1])
     for j, scores in enumerate(coeffs["indexer"]):
@@ -294,15 +291,60 @@ def test_replay_is_bitwise_in_one_program():
     coeffs_lib.check(coeffs, model.schema)
 
 
-def test_greedy_decoding_equals_transformers():
-    """transformers' generate (its compressed caches) against the forward re-run over a
-    fixed buffer (dynjax does not write a compressed cache: see the module docstring)."""
-    model, params, ref, apply, _, coeffs = port()
+@functools.lru_cache(maxsize=None)
+def fp4_port():
+    """The FP4 fixture loaded (dequantised) once, its reference and its jitted forward."""
+    from dynjax.loaders import hf
+    path = CHECKPOINT.parent / "deepseek_v4_fp4"
+    model, params = hf.load(str(path), jnp.float32)
+    ref = dict(np.load(path / "reference.npz"))
+    logits, coeffs = jax.jit(model.apply)(params, jnp.asarray(ref["input_ids"]))
+    return model, params, ref, logits, coeffs
+
+
+@pytest.mark.parametrize("name", ["deepseek_v4", "deepseek_v4_fp4"])
+def test_cache_decoding_equals_the_forward_and_transformers(name):
+    """dynjax.decoding on V4's cache (a window of keys per layer, each compressor's open
+    window and entries, the indexer's keys): a 9-token prefill then one token a step, and
+    20 steps from an empty cache, give the forward's logits at every position (windows of
+    4 and 8 close inside the prefill and during the steps; the sliding window of 6 wraps
+    its ring); greedy generation equals transformers' generate."""
+    from dynjax import decoding
+    if name == "deepseek_v4":
+        model, params, ref, _, logits, _ = port()
+    else:
+        model, params, ref, logits, _ = fp4_port()
+    cfg, ids = model.cfg, jnp.asarray(ref["input_ids"], jnp.int32)
+    (B, T), P = ids.shape, 9
+    # prefill, step and generate as separate programs (one holding all three has hung
+    # XLA:CPU for a hybrid model: tests/integration/loaders/test_hf_hybrid.py)
+    prefill = jax.jit(lambda p, t: decoding.prefill(cfg, p, t, T)[:2])
+    step = jax.jit(lambda p, c, t, i: decoding.decode_step(cfg, p, c, t, i)[:2])
+    out, cache = prefill(params, ids[:, :P])
+    outs = [out]
+    for i in range(P, T):
+        out, cache = step(params, cache, ids[:, i], jnp.full((B,), i))
+        outs.append(out[:, None])
+    np.testing.assert_allclose(jnp.concatenate(outs, 1), logits, atol=1e-5, rtol=0)
+    cache, outs = decoding.init_cache(cfg, B, T), []
+    for i in range(T):
+        out, cache = step(params, cache, ids[:, i], jnp.full((B,), i))
+        outs.append(out)
+    np.testing.assert_allclose(jnp.stack(outs, 1), logits, atol=1e-5, rtol=0)
+    # what the cache holds: a ring of W - 1 keys per layer, a compressor's open window
+    # (2 series for CSA, its previous first series too), one entry per `rate` positions
+    W, hd, d = cfg.sliding_window, cfg.head_dim, cfg.index_head_dim
+    per_row = 0
+    for kind in cfg.layer_types:
+        per_row += (W - 1) * hd
+        if kind == "heavily_compressed_attention":
+            per_row += 2 * cfg.hca_rate * hd + T // cfg.hca_rate * hd
+        elif kind == "compressed_sparse_attention":
+            per_row += sum(6 * cfg.csa_rate * n + T // cfg.csa_rate * n for n in (hd, d))
+    assert decoding.cache_bytes(cache) == 4 * B * per_row
     greedy = ref["greedy"]
-    prompt = jnp.asarray(ref["input_ids"][:, :greedy.shape[1] - 8])
-    record = coeffs_lib.recording(jax.tree.map(jnp.zeros_like, coeffs))
-    out = v4.greedy(model.cfg, params, prompt, 8, length=ref["input_ids"].shape[1],
-                    logits_fn=lambda b: apply(params, b, record)[0])   # the compiled program
+    prompt = jnp.asarray(greedy[:, :greedy.shape[1] - 8], jnp.int32)
+    out = jax.jit(lambda p, t: decoding.generate(cfg, p, t, 8))(params, prompt)
     np.testing.assert_array_equal(np.asarray(out), greedy)
 
 
