@@ -1,4 +1,4 @@
-"""Build the tiny random Qwen3-Next, Qwen3.5-MoE and Qwen3.5 checkpoints (tests/data/hf/<arch>/).
+"""Build the tiny random Qwen3-Next, Qwen3.5-MoE, Qwen3.5 and Gemma-4 checkpoints (tests/data/hf/<arch>/).
 
     pip install -e '.[hf]'          # torch (CPU) + transformers: this script only
     python scripts/make_hf_hybrid_fixtures.py [--only=qwen3_next] [--out=tests/data/hf]
@@ -16,6 +16,12 @@ matters: router margins far above float noise (as make_hf_fixtures.py's), attent
 shared-expert gates spread over (0, 1), DeltaNet decays from near 1 to near 0, norm gains
 away from 1. ``reference.npz`` adds each DeltaNet layer's beta and decay
 (``deltanet_beta``, ``deltanet_decay``) to transformers' logits and router logits.
+``gemma4`` (Gemma-4's text model in its multimodal wrapper, a one-layer vision tower beside
+it): a sliding-window layer (window 8 of the 32 tokens) then a full-attention one with its
+own head width, one KV head and K = V; every layer an MoE beside a dense MLP; norm gains,
+router scales, per-expert scales and layer scalars drawn away from 1, router logits with
+clear margins (captured from ``router.proj``: transformers records the probabilities), a
+final logit soft-cap of 4 that bends the larger logits.
 Their parity rows (make_hf_fixtures.py's ``parity``: max |dlogit|, top-k sets) go into
 ``--results`` (results/hf_parity.json, beside every other port's; make_hf_fixtures.py
 --check recomputes them with the rest).
@@ -56,11 +62,22 @@ ARCHS = {
     "qwen3_5": dict(num_hidden_layers=4, layer_types=LAYER_TYPES, intermediate_size=48,
                     rope_parameters=dict(ROPE, mrope_section=[1, 1, 1],
                                          mrope_interleaved=True), **LINEAR),
+    "gemma4": dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+                   num_key_value_heads=2, head_dim=16, global_head_dim=32,
+                   num_global_key_value_heads=1, attention_k_eq_v=True, intermediate_size=16,
+                   enable_moe_block=True, num_experts=8, top_k_experts=2,
+                   moe_intermediate_size=8, hidden_size_per_layer_input=0,
+                   sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+                   final_logit_softcapping=4.0, tie_word_embeddings=True, pad_token_id=0),
 }
-WRAPPED = ("qwen3_5_moe", "qwen3_5")   # shipped as the multimodal wrapper, with MTP tensors
+WRAPPED = ("qwen3_5_moe", "qwen3_5", "gemma4")   # shipped as the multimodal wrapper
+MTP_ARCHS = ("qwen3_5_moe", "qwen3_5")          # ... with MTP tensors
 VISION = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=32, patch_size=4,
               temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=48,
               num_position_embeddings=16)
+GEMMA4_VISION = dict(hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                     num_attention_heads=2, num_key_value_heads=2, head_dim=4, patch_size=4,
+                     position_embedding_size=16)
 MTP = {"mtp.fc.weight": (48, 96), "mtp.norm.weight": (48,),
        "mtp.layers.0.input_layernorm.weight": (48,)}
 
@@ -69,7 +86,11 @@ def make_config(arch: str):
     import transformers
 
     common = {k: v for k, v in base.COMMON.items() if k != "intermediate_size"}
-    if arch in WRAPPED:
+    if arch == "gemma4":
+        cfg = transformers.AutoConfig.for_model(
+            arch, text_config=dict(common, **ARCHS[arch]), vision_config=GEMMA4_VISION,
+            audio_config=None, tie_word_embeddings=True)
+    elif arch in WRAPPED:
         text = dict(common, **ARCHS[arch])
         cfg = transformers.AutoConfig.for_model(arch, text_config=text, vision_config=VISION,
                                                 tie_word_embeddings=False)
@@ -82,6 +103,8 @@ def make_config(arch: str):
 def draw(model):
     """Weights at scales where each coefficient and gain matters (see the docstring)."""
     import torch
+    if type(model).__name__.startswith("Gemma4"):
+        return draw_gemma4(model, torch)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "visual" in name:
@@ -104,9 +127,36 @@ def draw(model):
                 p.normal_(0.0, 0.15)                    # the gate half spans (0, 1)
 
 
+def draw_gemma4(model, torch):
+    """Gemma-4's text model: norm gains (w itself), the router's scale, the per-expert scales
+    and the layer scalars (a saved buffer) away from 1; router logits of std ~3 (its input is
+    RMS-normed and times D^-1/2, so the weight's std is the logits')."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "language_model" not in name:
+                continue
+            if name.endswith("router.proj.weight"):
+                p.normal_(0.0, 3.0)
+            elif name.endswith("per_expert_scale"):
+                p.uniform_(0.5, 2.0)
+            elif name.endswith("router.scale") or "norm" in name:
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.uniform_(0.5, 1.5)
+
+
 def capture_coefficients(model):
-    """Hooks recording each DeltaNet layer's beta and decay as transformers computes them."""
+    """Hooks recording each DeltaNet layer's beta and decay as transformers computes them
+    (Gemma-4: each router's logits, ``router_logits``)."""
     import torch.nn.functional as F
+    if type(model).__name__.startswith("Gemma4"):
+        logits = []
+        for name, m in model.named_modules():
+            if name.endswith("router.proj"):
+                m.register_forward_hook(lambda mod, args, out: logits.append(
+                    out.detach().float().numpy()))
+        return {"router_logits": logits}
     found = {"deltanet_beta": [], "deltanet_decay": []}
 
     def hook(module, args, kwargs, _out):
@@ -156,17 +206,18 @@ def build(arch: str, out: pathlib.Path, tokenizer: pathlib.Path) -> dict:
         with torch.no_grad():
             res = model(input_ids=torch.as_tensor(ids, dtype=torch.long),
                         **({"output_router_logits": True} if "num_experts" in ARCHS[arch]
-                           else {}))
-        routers = [r.reshape(base.BATCH * base.SEQ_LEN, -1)
-                   for r in getattr(res, "router_logits", None) or ()]
-        k = ARCHS[arch].get("num_experts_per_tok", 0)
+                           and arch != "gemma4" else {}))
+        routers = [torch.as_tensor(r).reshape(base.BATCH * base.SEQ_LEN, -1) for r in
+                   coeffs.pop("router_logits", None) or getattr(res, "router_logits", None)
+                   or ()]
+        k = ARCHS[arch].get("num_experts_per_tok", ARCHS[arch].get("top_k_experts", 0))
         margin = min((base.margins(r, k) for r in routers), default=float("inf"))
         if margin > base.MIN_MARGIN:
             break
     else:
         raise SystemExit(f"{arch}: no seed gave top-k margins above {base.MIN_MARGIN}")
     base.save_checkpoint(model, out)
-    if arch in WRAPPED:
+    if arch in MTP_ARCHS:
         add_mtp_tensors(out)
     np.savez(out / "reference.npz", input_ids=ids, logits=res.logits.float().numpy(),
              **({"router_logits": np.stack([r.numpy() for r in routers])} if routers else {}),

@@ -9,6 +9,9 @@ attention shares them; multi-head latent attention: every head's expanded key an
 not the latent), at the core cache's slots and positions (``decoding.cache``). A Gated
 DeltaNet layer's cache is its fixed-size state instead (the last conv inputs and the
 recurrent matrix, ``components.deltanet.State``): its memory does not grow with the sequence.
+Each layer's cache has its own layer config's shape (``llm.layer_config``: Gemma-4's full
+layers hold fewer, wider key/value heads than its sliding ones); a sliding layer keeps every
+key and masks by position, as the forward does.
 """
 from __future__ import annotations
 
@@ -35,14 +38,15 @@ def init_cache(cfg: llm.Config, batch: int, max_len: int):
             f"KV-cache decoding of DeepSeek Sparse Attention (index_topk={cfg.index_topk}) is "
             "not built (the cache would need the indexer's keys); decode by re-running the "
             "forward, which is causal")
-    k_shape, v_shape = ATTENTION[cfg.attention].cache_shape(cfg)
-    k = jnp.zeros((batch, max_len, *k_shape), cfg.compute_dtype)
-    v = jnp.zeros((batch, max_len, *v_shape), cfg.compute_dtype)
-    kv = {"k": k, "v": v, "pos": jnp.full((batch, max_len), EMPTY, jnp.int32),
-          "n": jnp.zeros((batch,), jnp.int32)}
+    def kv(i):
+        k_shape, v_shape = ATTENTION[cfg.attention].cache_shape(llm.layer_config(cfg, i))
+        return {"k": jnp.zeros((batch, max_len, *k_shape), cfg.compute_dtype),
+                "v": jnp.zeros((batch, max_len, *v_shape), cfg.compute_dtype),
+                "pos": jnp.full((batch, max_len), EMPTY, jnp.int32),
+                "n": jnp.zeros((batch,), jnp.int32)}
     state = deltanet.initial_state(cfg.deltanet, batch, cfg.compute_dtype) \
         if cfg.deltanet_layers else None
-    return [state._asdict() if i in cfg.deltanet_layers else dict(kv)
+    return [state._asdict() if i in cfg.deltanet_layers else kv(i)
             for i in range(cfg.n_layers)]
 
 
@@ -59,7 +63,7 @@ def chunk(cfg: llm.Config, params, cache, tokens, pos, branch):
     """tokens (B, n) at ``pos`` -> logits (B, n, V), the new cache, info (none). Under
     ``residual`` "hyper" each block sits behind its hyper-connection, as in the forward."""
     del branch
-    h = jnp.take(params["embed"], tokens, axis=0).astype(cfg.compute_dtype)
+    h = llm.embed(cfg, params, tokens)
     if cfg.residual == "hyper":
         h = hyper.expand_embeddings(cfg.hyper, h)
     new_cache = []
@@ -69,13 +73,14 @@ def chunk(cfg: llm.Config, params, cache, tokens, pos, branch):
             if "deltanet" in p:
                 a, _, state = llm.token_mixer(cfg, p, x, pos, None, deltanet.State(**c))
                 return a, state._asdict()
-            q, k, v = llm.project_qkv(cfg, p["attn"], x, pos)
+            lc = llm.layer_config(cfg, i)
+            q, k, v = llm.project_qkv(lc, p["attn"], x, llm.layer_positions(cfg, i, pos))
             c = write(c, append_slots(c, jnp.ones(tokens.shape, bool)), k, v, pos.index)
             gate, _ = llm.output_gate(cfg, p["attn"], x, None)
-            return llm.attend(llm.layer_config(cfg, i), p["attn"], q, c["k"], c["v"],
-                              pos.index, c["pos"], gate), c
+            return llm.mixer_update(cfg, p, llm.attend(lc, p["attn"], q, c["k"], c["v"],
+                                                       pos.index, c["pos"], gate)), c
 
-        ffn = lambda z, p=p: llm.ffn(cfg, p, llm.norm(cfg, z, p["post_norm"]), None, tokens)[0]
+        ffn = lambda z, p=p: llm.feed_forward(cfg, p, z, None, tokens)[0]
         if cfg.residual == "hyper":
             out = {}
 
@@ -88,7 +93,7 @@ def chunk(cfg: llm.Config, params, cache, tokens, pos, branch):
         else:
             a, c = mixer(h)
             h = h + a
-            h = h + ffn(h)
+            h = llm.layer_output(cfg, p, h + ffn(h))
         new_cache.append(c)
     if cfg.residual == "hyper":
         h, _ = hyper.head(cfg.hyper, params["hc_head"], h, None)

@@ -70,7 +70,7 @@ from dynjax.models.components import rotary as rotary_lib
 from dynjax.models.components import table
 from dynjax.models.components.attention import ATTENTION, LATENT_NORM_EPS
 from dynjax.models.components import indexer as indexer_lib
-from dynjax.models.components.experts import EXPERTS, mlp_rows, swiglu
+from dynjax.models.components.experts import ACTIVATIONS, EXPERTS, mlp_rows, swiglu
 from dynjax.models.components.norms import rms_norm
 from dynjax.models.components import routers as routers_lib
 from dynjax.models.components.routers import ROUTERS
@@ -88,6 +88,13 @@ QK_NORMS = ("none", "head", "full")      # none; per head (Qwen3); over all head
 ROPE_TYPES = rotary_lib.ROPE_TYPES
 MOE_DISPATCHES = moe_ffn_lib.DISPATCHES
 MOD_ROUTES = ("topk", "router", "predictor")
+# "pre_norm": h += Attn(RMS h); h += FFN(RMS h). "gemma4": each update also normed on its
+# way out (sandwich norms), an MoE layer's dense MLP beside its experts, a learned scalar
+# times the layer's output (Gemma-4: :func:`feed_forward`, :func:`layer`)
+LAYER_FORMS = ("pre_norm", "gemma4")
+# the fields Gemma-4's full-attention layers may set apart from its sliding ones
+GLOBAL_LAYER_FIELDS = ("head_dim", "n_kv_heads", "rope_theta", "rope_type", "rope_factor",
+                       "partial_rotary_factor", "k_eq_v")
 # Old config.json names of today's fields (models.canonical reads runs made before a rename)
 RENAMED = {"router_aux_loss_coef": "moe_load_balance_loss_weight"}
 # The fields that say what a checkpoint computes (config_from_hf sets them); a conversion
@@ -102,7 +109,9 @@ ARCHITECTURE = ("vocab_size", "hidden_size", "n_layers", "n_heads", "n_kv_heads"
                 "qk_nope_head_dim", "v_head_dim", "sliding_window", "sliding_layers",
                 "swiglu_limit", "swiglu_alpha", "mixers", "deltanet_key_heads",
                 "deltanet_value_heads", "deltanet_key_dim", "deltanet_value_dim",
-                "deltanet_conv_kernel", "norm_offset", "attn_output_gate")
+                "deltanet_conv_kernel", "norm_offset", "attn_output_gate", "global_layer",
+                "v_norm", "k_eq_v", "attention_scale", "hidden_act", "layer_form",
+                "embed_scale", "final_logit_softcap")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,8 +174,17 @@ class Config:
     o_bias: bool = False
     qk_norm: str = "none"
     clip_qkv: Optional[float] = None  # OLMoE: clamp q, k, v to [-clip, clip] after the norms
-    sliding_window: int = 0          # "gqa_sinks": keys < sliding_window positions back are
-    sliding_layers: tuple = ()       # seen in these layers (layer_config); 0: every key
+    sliding_window: int = 0          # "gqa_sinks", "gqa": keys < sliding_window positions back
+    sliding_layers: tuple = ()       # are seen in these layers (layer_config); 0: every key
+    global_layer: tuple = ()         # Gemma-4: ((field, value), ..) the non-sliding layers' own
+    #                                  GLOBAL_LAYER_FIELDS (head_dim, KV heads, rope, K = V)
+    v_norm: bool = False             # Gemma-4: a gain-less RMSNorm of each value head
+    k_eq_v: bool = False             # Gemma-4 full layers: values = the key projection (no v)
+    attention_scale: float = 0.0     # the attention logits' factor (0: head_dim^-1/2; Gemma-4: 1)
+    hidden_act: str = "silu"         # the dense MLPs' gate activation (experts.ACTIVATIONS)
+    layer_form: str = "pre_norm"     # LAYER_FORMS: "gemma4" (sandwich norms, MLP beside MoE)
+    embed_scale: bool = False        # Gemma: the embeddings times sqrt(hidden_size)
+    final_logit_softcap: float = 0.0  # Gemma: logits = cap tanh(logits / cap); 0: none
     tie_word_embeddings: bool = False
     moe_layers: tuple = ()           # indices of the MoE layers; the others are dense
     num_experts: int = 0
@@ -202,6 +220,7 @@ class Config:
         object.__setattr__(self, "sliding_layers", tuple(int(i) for i in self.sliding_layers))
         object.__setattr__(self, "index_shared", tuple(int(i) for i in self.index_shared))
         object.__setattr__(self, "mixers", tuple(self.mixers))
+        object.__setattr__(self, "global_layer", tuple((str(k), v) for k, v in self.global_layer))
         checks = [
             (self.n_heads % self.n_kv_heads == 0,
              f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}"),
@@ -223,6 +242,16 @@ class Config:
              f"n_group={self.n_group} must divide num_experts={self.num_experts} and "
              f"topk_group={self.topk_group} lie in 1..n_group"),
             (self.experts in EXPERTS, f"experts={self.experts!r}; use one of {tuple(EXPERTS)}"),
+            (self.hidden_act in ACTIVATIONS,
+             f"hidden_act={self.hidden_act!r}; use one of {tuple(ACTIVATIONS)}"),
+            (self.layer_form in LAYER_FORMS and (self.layer_form == "pre_norm" or (
+                self.residual == "plain" and not self.mod_layers and not self.index_topk)),
+             f"layer_form={self.layer_form!r} must be one of {LAYER_FORMS}; 'gemma4' needs "
+             "residual='plain', no mod_layers and no indexer"),
+            (all(k in GLOBAL_LAYER_FIELDS for k, _ in self.global_layer),
+             f"global_layer={self.global_layer} may set only {GLOBAL_LAYER_FIELDS}"),
+            (not (self.k_eq_v or self.v_norm) or self.attention in ("gqa", "gqa_sinks"),
+             "k_eq_v and v_norm are grouped-query attention's (attention='gqa')"),
             (self.dtype in ("float32", "bfloat16"),
              f"dtype={self.dtype!r}; use 'float32' or 'bfloat16'"),
             (all(0 <= i < self.n_layers for i in self.moe_layers),
@@ -359,13 +388,17 @@ def param_table(cfg: Config):
         if i in cfg.deltanet_layers:
             rows += deltanet.param_rows(cfg.deltanet, L + ("deltanet",))
         else:
-            rows += ATTENTION[cfg.attention].rows(cfg, L + ("attn",))
+            lc = layer_config(cfg, i)   # Gemma-4's full layers: their own heads
+            rows += ATTENTION[cfg.attention].rows(lc, L + ("attn",))
             if cfg.attn_output_gate:
                 rows.append((L + ("attn", "gate"), (D, cfg.n_heads, cfg.head_dim),
                              ("embed", "heads", "kv")))
         if cfg.index_topk and i not in cfg.index_shared:
             rows += indexer_lib.rows(L + ("attn", "indexer"), D, cfg.q_lora_rank,
                                      cfg.index_n_heads, cfg.index_head_dim)
+        gemma = cfg.layer_form == "gemma4"
+        if gemma:
+            rows.append((L + ("attn_out_norm",), (D,), ("embed",)))
         rows.append((L + ("post_norm",), (D,), ("embed",)))
         if i in cfg.mod_layers:   # named as mod.Router's and mod.Predictor's parameters
             hid = cfg.mod_predictor_hidden
@@ -383,8 +416,15 @@ def param_table(cfg: Config):
                 rows += mlp_rows(M + ("shared",), D, cfg.shared_expert_size)
                 if cfg.shared_expert_gate:
                     rows.append((M + ("shared_gate",), (D, 1), ("embed", None)))
-        else:
+            if gemma:   # the experts' own input and output norms, the MLP's output norm
+                rows += [(M + ("in_norm",), (D,), ("embed",)),
+                         (M + ("out_norm",), (D,), ("embed",)),
+                         (L + ("mlp_out_norm",), (D,), ("embed",))]
+        if i not in cfg.moe_layers or gemma:
             rows += mlp_rows(L + ("mlp",), D, cfg.intermediate_size)
+        if gemma:
+            rows += [(L + ("ffn_out_norm",), (D,), ("embed",)),
+                     (L + ("layer_scalar",), (1,), (None,))]
         if cfg.residual == "hyper":
             rows += hyper.rows(cfg.hyper, L + ("attn_hc",)) + hyper.rows(cfg.hyper, L + ("ffn_hc",))
     if cfg.residual == "hyper":
@@ -409,13 +449,20 @@ def param_dtype(cfg: Config, path) -> str:
     return cfg.dtype
 
 
+# parameters that start at 1: Gemma-4's layer scalar and router scales
+ONES = ("layer_scalar", "router_scale", "expert_scale")
+
+
 def init(cfg: Config, key):
-    """Fresh parameters: weights N(0, 0.02), norm gains 1 (w = 1 - norm_offset), biases 0."""
+    """Fresh parameters: weights N(0, 0.02), norm gains 1 (w = 1 - norm_offset), biases 0,
+    scales (:data:`ONES`) 1."""
     def leaf(path, shape):
         name, dt = path[-1], param_dtype(cfg, path)
         if name.endswith("norm"):   # the DeltaNet output norm's gain is w itself
             offset = 0.0 if "deltanet" in path else cfg.norm_offset
             return jnp.full(shape, 1.0 - offset, dt)
+        if name in ONES:
+            return jnp.ones(shape, dt)
         if name.endswith("bias"):
             return jnp.zeros(shape, dt)
         k = jax.random.fold_in(key, zlib.crc32("/".join(map(str, path)).encode()))
@@ -527,15 +574,17 @@ def after_update(cfg: Config, old, new, router, tokens=None):
     return {**new, "layers": layers}
 
 
-def moe_ffn(cfg: Config, p, x, given, tokens=None):
+def moe_ffn(cfg: Config, p, x, given, tokens=None, router_x=None):
     """The shared ``moe_ffn.moe_ffn`` behind this family's routers, shared expert and gate:
     x (B, T, D) -> (y, {"router": probs (B, T, E)[, "shared_gate": (B, T)]}, aux), the
     coefficients after their site: the router always runs, ``given`` decides. ``aux``: the
     weighted load-balancing loss when ``moe_load_balance_loss_weight`` > 0 (training).
-    ``tokens`` (B, T): the token ids (a hash router's selection)."""
+    ``tokens`` (B, T): the token ids (a hash router's selection). ``router_x``: what the
+    router reads where it is not x (Gemma-4: the residual stream)."""
     B, T, D = x.shape
     dt = cfg.compute_dtype
-    computed = {"router": ROUTERS[cfg.router].scores(cfg, p, x)}
+    computed = {"router": ROUTERS[cfg.router].scores(cfg, p, x if router_x is None
+                                                       else router_x)}
     gated = cfg.shared_expert_size and cfg.shared_expert_gate
     if gated:
         computed["shared_gate"] = jax.nn.sigmoid(x @ p["shared_gate"].astype(dt))[..., 0] \
@@ -581,7 +630,33 @@ def ffn(cfg: Config, p, x, given, tokens=None):
     dense), aux losses); ``tokens``: the token ids (a hash router's)."""
     if "moe" in p:
         return moe_ffn(cfg, p["moe"], x, given, tokens)
-    return swiglu(p["mlp"], x, cfg.compute_dtype), {}, {}
+    return swiglu(p["mlp"], x, cfg.compute_dtype, cfg.hidden_act), {}, {}
+
+
+def feed_forward(cfg: Config, p, z, given, tokens=None):
+    """The FFN update of the residual stream z (B, T, D): FFN(RMS z) (:func:`ffn`) or, in
+    the "gemma4" layer form, RMS_out(RMS_1(MLP(RMS z)) [+ RMS_2(MoE(RMS_in z))]) with the
+    router reading z itself. (m, coefficients after their sites, aux losses)."""
+    x = norm(cfg, z, p["post_norm"])
+    if cfg.layer_form != "gemma4":
+        return ffn(cfg, p, x, given, tokens)
+    m = swiglu(p["mlp"], x, cfg.compute_dtype, cfg.hidden_act)
+    used, aux = {}, {}
+    if "moe" in p:
+        y, used, aux = moe_ffn(cfg, p["moe"], norm(cfg, z, p["moe"]["in_norm"]), given,
+                               tokens, router_x=z)
+        m = norm(cfg, m, p["mlp_out_norm"]) + norm(cfg, y, p["moe"]["out_norm"])
+    return norm(cfg, m, p["ffn_out_norm"]), used, aux
+
+
+def mixer_update(cfg: Config, p, a):
+    """The token mixer's output as added to the residual (normed in the "gemma4" form)."""
+    return norm(cfg, a, p["attn_out_norm"]) if cfg.layer_form == "gemma4" else a
+
+
+def layer_output(cfg: Config, p, h):
+    """The layer's new residual stream (times its learned scalar in the "gemma4" form)."""
+    return h * p["layer_scalar"].astype(h.dtype) if cfg.layer_form == "gemma4" else h
 
 
 def sparse_attention(cfg: Config, p, x, q, k, v, positions: Positions, index):
@@ -614,7 +689,8 @@ def attention_then_ffn(cfg: Config, p, h, positions: Positions, given, index=Non
         a, index_used, chosen = sparse_attention(cfg, p["attn"], x_in, q, k, v, positions, index)
         return (a, *ffn(cfg, p, norm(cfg, h + a, p["post_norm"]), given), (index_used, chosen))
     a, used, _ = token_mixer(cfg, p, x_in, positions, given)
-    m, used_ffn, aux = ffn(cfg, p, norm(cfg, h + a, p["post_norm"]), given, tokens)
+    a = mixer_update(cfg, p, a)
+    m, used_ffn, aux = feed_forward(cfg, p, h + a, given, tokens)
     return a, m, {**used, **used_ffn}, aux
 
 
@@ -630,14 +706,14 @@ def hyper_layer(cfg: Config, p, h, positions: Positions, given, tokens=None):
         used.update(c)
         return a
 
-    def feed_forward(z):
-        m, c, a = ffn(cfg, p, norm(cfg, z, p["post_norm"]), given, tokens)
+    def ffn_block(z):
+        m, c, a = feed_forward(cfg, p, z, given, tokens)
         used.update(c)
         aux.update(a)
         return m
     h, used["mhc_attn"] = hyper.around(cfg.hyper, p["attn_hc"], h, mixer,
                                        _pick_tree(given, "mhc_attn"))
-    h, used["mhc_ffn"] = hyper.around(cfg.hyper, p["ffn_hc"], h, feed_forward,
+    h, used["mhc_ffn"] = hyper.around(cfg.hyper, p["ffn_hc"], h, ffn_block,
                                       _pick_tree(given, "mhc_ffn"))
     return h, used, aux
 
@@ -687,15 +763,33 @@ def layer(cfg: Config, p, h, positions: Positions, given, index=None, tokens=Non
         return h + a + m, used, aux, selected
     a, m, used, aux = attention_then_ffn(cfg, p, h, positions, given, tokens=tokens)
     h = h + a
-    return h + m, used, aux
+    return layer_output(cfg, p, h + m), used, aux
 
 
 @functools.lru_cache(maxsize=None)
 def layer_config(cfg: Config, i: int) -> Config:
-    """The config layer ``i`` computes with: ``sliding_window`` only in ``sliding_layers``."""
-    if not cfg.sliding_window or i in cfg.sliding_layers:
+    """The config layer ``i`` computes with: ``sliding_window`` only in ``sliding_layers``;
+    the other layers take ``global_layer``'s fields (Gemma-4's full-attention layers)."""
+    if i in cfg.sliding_layers or not (cfg.sliding_window or cfg.global_layer):
         return cfg
-    return dataclasses.replace(cfg, sliding_window=0)
+    return dataclasses.replace(cfg, sliding_window=0, global_layer=(), **dict(cfg.global_layer))
+
+
+def layer_positions(cfg: Config, i: int, positions: Positions) -> Positions:
+    """Layer i's rotary positions: the model's, or its own where ``global_layer`` gives it
+    another rotary (Gemma-4's full-attention layers)."""
+    if not cfg.global_layer or i in cfg.sliding_layers:
+        return positions
+    return positions_at(layer_config(cfg, i), positions.index)
+
+
+def embed(cfg: Config, params, tokens):
+    """The tokens' embeddings (B, T, D) in the compute dtype (times sqrt(D): ``embed_scale``,
+    the factor rounded to the dtype as transformers rounds it)."""
+    h = jnp.take(params["embed"], tokens, axis=0).astype(cfg.compute_dtype)
+    if cfg.embed_scale:
+        h = h * jnp.asarray(np.float32(cfg.hidden_size ** 0.5), cfg.compute_dtype)
+    return h
 
 
 def _forward(cfg: Config, params, tokens, coeffs=None):
@@ -703,7 +797,7 @@ def _forward(cfg: Config, params, tokens, coeffs=None):
     given = coeffs_lib.as_given(coeffs)
     B, T = tokens.shape
     positions = positions_at(cfg, jnp.broadcast_to(jnp.arange(T), (B, T)))
-    h = jnp.take(params["embed"], tokens, axis=0).astype(cfg.compute_dtype)
+    h = embed(cfg, params, tokens)
     if cfg.residual == "hyper":
         h = hyper.expand_embeddings(cfg.hyper, h)
     run = jax.checkpoint(layer, static_argnums=0) if cfg.remat else layer
@@ -722,7 +816,8 @@ def _forward(cfg: Config, params, tokens, coeffs=None):
             if index_used:
                 used.setdefault("indexer", []).append(index_used["indexer"])
         else:
-            h, c, a = run(layer_config(cfg, i), p, h, positions, layer_given, None, tokens)
+            h, c, a = run(layer_config(cfg, i), p, h, layer_positions(cfg, i, positions),
+                          layer_given, None, tokens)
         for name in names:
             used.setdefault(name, []).append(c[name])
         for name, value in a.items():
@@ -743,9 +838,14 @@ def forward(cfg: Config, params, tokens, coeffs=None):
 
 
 def head(cfg: Config, params, x):
-    """Float32 logits of the final-normed hidden states (the embedding when tied)."""
+    """Float32 logits of the final-normed hidden states (the embedding when tied), soft-capped
+    to (-cap, cap) by cap tanh(z / cap) where ``final_logit_softcap`` is set (Gemma)."""
     w = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
-    return (x @ w.astype(x.dtype)).astype(F32)
+    logits = (x @ w.astype(x.dtype)).astype(F32)
+    if cfg.final_logit_softcap:
+        cap = F32(cfg.final_logit_softcap)
+        logits = jnp.tanh(logits / cap) * cap
+    return logits
 
 
 @dataclasses.dataclass(frozen=True)

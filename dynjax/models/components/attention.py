@@ -9,7 +9,11 @@
 
 "gqa": grouped-query attention (Llama, Qwen, Mixtral, OLMoE, Mistral): each key/value head
 serves n_heads / n_kv_heads consecutive query heads; optional q/k/v and output biases, q/k
-RMSNorm per head (Qwen3) or over all heads (OLMoE), OLMoE's clip.
+RMSNorm per head (Qwen3) or over all heads (OLMoE), OLMoE's clip. Gemma-4's details are
+switches of it: ``v_norm`` (a gain-less RMSNorm of each value head), ``k_eq_v`` (no value
+projection: the values are the key projection before its norm and rotary),
+``attention_scale`` (the logits' factor; 0: head_dim^-1/2) and, where the layer has one
+(``llm.layer_config``), the causal ``sliding_window`` below.
 
 "mla": DeepSeek's multi-head latent attention (DeepSeek-V2/V3, Kimi-K2, Moonlight): queries
 through a low-rank bottleneck (``q_lora_rank``; 0: one q projection), keys and values
@@ -39,7 +43,7 @@ class Gqa:
     def rows(cfg, A):
         D, H, KV, hd = cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         rows = []
-        for name, heads in (("q", H), ("k", KV), ("v", KV)):
+        for name, heads in (("q", H), ("k", KV)) + ((("v", KV),) if not cfg.k_eq_v else ()):
             rows.append((A + (name,), (D, heads, hd), ("embed", "heads", "kv")))
             if cfg.qkv_bias:
                 rows.append((A + (name + "_bias",), (heads, hd), ("heads", "kv")))
@@ -61,8 +65,11 @@ class Gqa:
         def proj(name):
             y = jnp.einsum("btd,dhk->bthk", x, p[name].astype(dt))
             return y + p[name + "_bias"].astype(dt) if cfg.qkv_bias else y
-        q, k, v = proj("q"), proj("k"), proj("v")
+        q, k = proj("q"), proj("k")
+        v = k if cfg.k_eq_v else proj("v")
         eps = cfg.rms_norm_eps
+        if cfg.v_norm:
+            v = norms.rms_norm(v, None, eps)
         off = cfg.norm_offset
         if cfg.qk_norm == "head":
             q, k = (norms.rms_norm(q, p["q_norm"], eps, offset=off),
@@ -80,7 +87,11 @@ class Gqa:
         given (Qwen3-Next's output gate), then the output projection: (B, Tq, D)."""
         k, v = Gqa.share(cfg, k, v)
         block = cfg.attn_block if q.shape[1] == k.shape[1] else 0
-        out, _, _ = causal_attention(q, k, v, q_pos, k_pos, block)
+        scale = cfg.attention_scale or None
+        if cfg.sliding_window:
+            out = sink_attention(q, k, v, q_pos, k_pos, None, cfg.sliding_window, block, scale)
+        else:
+            out, _, _ = causal_attention(q, k, v, q_pos, k_pos, block, scale=scale)
         return Gqa.output(cfg, p, Gqa.gated(out, gate))
 
     @staticmethod
@@ -180,31 +191,35 @@ def sink_softmax(logits, sinks):
     return jax.nn.softmax(jnp.concatenate([logits, sink], axis=-1), axis=-1)[..., :-1]
 
 
-def _sink_attend(q, k, v, q_pos, k_pos, sinks, window: int):
-    logits = attention_scores(q, k)                                 # (B, H, Tq, Tk) float32
+def _sink_attend(q, k, v, q_pos, k_pos, sinks, window: int, scale=None):
+    logits = attention_scores(q, k, scale)                          # (B, H, Tq, Tk) float32
     gap = q_pos[:, :, None] - k_pos[:, None, :]
     visible = gap >= 0
     if window:
         visible &= gap < window
-    probs = sink_softmax(jnp.where(visible[:, None], logits, MASK_VALUE), sinks)
+    logits = jnp.where(visible[:, None], logits, MASK_VALUE)
+    probs = jax.nn.softmax(logits, axis=-1) if sinks is None else sink_softmax(logits, sinks)
     return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
 
 
-def sink_attention(q, k, v, q_pos, k_pos, sinks, window: int = 0, block: int = 0):
+def sink_attention(q, k, v, q_pos, k_pos, sinks, window: int = 0, block: int = 0,
+                   scale=None):
     """Softmax attention over [the visible keys, one sink logit per head], the sink's
-    probability dropped: out (B, Tq, H, hd) of q, k, v (B, T, H, hd), sinks (H,).
+    probability dropped: out (B, Tq, H, hd) of q, k, v (B, T, H, hd), sinks (H,) (None: no
+    sink, plain windowed attention); ``scale``: the logits' factor (default hd^-1/2).
 
     ``window`` > 0 also hides keys ``window`` or more positions back. ``block`` > 0
     (self-attention in causal order, as ``transformer.causal_attention``): each block of
     queries attends over the keys from the window's start to the block's end only."""
     T = q.shape[1]
     if block <= 0 or T != k.shape[1] or T <= block:
-        return _sink_attend(q, k, v, q_pos, k_pos, sinks, window)
+        return _sink_attend(q, k, v, q_pos, k_pos, sinks, window, scale)
     parts = []
     for i in range(0, T, block):
         lo = max(0, i - window + 1) if window else 0
         parts.append(_sink_attend(q[:, i:i + block], k[:, lo:i + block], v[:, lo:i + block],
-                                  q_pos[:, i:i + block], k_pos[:, lo:i + block], sinks, window))
+                                  q_pos[:, i:i + block], k_pos[:, lo:i + block], sinks, window,
+                                  scale))
     return jnp.concatenate(parts, axis=1)
 
 

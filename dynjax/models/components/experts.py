@@ -18,6 +18,10 @@ MLP unstacked is every dense layer and the shared experts (:func:`swiglu`).
 above and up on both sides at ``Config.swiglu_limit``; out = ((up + 1) * gate *
 sigmoid(swiglu_alpha * gate)) W_down + b_down.
 
+"geglu" (Gemma-4): down(gelu_tanh(x W_gate) * (x W_up)), no biases, gate and up one stacked
+weight ``gate_up`` (expert, embed, 2 x width) with the gate in the first half (the
+checkpoint's ``gate_up_proj``).
+
 ``EXPERTS[name](cfg)`` is the kind bound to a config (its constants: the clamp, alpha).
 """
 from __future__ import annotations
@@ -35,9 +39,18 @@ def mlp_rows(path, d, width, experts=0):
             (path + ("down",), lead + (width, d), ax + ("mlp", "embed"))]
 
 
-def swiglu(p, x, dt):
-    """down(silu(x gate) * (x up)): every dense MLP and the shared experts."""
-    h = jax.nn.silu(x @ p["gate"].astype(dt)) * (x @ p["up"].astype(dt))
+def gelu_tanh(x):
+    """GELU's tanh approximation (transformers' gelu_pytorch_tanh)."""
+    return jax.nn.gelu(x, approximate=True)
+
+
+ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": gelu_tanh}   # Config.hidden_act
+
+
+def swiglu(p, x, dt, act: str = "silu"):
+    """down(act(x gate) * (x up)), act silu (or ``act``, Gemma's gelu_tanh): every dense MLP
+    and the shared experts."""
+    h = ACTIVATIONS[act](x @ p["gate"].astype(dt)) * (x @ p["up"].astype(dt))
     return h @ p["down"].astype(dt)
 
 
@@ -133,4 +146,33 @@ class ClampedSwiGLU:
             w["down_bias"][:, None]
 
 
-EXPERTS = {"gelu": Gelu, "swiglu": SwiGLU, "clamped_swiglu": ClampedSwiGLU}
+class GeGLU:
+    """Gemma-4's experts: down(gelu_tanh(gate) * up), gate and up halves of one weight."""
+
+    def __init__(self, cfg=None):
+        del cfg   # no constants
+
+    @staticmethod
+    def rows(path, d, width, experts):
+        return [(path + ("gate_up",), (experts, d, 2 * width), ("expert", "embed", "mlp")),
+                (path + ("down",), (experts, width, d), ("expert", "mlp", "embed"))]
+
+    @staticmethod
+    def glu(h):
+        gate, up = jnp.split(h, 2, axis=-1)
+        return gelu_tanh(gate) * up
+
+    def grouped(self, w, rows, groups):
+        h = dispatch.grouped_matmul(rows, w["gate_up"], groups)
+        return dispatch.grouped_matmul(self.glu(h), w["down"], groups)
+
+    def dense(self, w, x):
+        h = jnp.einsum("nd,edf->nef", x, w["gate_up"])
+        return jnp.einsum("nef,efd->ned", self.glu(h), w["down"])
+
+    def buffers(self, w, xe, hidden):
+        h = jnp.einsum("becd,edf->becf", xe, w["gate_up"])
+        return jnp.einsum("becf,efd->becd", hidden(self.glu(h)), w["down"])
+
+
+EXPERTS = {"gelu": Gelu, "swiglu": SwiGLU, "clamped_swiglu": ClampedSwiGLU, "geglu": GeGLU}

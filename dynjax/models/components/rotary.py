@@ -4,7 +4,11 @@
 (all divided by ``rope_factor``), "llama3" (Llama 3.1+: the low frequencies divided, a
 smooth band between), "yarn" (YaRN: interpolated below the beta_slow .. beta_fast
 rotation band, extrapolated above it, a linear ramp between; cos and sin scaled by the
-attention factor, 0.1 ln(factor) + 1 or the ratio of the two mscales). Orthogonal to it:
+attention factor, 0.1 ln(factor) + 1 or the ratio of the two mscales), "proportional"
+(Gemma-4's full-attention layers: the whole head in rotate-half pairs (i, i + d/2), the
+first d/2 x partial_rotary_factor pairs at theta^(-2i/d), the others at frequency 0, so
+they pass unrotated; unlike "default" the exponent's denominator is the whole head
+width). Orthogonal to the others:
 ``partial_rotary_factor`` rotates only the first fraction of each head (the rest passes),
 ``rope_interleave`` takes the rotated pairs as (2i, 2i+1) instead of (i, i + d/2)
 (DeepSeek's layout: the pairs are gathered into halves first, as transformers does, so
@@ -21,11 +25,14 @@ import numpy as np
 from dynjax.models.transformer import Positions, rotary as rotate_half_form
 
 F32 = jnp.float32
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")
 
 
 def rope_dim(cfg) -> int:
-    """How many leading channels of a head rotate (``head_dim`` x partial_rotary_factor)."""
+    """How many leading channels of a head rotate (``head_dim`` x partial_rotary_factor;
+    "proportional": every channel, some at frequency 0)."""
+    if cfg.rope_type == "proportional":
+        return cfg.head_dim
     return int(cfg.head_dim * cfg.partial_rotary_factor)
 
 
@@ -51,6 +58,12 @@ def _yarn(cfg, inv: np.ndarray, dim: int) -> np.ndarray:
 def inv_frequencies(cfg) -> np.ndarray:
     """Rotary inverse frequencies (rope_dim / 2,) float32, as HF's rope init computes them."""
     dim = rope_dim(cfg)
+    if cfg.rope_type == "proportional":
+        turning = int(cfg.partial_rotary_factor * dim // 2)
+        inv = 1.0 / (np.float32(cfg.rope_theta) ** (
+            np.arange(0, 2 * turning, 2, dtype=np.float32) / np.float32(dim)))
+        inv = np.concatenate([inv.astype(np.float32), np.zeros(dim // 2 - turning, np.float32)])
+        return (inv / np.float32(cfg.rope_factor)).astype(np.float32)
     inv = 1.0 / (np.float32(cfg.rope_theta) ** (
         np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
     inv = inv.astype(np.float32)

@@ -27,6 +27,11 @@ c. Their weights are the unbiased s, renormalised (w / (sum w + 1e-20)) when
 acts on selection and weights alike) recorded; the k largest logits, then a softmax over
 those k only.
 
+"normed_softmax_topk" (Gemma-4): its own gain-less RMSNorm of its input (the residual stream,
+not the experts' normed input), times a learned ``router_scale`` (D,) and D^-1/2, then
+p = softmax(x W) recorded; the k largest, renormalised to sum 1, each times its expert's
+learned ``expert_scale`` (E,) (a weight only: the selection is p's top-k).
+
 "hash" (Hash Layers, Roller et al. 2021; DeepSeek-V4's first layers): the experts come from
 a fixed token-id table, ``tid2eid[token]`` (V, k), a parameter no gradient moves (it is
 the same in every context: routing's static control); s = softmax(x W) (``router_score``
@@ -41,6 +46,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from dynjax.models.components import norms
 
 F32 = jnp.float32
 
@@ -123,6 +130,34 @@ def weigh(scores, experts, renormalise: bool, scale: float):
         weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
     return weights * F32(scale)
 
+
+
+class NormedSoftmaxTopK:
+    """p = softmax((RMS(x) * scale * D^-1/2) W) recorded; top-k, renormalised, per-expert
+    scaled (Gemma-4; docstring above)."""
+
+    float32_params = ()
+
+    @staticmethod
+    def rows(cfg, M):
+        return SoftmaxTopK.rows(cfg, M) + [
+            (M + ("router_scale",), (cfg.hidden_size,), ("embed",)),
+            (M + ("expert_scale",), (cfg.num_experts,), (None,))]
+
+    @staticmethod
+    def scores(cfg, p, x):
+        dt = cfg.compute_dtype
+        x = norms.rms_norm(x, None, cfg.rms_norm_eps) * p["router_scale"].astype(dt) \
+            * jnp.asarray(cfg.hidden_size ** -0.5, dt)
+        return SoftmaxTopK.scores(cfg, p, x)
+
+    @staticmethod
+    def select(cfg, p, probs, tokens=None):
+        weights, experts = jax.lax.top_k(probs, cfg.top_k)
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+        return experts, weights * p["expert_scale"].astype(F32)[experts]
+
+    distribution = SoftmaxTopK.distribution
 
 
 class TopKSoftmax:
@@ -209,5 +244,6 @@ def bias_update(bias, experts, num_experts: int, rate: float):
     return bias + F32(rate) * jnp.sign(jnp.mean(load) - load)
 
 
-ROUTERS = {"softmax_topk": SoftmaxTopK, "grouped_topk": GroupedTopK,
+ROUTERS = {"softmax_topk": SoftmaxTopK, "normed_softmax_topk": NormedSoftmaxTopK,
+           "grouped_topk": GroupedTopK,
            "topk_softmax": TopKSoftmax, "hash": Hash}
