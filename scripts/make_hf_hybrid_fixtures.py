@@ -1,4 +1,4 @@
-"""Build the tiny random Qwen3-Next, Qwen3.5-MoE, Qwen3.5 and Gemma-4 checkpoints (tests/data/hf/<arch>/).
+"""Build the tiny random Qwen3-Next, Qwen3.5-MoE, Qwen3.5 and Gemma-4 checkpoints (tests/data/hf/).
 
     pip install -e '.[hf]'          # torch (CPU) + transformers: this script only
     python scripts/make_hf_hybrid_fixtures.py [--only=qwen3_next] [--out=tests/data/hf]

@@ -9,9 +9,6 @@ attention shares them; multi-head latent attention: every head's expanded key an
 not the latent), at the core cache's slots and positions (``decoding.cache``). A Gated
 DeltaNet layer's cache is its fixed-size state instead (the last conv inputs and the
 recurrent matrix, ``components.deltanet.State``): its memory does not grow with the sequence.
-Each layer's cache has its own layer config's shape (``llm.layer_config``: Gemma-4's full
-layers hold fewer, wider key/value heads than its sliding ones); a sliding layer keeps every
-key and masks by position, as the forward does.
 """
 from __future__ import annotations
 
@@ -38,7 +35,7 @@ def init_cache(cfg: llm.Config, batch: int, max_len: int):
             f"KV-cache decoding of DeepSeek Sparse Attention (index_topk={cfg.index_topk}) is "
             "not built (the cache would need the indexer's keys); decode by re-running the "
             "forward, which is causal")
-    def kv(i):
+    def kv(i):   # each layer's own heads (llm.layer_config: Gemma-4's full layers)
         k_shape, v_shape = ATTENTION[cfg.attention].cache_shape(llm.layer_config(cfg, i))
         return {"k": jnp.zeros((batch, max_len, *k_shape), cfg.compute_dtype),
                 "v": jnp.zeros((batch, max_len, *v_shape), cfg.compute_dtype),

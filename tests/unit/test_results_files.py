@@ -112,7 +112,7 @@ def test_readme_hf_parity_row_equals_its_file():
     header = [c.strip() for c in lines[0].strip().strip("|").split("|")]
     printed = [c.strip() for c in lines[2].strip().strip("|").split("|")]
     plain = [(name, cell) for name, cell in zip(header, printed) if name in arch]
-    assert {"qwen3_next", "qwen3_5_moe", "qwen3_5"} <= {name for name, _ in plain}
+    assert {"qwen3_next", "qwen3_5_moe", "qwen3_5", "gemma4"} <= {name for name, _ in plain}
     for name, cell in plain:
         assert cell == f"{arch[name]['max_abs_logit_diff']:.2e}".replace("e-0", "e-"), name
 

@@ -1,21 +1,11 @@
 """Gemma-4 (Gemma4ForConditionalGeneration), the text model: 26B-A4B's MoE and the dense
-ones without per-layer embeddings or shared KV layers.
+ones without per-layer embeddings or shared KV layers (docs/hf.md, "Gemma-4").
 
-Each layer (``llm`` layer form "gemma4") normalises both updates on their way in and out
-(sandwich norms); in an MoE layer the dense GeGLU MLP runs beside the experts, each output
-normed, the experts reading their own normed input and the router (``normed_softmax_topk``:
-its gain-less RMSNorm, a learned scale times D^-1/2, softmax top-k renormalised, times a
-per-expert scale) the residual stream itself; the layer's output is times a learned scalar.
-Experts are GeGLU (gelu_tanh) with gate and up in one stacked weight. Attention: q/k RMSNorm
-with gains, a gain-less v norm, logits unscaled (attention_scale 1); the layers
-``layer_types`` names "sliding_attention" see a causal window and the default rotary, the
-others (``global_layer``) their own head_dim and KV heads (transformers 5's
-``per_layer_config``, or the Hub's ``global_head_dim`` and, where ``attention_k_eq_v``,
-``num_global_key_value_heads``), values equal to the key projection (K = V) and the
-"proportional" rotary. Embeddings are times sqrt(D); the logits
-soft-capped by ``final_logit_softcapping``. Every RMSNorm's gain is w itself. The
-checkpoint ships the multimodal wrapper: the text model under ``model.language_model.``
-(read as ``model.``), the vision and audio towers skipped by name (``loaders.tensors``).
+``llm``'s layer form "gemma4" (sandwich norms, a dense GeGLU MLP beside the MoE, a layer
+scalar), the ``normed_softmax_topk`` router over ``geglu`` experts, q/k/v-normed unscaled
+attention: "sliding_attention" layers windowed, the others with ``global_layer``'s heads,
+K = V and proportional rotary; embeddings times sqrt(D), soft-capped logits. The wrapper's
+text model is read from under ``model.language_model.``; its towers are skipped by name.
 """
 from dynjax.loaders import tensors
 from dynjax.loaders.archs import Arch, common as c

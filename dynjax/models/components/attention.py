@@ -9,11 +9,7 @@
 
 "gqa": grouped-query attention (Llama, Qwen, Mixtral, OLMoE, Mistral): each key/value head
 serves n_heads / n_kv_heads consecutive query heads; optional q/k/v and output biases, q/k
-RMSNorm per head (Qwen3) or over all heads (OLMoE), OLMoE's clip. Gemma-4's details are
-switches of it: ``v_norm`` (a gain-less RMSNorm of each value head), ``k_eq_v`` (no value
-projection: the values are the key projection before its norm and rotary),
-``attention_scale`` (the logits' factor; 0: head_dim^-1/2) and, where the layer has one
-(``llm.layer_config``), the causal ``sliding_window`` below.
+RMSNorm per head (Qwen3) or over all heads (OLMoE), OLMoE's clip; Gemma-4's switches.
 
 "mla": DeepSeek's multi-head latent attention (DeepSeek-V2/V3, Kimi-K2, Moonlight): queries
 through a low-rank bottleneck (``q_lora_rank``; 0: one q projection), keys and values
@@ -37,7 +33,11 @@ from dynjax.models.transformer import MASK_VALUE, Positions, attention_scores, c
 
 
 class Gqa:
-    """Grouped-query attention with the optional biases, q/k norms and clip above."""
+    """Grouped-query attention with the optional biases, q/k norms and clip above, and
+    Gemma-4's switches: ``v_norm`` (a gain-less RMSNorm of each value head), ``k_eq_v`` (no
+    value projection: the values are the key projection before its norm and rotary),
+    ``attention_scale`` (the logits' factor; 0: head_dim^-1/2) and, where the layer has one
+    (``llm.layer_config``), a causal ``sliding_window`` as "gqa_sinks"'s (docs/hf.md)."""
 
     @staticmethod
     def rows(cfg, A):

@@ -18,10 +18,6 @@ MLP unstacked is every dense layer and the shared experts (:func:`swiglu`).
 above and up on both sides at ``Config.swiglu_limit``; out = ((up + 1) * gate *
 sigmoid(swiglu_alpha * gate)) W_down + b_down.
 
-"geglu" (Gemma-4): down(gelu_tanh(x W_gate) * (x W_up)), no biases, gate and up one stacked
-weight ``gate_up`` (expert, embed, 2 x width) with the gate in the first half (the
-checkpoint's ``gate_up_proj``).
-
 ``EXPERTS[name](cfg)`` is the kind bound to a config (its constants: the clamp, alpha).
 """
 from __future__ import annotations
@@ -147,7 +143,9 @@ class ClampedSwiGLU:
 
 
 class GeGLU:
-    """Gemma-4's experts: down(gelu_tanh(gate) * up), gate and up halves of one weight."""
+    """"geglu", Gemma-4's experts: down(gelu_tanh(x W_gate) * (x W_up)), no biases, gate and
+    up one stacked weight ``gate_up`` (expert, embed, 2 x width), the gate in the first half
+    (the checkpoint's ``gate_up_proj``)."""
 
     def __init__(self, cfg=None):
         del cfg   # no constants

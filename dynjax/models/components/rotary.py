@@ -5,15 +5,11 @@
 smooth band between), "yarn" (YaRN: interpolated below the beta_slow .. beta_fast
 rotation band, extrapolated above it, a linear ramp between; cos and sin scaled by the
 attention factor, 0.1 ln(factor) + 1 or the ratio of the two mscales), "proportional"
-(Gemma-4's full-attention layers: the whole head in rotate-half pairs (i, i + d/2), the
-first d/2 x partial_rotary_factor pairs at theta^(-2i/d), the others at frequency 0, so
-they pass unrotated; unlike "default" the exponent's denominator is the whole head
-width). Orthogonal to the others:
-``partial_rotary_factor`` rotates only the first fraction of each head (the rest passes),
-``rope_interleave`` takes the rotated pairs as (2i, 2i+1) instead of (i, i + d/2)
-(DeepSeek's layout: the pairs are gathered into halves first, as transformers does, so
-queries and keys come out in the same permuted order and their dot products are
-unchanged).
+(Gemma-4). Orthogonal to it: ``partial_rotary_factor`` rotates only the first fraction of
+each head (the rest passes), ``rope_interleave`` takes the rotated pairs as (2i, 2i+1)
+instead of (i, i + d/2) (DeepSeek's layout: the pairs are gathered into halves first, as
+transformers does, so queries and keys come out in the same permuted order and their dot
+products are unchanged).
 """
 from __future__ import annotations
 
@@ -56,7 +52,10 @@ def _yarn(cfg, inv: np.ndarray, dim: int) -> np.ndarray:
 
 
 def inv_frequencies(cfg) -> np.ndarray:
-    """Rotary inverse frequencies (rope_dim / 2,) float32, as HF's rope init computes them."""
+    """Rotary inverse frequencies (rope_dim / 2,) float32, as HF's rope init computes them.
+    "proportional" (Gemma-4's full layers): the whole head in rotate-half pairs (i, i + d/2),
+    the first d/2 x partial_rotary_factor at theta^(-2i/d) (the denominator the whole head
+    width, unlike "default"), the others at frequency 0, so they pass unrotated."""
     dim = rope_dim(cfg)
     if cfg.rope_type == "proportional":
         turning = int(cfg.partial_rotary_factor * dim // 2)

@@ -27,11 +27,6 @@ c. Their weights are the unbiased s, renormalised (w / (sum w + 1e-20)) when
 acts on selection and weights alike) recorded; the k largest logits, then a softmax over
 those k only.
 
-"normed_softmax_topk" (Gemma-4): its own gain-less RMSNorm of its input (the residual stream,
-not the experts' normed input), times a learned ``router_scale`` (D,) and D^-1/2, then
-p = softmax(x W) recorded; the k largest, renormalised to sum 1, each times its expert's
-learned ``expert_scale`` (E,) (a weight only: the selection is p's top-k).
-
 "hash" (Hash Layers, Roller et al. 2021; DeepSeek-V4's first layers): the experts come from
 a fixed token-id table, ``tid2eid[token]`` (V, k), a parameter no gradient moves (it is
 the same in every context: routing's static control); s = softmax(x W) (``router_score``
@@ -133,8 +128,10 @@ def weigh(scores, experts, renormalise: bool, scale: float):
 
 
 class NormedSoftmaxTopK:
-    """p = softmax((RMS(x) * scale * D^-1/2) W) recorded; top-k, renormalised, per-expert
-    scaled (Gemma-4; docstring above)."""
+    """"normed_softmax_topk" (Gemma-4): its own gain-less RMSNorm of its input (the residual
+    stream, not the experts' normed input), times a learned ``router_scale`` (D,) and
+    D^-1/2, then p = softmax(x W) recorded; the k largest, renormalised to sum 1, each times
+    its expert's learned ``expert_scale`` (E,) (a weight only: the selection is p's top-k)."""
 
     float32_params = ()
 

@@ -197,7 +197,7 @@ def test_every_router_has_the_documented_namespace_and_a_distribution(name):
     for attr in ("rows", "scores", "select", "float32_params", "distribution"):
         assert hasattr(r, attr), (name, attr)
     scores = jax.nn.sigmoid(jax.random.normal(jax.random.key(1), (3, 8)))
-    if name in ("softmax_topk",):
+    if name in ("softmax_topk", "normed_softmax_topk"):
         scores = jax.nn.softmax(scores, axis=-1)
     dist = r.distribution(None, scores)
     np.testing.assert_allclose(np.sum(dist, axis=-1), 1.0, rtol=1e-6)
