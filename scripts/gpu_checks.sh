@@ -22,9 +22,14 @@
 # `bash scripts/gpu_checks.sh moe_dispatch` runs the dropless MoE checks alone (issue 27, ~4 min):
 # tests/unit/models/test_dispatch.py on the GPU (there the default grouped matmul is jax.lax.ragged_dot),
 # then benchmarks/moe_dispatch.py at d=1024, d_ff=2048, E = 8, 64, 128, 4k-64k tokens.
-# `bash scripts/gpu_checks.sh hf` runs the Hugging Face ports alone: parity of the committed
-# fixtures on the GPU (scripts/make_hf_fixtures.py --check, no torch needed) and, where torch
-# and transformers are installed, benchmarks/vs_transformers.py with transformers on cuda.
+# `bash scripts/gpu_checks.sh hf` runs the Hugging Face ports alone (~6 min at most): parity of
+# the committed fixtures on the GPU (scripts/make_hf_fixtures.py --check, no torch needed),
+# where torch and transformers are installed benchmarks/vs_transformers.py with transformers
+# on cuda, and the streaming load (benchmarks/hf_load.py: a ~2 GB bf16 Qwen3-MoE-shaped
+# checkpoint made in /tmp, HF_LOAD_GB and HF_LOAD_DIR to change, loaded onto the GPU with
+# the page cache warm and dropped: host peak RSS and time against cat).
+# GPU_CHECKS_DRY_RUN=1 prints each step that would run, with its limit and command, and
+# runs none (checks the step selection and the budget on any machine).
 # The default call runs the contract tests, then the dropless MoE and HF checks (never run on a
 # GPU yet), then the earlier measurements, all inside one budget: GPU_CHECKS_BUDGET seconds
 # for the whole call (default 450 with no arguments, so the call stays under 8 minutes; 570
@@ -47,14 +52,14 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 {
   nvidia-smi -L
-  $PY -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
+  "$PY" -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
 } 2>&1 | tee "$OUT/env.txt"
 PERF="perf_tests perf_76m_cudnn perf_76m_jnp perf_76m_dots"
 ARGS=" ${*:-} "
 STEPS=" ${ARGS/ perf / $PERF }"
 STEPS=${STEPS/ moe_dispatch / moe_dispatch_tests moe_dispatch }
-STEPS=${STEPS/ hf / hf_parity hf_throughput }
-[[ -n ${*:-} ]] || STEPS=" pytest_contract pytest_families moe_dispatch_tests moe_dispatch hf_parity hf_throughput audit_replay train_76m mod_speed gate_speed gate_speed_large fg_remat_off fg_t256 execution_76m "
+STEPS=${STEPS/ hf / hf_parity hf_throughput hf_load }
+[[ -n ${*:-} ]] || STEPS=" pytest_contract pytest_families moe_dispatch_tests moe_dispatch hf_parity hf_throughput hf_load audit_replay train_76m mod_speed gate_speed gate_speed_large fg_remat_off fg_t256 execution_76m "
 if [[ -n ${*:-} ]]; then BUDGET=${GPU_CHECKS_BUDGET:-570}; else BUDGET=${GPU_CHECKS_BUDGET:-450}; fi
 step() {  # step SECONDS NAME CMD...: run with a limit (cut to the budget left), log to $OUT/log.txt
   local limit=$1 name=$2; shift 2
@@ -65,64 +70,70 @@ step() {  # step SECONDS NAME CMD...: run with a limit (cut to the budget left),
     return 0
   fi
   ((limit > left)) && limit=$left
+  if [[ -n ${GPU_CHECKS_DRY_RUN:-} ]]; then   # say what would run, run nothing
+    echo "=== $name (limit ${limit} s): $*" | tee -a "$OUT/log.txt"
+    return 0
+  fi
   echo "=== $name ($(date +%T), limit ${limit} s)" | tee -a "$OUT/log.txt"
   local t0=$SECONDS
   timeout "$limit" "$@" >>"$OUT/log.txt" 2>&1
   echo "=== $name: exit $? in $((SECONDS - t0)) s" | tee -a "$OUT/log.txt"
 }
-step 150 pytest_contract $PY -m pytest -q -p no:cacheprovider tests/unit/models/test_gates.py -k "replay or causality or dense_equals"
-step 240 pytest_families $PY -m pytest -q -p no:cacheprovider tests/unit/models/test_mod.py tests/unit/models/test_moe.py \
+step 150 pytest_contract "$PY" -m pytest -q -p no:cacheprovider tests/unit/models/test_gates.py -k "replay or causality or dense_equals"
+step 240 pytest_families "$PY" -m pytest -q -p no:cacheprovider tests/unit/models/test_mod.py tests/unit/models/test_moe.py \
   tests/unit/models/test_mode.py tests/unit/models/test_mudd.py tests/unit/models/test_gated_mlp.py tests/unit/loaders/test_muddpythia.py \
   tests/unit/decoding/test_decoding.py -k "replay or bitwise or kv_cache or parity or reference or decoding"
-step 120 moe_dispatch_tests $PY -m pytest -q -p no:cacheprovider tests/unit/models/test_dispatch.py
-step 240 moe_dispatch $PY benchmarks/moe_dispatch.py --experts 8 64 128 --top-k 1 2 8 \
+step 120 moe_dispatch_tests "$PY" -m pytest -q -p no:cacheprovider tests/unit/models/test_dispatch.py
+step 240 moe_dispatch "$PY" benchmarks/moe_dispatch.py --experts 8 64 128 --top-k 1 2 8 \
   --tokens 4096 16384 65536 --memory-tokens 4096 16384 65536 --seq-len 2048 --d-model 1024 \
   --d-ff 2048 --repeats 9 --max-onehot-elems 2e9 --out "$OUT/moe_dispatch_gpu.json"
 hf_throughput() {  # transformers on the GPU too, where torch and transformers are installed
-  if ! $PY -c "import torch, transformers" 2>/dev/null; then
+  if ! "$PY" -c "import torch, transformers" 2>/dev/null; then
     echo "skipped: torch or transformers is not installed on this machine"
     return 0
   fi
   local dev
-  dev=$($PY -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
-  $PY -m benchmarks.vs_transformers --torch-device "$dev" --batch-size 8 --repeats 5 \
+  dev=$("$PY" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
+  "$PY" -m benchmarks.vs_transformers --torch-device "$dev" --batch-size 8 --repeats 5 \
     --out "$OUT/vs_transformers_gpu.json"
 }
 export -f hf_throughput
 export OUT PY
-step 90 hf_parity env JAX_PLATFORMS="${HF_PLATFORM:-cuda}" $PY scripts/make_hf_fixtures.py --check \
+step 90 hf_parity env JAX_PLATFORMS="${HF_PLATFORM:-cuda}" "$PY" scripts/make_hf_fixtures.py --check \
   --results "$OUT/hf_parity_gpu.json"
 step 150 hf_throughput bash -c hf_throughput
-step 90 audit_replay $PY benchmarks/audit_throughput.py --repeats 5 --audit-repeats 1 \
+step 150 hf_load "$PY" benchmarks/hf_load.py --arch qwen3_moe --gb "${HF_LOAD_GB:-2}" --cold \
+  --dir "${HF_LOAD_DIR:-/tmp/hf_load_qwen3_moe}" --out "$OUT/hf_load_gpu.json"
+step 90 audit_replay "$PY" benchmarks/audit_throughput.py --repeats 5 --audit-repeats 1 \
   --out "$OUT/audit_throughput_gpu.json"
-step 150 train_76m $PY benchmarks/train_throughput.py --config featuregate_76m --batch-size 64 \
+step 150 train_76m "$PY" benchmarks/train_throughput.py --config featuregate_76m --batch-size 64 \
   --seq-len 512 --variants dense,uniform,feature_gate,fixed_depth15 --steps 5 --repeats 3 \
   --out "$OUT/train_throughput_76m_gpu.json"
-step 120 mod_speed $PY benchmarks/mod_speed.py --d-model 1024 --n-heads 16 --n-layers 8 \
+step 120 mod_speed "$PY" benchmarks/mod_speed.py --d-model 1024 --n-heads 16 --n-layers 8 \
   --dtype bfloat16 --seq-len 2048 --batch-size 8 --repeats 9 --out "$OUT/mod_speed_gpu.json"
-step 60 gate_speed $PY benchmarks/gate_speed.py --hidden 4096 --batches 1,256 \
+step 60 gate_speed "$PY" benchmarks/gate_speed.py --hidden 4096 --batches 1,256 \
   --out "$OUT/gate_speed_gpu.json"
-step 60 gate_speed_large $PY benchmarks/gate_speed.py --hidden 4096 --batches 4096,16384 \
+step 60 gate_speed_large "$PY" benchmarks/gate_speed.py --hidden 4096 --batches 4096,16384 \
   --max-example-batch 0 --out "$OUT/gate_speed_large_gpu.json"
-step 90 fg_remat_off $PY benchmarks/train_throughput.py --config featuregate_76m --batch-size 64 \
+step 90 fg_remat_off "$PY" benchmarks/train_throughput.py --config featuregate_76m --batch-size 64 \
   --seq-len 512 --variants dense,feature_gate --steps 5 --repeats 3 --model-set remat=False \
   --out "$OUT/train_76m_remat_off_gpu.json"
-step 90 fg_t256 $PY benchmarks/train_throughput.py --config featuregate_76m --batch-size 128 \
+step 90 fg_t256 "$PY" benchmarks/train_throughput.py --config featuregate_76m --batch-size 128 \
   --seq-len 256 --variants dense,feature_gate --steps 5 --repeats 3 \
   --out "$OUT/train_76m_t256_gpu.json"
-step 90 perf_tests $PY -m pytest -q -p no:cacheprovider tests/integration/test_perf.py \
+step 90 perf_tests "$PY" -m pytest -q -p no:cacheprovider tests/integration/test_perf.py \
   -k "fused or online or block_causal"
 for impl in cudnn jnp; do
-  step 130 perf_76m_$impl $PY benchmarks/train_throughput.py --config featuregate_76m \
+  step 130 perf_76m_$impl "$PY" benchmarks/train_throughput.py --config featuregate_76m \
     --batch-size 64 --seq-len 512 --variants dense,feature_gate --steps 5 --repeats 3 \
     --model-set "attn_impl='$impl'" --out "$OUT/train_76m_${impl}_gpu.json"
 done
-step 110 perf_76m_dots $PY benchmarks/train_throughput.py --config featuregate_76m \
+step 110 perf_76m_dots "$PY" benchmarks/train_throughput.py --config featuregate_76m \
   --batch-size 64 --seq-len 512 --variants dense,feature_gate --steps 5 --repeats 3 \
   --model-set "attn_impl='cudnn'" --model-set remat_save_dots=True \
   --out "$OUT/train_76m_cudnn_dots_gpu.json"
 step 540 sweep bash -c "timeout $((${SWEEP_MINUTES:-7} * 60 + 60)) $PY experiments/fca_sweep.py \
   --runs=runs/sweep_gpu --rows=${SWEEP_ROWS:-large} --budget-minutes=${SWEEP_MINUTES:-7}; \
   $PY experiments/fca_sweep.py --runs=runs/sweep_gpu --export=$OUT/sweep.tgz"
-step 300 execution_76m $PY benchmarks/execution.py --preset 76m --out "$OUT/execution_76m_gpu.json"
+step 300 execution_76m "$PY" benchmarks/execution.py --preset 76m --out "$OUT/execution_76m_gpu.json"
 grep -E "passed|failed|error" "$OUT/log.txt" | tail -3

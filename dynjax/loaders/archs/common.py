@@ -162,16 +162,20 @@ def read_param(table: Mapping, cfg, t, path: tuple, shape: tuple) -> np.ndarray:
     if callable(entry):
         return entry(t, cfg, path, shape)
     name, n_in = entry
-    if "{e}" in name:
-        return np.stack([_read_one(t, name.format(i=layer, e=e), n_in, shape[1:])
-                         for e in range(shape[0])])
-    return _read_one(t, name.format(i=layer), n_in, shape)
+    if "{e}" in name:   # stacked experts: one (E, stored...) array, read slot by slot
+        names = [name.format(i=layer, e=e) for e in range(shape[0])]
+        return _layout(lambda stored: t.stack(names, stored), n_in, shape[1:], stacked=True)
+    return _layout(lambda stored: t.get(name.format(i=layer), stored), n_in, shape)
 
 
-def _read_one(t, name: str, n_in: int, shape: tuple) -> np.ndarray:
+def _layout(read, n_in: int, shape: tuple, stacked: bool = False) -> np.ndarray:
+    """``read(stored_shape)`` in dynjax's layout ``shape`` (after a leading expert axis when
+    ``stacked``): a view where it can be, so the transpose happens once, where the array is
+    put on its device (:func:`dynjax.loaders.tensors.place`)."""
+    lead = (-1,) if stacked else ()
     if n_in == AS_IS:
-        return t.get(name, shape)
+        return read(shape)
     if n_in == FLAT:
-        return t.get(name, (math.prod(shape),)).reshape(shape)
+        return read((math.prod(shape),)).reshape(*lead, *shape)
     n_in_size, n_out = math.prod(shape[:n_in]), math.prod(shape[n_in:])
-    return t.get(name, (n_out, n_in_size)).T.reshape(shape)
+    return np.swapaxes(read((n_out, n_in_size)), -1, -2).reshape(*lead, *shape)
