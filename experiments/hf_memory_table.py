@@ -82,16 +82,6 @@ PUBLISHED = {
     "Qwen/Qwen3-Next-80B-A3B-Instruct": ("qwen3_next", None, "bf16", _DOCUMENTED),
     "Qwen/Qwen3.5-35B-A3B": ("qwen3_5_moe_text", None, "bf16",
                              _DOCUMENTED + " (text model; vision tower not counted)"),
-    "google/gemma-4-26B-A4B-it": ("gemma4_text", dict(
-        vocab_size=262144, hidden_size=2816, intermediate_size=2112, num_hidden_layers=30,
-        num_attention_heads=16, num_key_value_heads=8, head_dim=256, global_head_dim=512,
-        num_global_key_value_heads=2, attention_k_eq_v=True, enable_moe_block=True,
-        num_experts=128, top_k_experts=8, moe_intermediate_size=704,
-        hidden_size_per_layer_input=0, num_kv_shared_layers=0, tie_word_embeddings=True,
-        layer_types=["full_attention" if i % 6 == 5 else "sliding_attention"
-                     for i in range(30)]), "bf16",
-        "its text_config as public code quotes it (not checked against the Hub); vision "
-        "tower not counted"),
 }
 _NOT_QUANTIZED = ("embed_tokens", "lm_head", "norm", "mlp.gate.", "router", "bias", "sinks",
                   "e_score_correction", "indexer.weights_proj")

@@ -51,4 +51,14 @@ PUBLISHED_FIELDS = {
         compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
         hc_mult=4, hc_sinkhorn_iters=20, sliding_window=128, o_groups=8, o_lora_rank=1024,
         index_n_heads=64, index_head_dim=128, index_topk=512, swiglu_limit=10.0),
+    # its text_config as public code quotes it (not checked against the Hub); the text-only
+    # model_type, which transformers' causal-LM class counts without the vision tower
+    "google/gemma-4-26B-A4B-it": dict(
+        model_type="gemma4_text", vocab_size=262144, hidden_size=2816, intermediate_size=2112,
+        num_hidden_layers=30, num_attention_heads=16, num_key_value_heads=8, head_dim=256,
+        global_head_dim=512, num_global_key_value_heads=2, attention_k_eq_v=True,
+        enable_moe_block=True, num_experts=128, top_k_experts=8, moe_intermediate_size=704,
+        hidden_size_per_layer_input=0, num_kv_shared_layers=0, tie_word_embeddings=True,
+        layer_types=["full_attention" if i % 6 == 5 else "sliding_attention"
+                     for i in range(30)]),
 }
