@@ -129,25 +129,26 @@ def causal_importance(rec: Recorded, level: float = 0.95, seed: int = 0,
 # --------------------------------------------------------------------------------- REAP
 
 def _llm_moe_inputs(cfg, params, tokens, coeffs):
-    """Each MoE layer's FFN input x = RMS(h + a) (B, T, D), replaying ``coeffs``."""
+    """Each MoE layer's experts' input x (B, T, D), RMS(h + a) (Gemma-4: its experts' own
+    norm), replaying ``coeffs``; each layer with its own config and rotary."""
     from dynjax.models import llm
-    from dynjax.models.components.norms import rms_norm
 
     B, T = tokens.shape
     positions = llm.positions_at(cfg, jnp.broadcast_to(jnp.arange(T), (B, T)))
-    h = jnp.take(params["embed"], tokens, axis=0).astype(cfg.compute_dtype)
+    h = llm.embed(cfg, params, tokens)
     xs, j = [], 0
-    for p in params["layers"]:
+    for i, p in enumerate(params["layers"]):
+        lc, pos = llm.layer_config(cfg, i), llm.layer_positions(cfg, i, positions)
         if "moe" in p:
-            q, k, v = llm.project_qkv(cfg, p["attn"], rms_norm(h, p["input_norm"],
-                                                               cfg.rms_norm_eps), positions)
-            a = llm.attend(cfg, p["attn"], q, k, v, positions.index, positions.index)
-            xs.append(rms_norm(h + a, p["post_norm"], cfg.rms_norm_eps))
             given = coeffs_lib.replaying({name: coeffs[name][j] for name in coeffs})
+            a, _, _ = llm.token_mixer(lc, p, llm.norm(cfg, h, p["input_norm"]), pos, None)
+            z = h + llm.mixer_update(cfg, p, a)
+            gemma = cfg.layer_form == "gemma4"
+            xs.append(llm.norm(cfg, z, p["moe"]["in_norm"] if gemma else p["post_norm"]))
             j += 1
         else:
             given = None
-        h, _, _ = llm.layer(cfg, p, h, positions, given)
+        h, _, _ = llm.layer(lc, p, h, pos, given)
     return xs
 
 

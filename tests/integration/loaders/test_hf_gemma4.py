@@ -129,3 +129,25 @@ def test_config_refuses_what_it_does_not_compute(changes, fragment):
     cfg = dict(cfg, text_config=dict(cfg["text_config"], **changes))
     with pytest.raises(ConfigError, match=fragment):
         hf.config_from_hf(cfg)
+
+
+def test_reap_reads_the_inputs_the_experts_get(monkeypatch):
+    """REAP's saliency (audit.expert_importance) recomputes each MoE layer's expert input:
+    for Gemma-4 it is the experts' own norm of the residual after the normed attention
+    update, in each layer's config: equal to what the forward hands llm.moe_ffn."""
+    from dynjax.audit import expert_importance
+
+    model, params, ref, _, (_, coeffs) = loaded("gemma4")
+    seen, moe_ffn = [], llm.moe_ffn
+
+    def recording(cfg, p, x, *args, **kwargs):
+        seen.append(x)
+        return moe_ffn(cfg, p, x, *args, **kwargs)
+    monkeypatch.setattr(llm, "moe_ffn", recording)
+    tokens = jnp.asarray(ref["input_ids"])
+    model.apply(params, tokens, coeffs)      # the recorded scores, as REAP replays them
+    forward = list(seen)
+    ours = expert_importance._llm_moe_inputs(model.cfg, params, tokens, coeffs)
+    assert len(forward) == len(ours) == 2
+    for x, y in zip(forward, ours):
+        np.testing.assert_allclose(y, x, atol=1e-6, rtol=0)
