@@ -10,6 +10,8 @@ take turns in one run (``dynjax.measure.latency``).
 from __future__ import annotations
 
 import dataclasses
+from types import ModuleType
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +19,8 @@ import numpy as np
 
 from dynjax import decoding
 from dynjax.measure import latency, lm_execution, mlp_execution
-from dynjax.models import FAMILIES, build, dispatch, llm, muddpythia
+from dynjax.models import (FAMILIES, build, deepseek_v4, dispatch, family_of, llm,
+                           muddpythia)
 from dynjax.models.transformer import ModelConfig
 
 
@@ -182,15 +185,80 @@ def llm_estimate(cfg, n_windows: int, seq_len: int, batch: int) -> dict:
             "replay_flops_per_window": flops}
 
 
+def _same_total(make, count, total: int):
+    """``make(width)`` whose ``count(cfg)["total"]`` is ``total`` (to within one width step:
+    the count is linear in the width)."""
+    base = count(make(1))["total"]
+    per = count(make(2))["total"] - base
+    return make(max(1, round(1 + (total - base) / per)))
+
+
 def dense_same_total(cfg):
     """The dense ``llm`` config with the same total parameters: every layer a SwiGLU MLP
     whose width makes the count equal (to within one column of 3 x hidden parameters)."""
     dense = lambda width: dataclasses.replace(
         cfg, moe_layers=(), num_experts=0, top_k=0, moe_intermediate_size=0,
         shared_expert_size=0, norm_topk_prob=False, intermediate_size=width)
-    base, per = llm.param_count(dense(1))["total"], llm.param_count(dense(2))["total"]
-    per -= base
-    return dense(max(1, round(1 + (llm.param_count(cfg)["total"] - base) / per)))
+    return _same_total(dense, llm.param_count, llm.param_count(cfg)["total"])
+
+
+def v4_same_total(cfg):
+    """DeepSeek-V4 with one expert per layer that every token takes (no hash table), its
+    width (and the shared expert's) making the total parameters equal: the same attention
+    and mHC, every MLP parameter read by every token."""
+    one = lambda width: dataclasses.replace(
+        cfg, num_experts=1, top_k=1, mlp_layer_types=("moe",) * cfg.n_layers,
+        moe_intermediate_size=width)
+    return _same_total(one, deepseek_v4.param_count, deepseek_v4.param_count(cfg)["total"])
+
+
+def v4_flops_per_window(cfg, seq_len: int, params_per_token: int) -> int:
+    """Analytic forward FLOPs of one DeepSeek-V4 window: 2 per multiply-add of the matmul
+    weights a token reads (not the embedding lookup, not the hash tables: integers), plus
+    each query's scores and values over the keys it sees (its window, and the compressed
+    entries: all visible ones in HCA layers, the ``index_topk`` chosen in CSA layers, whose
+    indexer also scores every visible entry)."""
+    t = np.arange(seq_len)
+    embed = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
+    tables = len(cfg.layers_of("hash_moe")) * cfg.vocab_size * cfg.top_k
+    attn = 0
+    for kind in cfg.layer_types:
+        keys = np.minimum(t + 1, cfg.sliding_window)
+        if kind == "heavily_compressed_attention":
+            keys = keys + (t + 1) // cfg.hca_rate
+        elif kind == "compressed_sparse_attention":
+            seen = (t + 1) // cfg.csa_rate
+            keys = keys + np.minimum(seen, cfg.index_topk)
+            attn += 2 * int(seen.sum()) * cfg.index_n_heads * cfg.index_head_dim
+        attn += 2 * 2 * int(keys.sum()) * cfg.n_heads * cfg.head_dim
+    return 2 * seq_len * (params_per_token - embed - tables) + attn
+
+
+@dataclasses.dataclass(frozen=True)
+class MoePort:
+    """What :func:`moe_execution_panel` asks a production MoE family (``MOE_PORTS``)."""
+
+    module: ModuleType        # param_count(cfg) and init(cfg, key)
+    dense_twin: Callable      # cfg -> the config of the same total parameters it is timed against
+    chosen: Callable          # (cfg, params, coeffs, tokens) -> experts (moe layer, B, T, k)
+    moe_layers: Callable      # cfg -> the layers that route
+    flops: Callable           # (cfg, seq_len, active params) -> analytic FLOPs per window
+    twin_label: Callable      # twin cfg -> what the twin is, in words
+    facts: Callable = lambda cfg: {}   # cfg -> the panel's family-specific entries
+
+
+MOE_PORTS = {
+    "llm": MoePort(llm, dense_same_total,
+                   lambda cfg, p, c, t: llm.selected_experts(cfg, p, c["router"], t),
+                   lambda cfg: cfg.moe_layers, llm_flops_per_window,
+                   lambda twin: f"dense llm, intermediate_size {twin.intermediate_size}"),
+    "deepseek_v4": MoePort(
+        deepseek_v4, v4_same_total, deepseek_v4.selected_experts,
+        lambda cfg: tuple(range(cfg.n_layers)), v4_flops_per_window,
+        lambda twin: f"deepseek_v4 with one expert every token takes, moe_intermediate_size "
+                     f"{twin.moe_intermediate_size}",
+        lambda cfg: {"hash_layers": list(cfg.layers_of("hash_moe"))}),
+}
 
 
 def tokens_per_expert(chosen, E: int):
@@ -209,17 +277,18 @@ def moe_execution_panel(cfg, params, windows, batches=(1, 8), repeats: int = 5) 
     ``windows``; active and total parameters; FLOPs per token against the dense model of the
     same total parameters (analytic, and XLA's count of both compiled forwards: what this
     port really executes); measured forward time of both, timed in turns, beside the
-    time the analytic FLOP ratio predicts."""
-    model, twin_cfg = build(cfg), dense_same_total(cfg)
+    time the analytic FLOP ratio predicts. The family's pieces: ``MOE_PORTS``."""
+    port = MOE_PORTS[family_of(cfg)]
+    model, twin_cfg = build(cfg), port.dense_twin(cfg)
     twin = build(twin_cfg)
-    twin_params = llm.init(twin_cfg, jax.random.key(0))
+    twin_params = port.module.init(twin_cfg, jax.random.key(0))
     T = windows.shape[1]
     _, coeffs = jax.jit(model.apply)(params, jnp.asarray(windows))
-    share = tokens_per_expert(llm.selected_experts(cfg, params, coeffs["router"],
-                                                   jnp.asarray(windows)), cfg.num_experts)
-    count, twin_count = llm.param_count(cfg), llm.param_count(twin_cfg)
-    analytic = {"model": llm_flops_per_window(cfg, T, count["active"]),
-                "dense": llm_flops_per_window(twin_cfg, T, twin_count["active"])}
+    share = tokens_per_expert(port.chosen(cfg, params, coeffs, jnp.asarray(windows)),
+                              cfg.num_experts)
+    count, twin_count = port.module.param_count(cfg), port.module.param_count(twin_cfg)
+    analytic = {"model": port.flops(cfg, T, count["active"]),
+                "dense": port.flops(twin_cfg, T, twin_count["active"])}
     one = jnp.asarray(windows[:1])
     forward = lambda m: (lambda p, t: m.apply(p, t)[0])
     compiled = {"model": lm_execution.compiled_cost(forward(model), params, one)["flops"],
@@ -236,7 +305,8 @@ def moe_execution_panel(cfg, params, windows, batches=(1, 8), repeats: int = 5) 
         rows[f"forward_b{b}"]["model_flops_per_s"] = b * analytic["model"] / \
             times[f"model/forward_b{b}"]["median_s"]
     flops_ratio = analytic["model"] / analytic["dense"]
-    return {"kind": "experts", "n_layers": cfg.n_layers, "moe_layers": list(cfg.moe_layers),
+    return {"kind": "experts", "n_layers": cfg.n_layers,
+            "moe_layers": list(port.moe_layers(cfg)),
             "num_experts": cfg.num_experts, "top_k": cfg.top_k,
             "tokens_per_expert": share,
             "load_max_over_mean": (share.max(axis=1) * cfg.num_experts).tolist(),
@@ -249,7 +319,6 @@ def moe_execution_panel(cfg, params, windows, batches=(1, 8), repeats: int = 5) 
             "flops_ratio_compiled": compiled["model"] / compiled["dense"],
             "compiled_flops_per_window": compiled,
             "predicted_time_ratio": flops_ratio,
-            "dense_twin": f"dense llm, intermediate_size {twin_cfg.intermediate_size} "
-                          f"({twin_count['total']:,} parameters)",
+            "dense_twin": f"{port.twin_label(twin_cfg)} ({twin_count['total']:,} parameters)",
             "baseline": "dense (same total parameters)", "latency": rows,
-            "load_average": latency.load_average()}
+            "load_average": latency.load_average(), **port.facts(cfg)}

@@ -301,13 +301,15 @@ def _block_ranges(group_sizes, block: int):
     return jnp.cumsum(counts) - counts, counts
 
 
-def _over_blocks(first, count, step, carry):
+def _over_blocks(first, count, step, carry, n_blocks: int):
     """``step(i, n, carry)`` over blocks ``first .. first + count`` of one expert: chunks of
-    :data:`CHUNK` blocks (``n = CHUNK``: one larger matmul, fewer iterations), then the
+    :data:`CHUNK` blocks (``n = CHUNK``: one larger matmul, fewer iterations; fewer where
+    all experts together have fewer than ``n_blocks``: a slice may not exceed them), then the
     remaining blocks one by one (``n = 1``)."""
-    whole = count // CHUNK
-    carry = jax.lax.fori_loop(0, whole, lambda j, c: step(first + j * CHUNK, CHUNK, c), carry)
-    return jax.lax.fori_loop(whole * CHUNK, count, lambda j, c: step(first + j, 1, c), carry)
+    chunk = min(CHUNK, n_blocks)
+    whole = count // chunk
+    carry = jax.lax.fori_loop(0, whole, lambda j, c: step(first + j * chunk, chunk, c), carry)
+    return jax.lax.fori_loop(whole * chunk, count, lambda j, c: step(first + j, 1, c), carry)
 
 
 def _mm(a, b):
@@ -336,7 +338,7 @@ def _block_loop(rows, w, group_sizes, block: int):
             x = jax.lax.dynamic_slice_in_dim(blocks, i, n).reshape(n * block, -1)
             return jax.lax.dynamic_update_slice_in_dim(out, _mm(x, we).reshape(n, block, -1),
                                                        i, 0)
-        return _over_blocks(firsts[e], counts[e], step, out)
+        return _over_blocks(firsts[e], counts[e], step, out, nb)
 
     out = jax.lax.fori_loop(0, counts.shape[0], per_expert, _zeros_varying_like(
         (nb, block, w.shape[-1]), jnp.result_type(rows, w), rows, w, group_sizes))
@@ -366,7 +368,7 @@ def _blocks_bwd(block, res, g):
 
     def per_expert(e, d_w):   # one expert's gradient summed over its blocks, written once
         acc = _over_blocks(firsts[e], counts[e], step,
-                           _zeros_varying_like(w.shape[1:], dt, rows, g, group_sizes))
+                           _zeros_varying_like(w.shape[1:], dt, rows, g, group_sizes), nb)
         return d_w.at[e].set(acc)
 
     d_w = jax.lax.fori_loop(0, counts.shape[0], per_expert,

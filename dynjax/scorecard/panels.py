@@ -39,9 +39,8 @@ def variation(audit: dict, coeffs: dict, cfg, schema=None, family: str | None = 
                     jax.tree.leaves(schema, is_leaf=is_axes))
         out["input_share"] = {jax.tree_util.keystr(path): input_share(x, axes.names)
                               for (path, x), axes in pairs}
-    for name, leaf in coeffs.items():
-        leaves = leaf if isinstance(leaf, list) else [leaf]
-        vals = np.concatenate([np.asarray(v, np.float64).ravel() for v in leaves])
+    for name, leaf in coeffs.items():   # a family may be a list or a dict of leaves (mHC)
+        vals = np.concatenate([np.asarray(v, np.float64).ravel() for v in jax.tree.leaves(leaf)])
         out["ranges"][name] = {"min": float(vals.min()), "max": float(vals.max()),
                                "std": float(vals.std())}
     out.update(FAMILIES[family].routing_summary(cfg, coeffs))

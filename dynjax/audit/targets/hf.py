@@ -8,6 +8,7 @@ import sys
 from dynjax.decoding.text import TokenizerText
 from dynjax.errors import AuditError
 from dynjax.measure.execution import estimate, moe_execution_panel
+from dynjax.models import family_of
 from dynjax.audit import families
 from dynjax.audit import plan as audit_plan
 from dynjax.audit.targets import windows
@@ -19,7 +20,6 @@ DEFAULT_SEQ_LEN = 256
 class HfDir(Target):
     kind = "hf"
     baseline = "the dense model of the same total parameters"
-    family = "llm"
 
     def __init__(self, path, config=None, step: int | None = None):
         from dynjax.loaders import hf, tensors
@@ -40,13 +40,19 @@ class HfDir(Target):
         self.model = hf.model_of(self.cfg)
 
     @property
+    def family(self) -> str:
+        """The registry family its port builds (``llm``; ``deepseek_v4``)."""
+        return family_of(self.cfg)
+
+    @property
     def label(self) -> str:
-        return f"llm/{self.cfg.model_type}"
+        return f"{self.family}/{self.cfg.model_type}"
 
     def _load(self) -> dict:
         from dynjax.loaders import hf
         _, params = hf.load(str(self.path), self.dtype)
-        return {"params": params, "info": {"family": "llm", "variant": self.cfg.model_type,
+        return {"params": params, "info": {"family": self.family,
+                                           "variant": self.cfg.model_type,
                                            "dtype": self.cfg.dtype}}
 
     def text(self):
@@ -71,12 +77,8 @@ class HfDir(Target):
 
     def scorecard_audit_config(self, config):
         """Refused before any work for a dense checkpoint (the scorecard's panels are its
-        routers' variation, dependence and execution) and for a model outside the ``llm``
-        family (DeepSeek-V4: its execution panel is not written; audit it)."""
+        routers' variation, dependence and execution)."""
         self.require_coefficients("score")
-        if not hasattr(self.cfg, "moe_dispatch"):
-            raise AuditError(f"scorecard.py --hf does not score {self.cfg.model_type} yet (its "
-                             "execution panel is the llm family's); audit it with audit.py --hf")
         return super().scorecard_audit_config(config)
 
     @classmethod

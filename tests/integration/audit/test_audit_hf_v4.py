@@ -82,3 +82,59 @@ def test_v32_indexer_table():
         assert np.isfinite(rows[name]["estimate"]) and not rows[name].get("not_applicable")
     delta = res["meta"]["checkpoints"][0]["per_window"]["delta_nll"]
     assert not np.any(delta["correct"]) and np.any(np.asarray(delta["recent_keys"]) != 0)
+
+
+def test_v4_scorecard_execution_panel(tmp_path):
+    """scorecard.py --hf on the tiny DeepSeek-V4: its execution panel counts every layer's
+    routes (the hash layers' are their table's experts, tid2eid[token], whatever the
+    scores), the port's parameter counts and a timed twin of the same total parameters
+    (V4 with one expert that every token takes)."""
+    import jax
+    import jax.numpy as jnp
+
+    from dynjax.audit.targets import open_target
+    from dynjax.loaders import hf
+    from dynjax.models import deepseek_v4 as v4
+    out = str(tmp_path / "card")
+    run = subprocess.run(
+        [sys.executable, "scorecard.py", "--config=configs/scorecard_hf.py",
+         f"--hf={HF}/deepseek_v4", f"--out={out}", "--config.audit.conditions=correct,cross_input",
+         *[a.replace("--config.", "--config.audit.") for a in SMALL],
+         "--config.execution_windows=2", "--config.latency_batches=1,",
+         "--config.latency_repeats=1", "--config.thresholds.latency_batch=1"],
+        capture_output=True, text=True, cwd=ROOT, timeout=900,
+        env={**os.environ, "PYTHONPATH": ROOT})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "deepseek_v4/deepseek_v4" in run.stdout and "execution" in run.stdout
+    card = json.load(open(os.path.join(out, "scorecard.json")))["cards"][0]
+    ex = card["execution"]
+    assert ex["kind"] == "experts" and (ex["num_experts"], ex["top_k"]) == (8, 2)
+    assert ex["moe_layers"] == [0, 1, 2, 3] and ex["hash_layers"] == [0, 1]
+    target = open_target(f"{HF}/deepseek_v4", kind="hf")
+    from configs import scorecard_hf
+    data = scorecard_hf.get_config().audit.data
+    data.seq_len = 16
+    _, ev, _ = target.windows(data, 0, 2)
+    model, params = hf.load(f"{HF}/deepseek_v4")
+    cfg, E = model.cfg, 8
+    share = np.asarray(ex["tokens_per_expert"])
+    for i in ex["hash_layers"]:   # the table's experts of the windows' tokens, no forward
+        table = np.asarray(params["layers"][i]["moe"]["tid2eid"])
+        counts = np.bincount(table[ev].ravel(), minlength=E)
+        np.testing.assert_allclose(share[i], counts / counts.sum())
+    _, coeffs = jax.jit(model.apply)(params, jnp.asarray(ev))
+    chosen = np.asarray(v4.selected_experts(cfg, params, coeffs, jnp.asarray(ev)))
+    for i in (2, 3):              # the learned layers: top-k of the scores plus the bias
+        counts = np.bincount(chosen[i].ravel(), minlength=E)
+        np.testing.assert_allclose(share[i], counts / counts.sum())
+    n = v4.param_count(cfg)
+    assert (ex["active_params"], ex["total_params"]) == (n["active"], n["total"]) == \
+        (66981, 94629)
+    # the twin: one expert per layer, as wide as makes the total equal (one width step:
+    # 3 x hidden in the expert and the shared expert of every layer)
+    assert abs(ex["dense_params"] - n["total"]) <= 6 * cfg.hidden_size * cfg.n_layers
+    assert "one expert every token takes" in ex["dense_twin"]
+    assert 0 < ex["flops_ratio_analytic"] < 1 and 0 < ex["flops_ratio_compiled"] < 1
+    assert "forward_b1" in ex["latency"]
+    md = open(os.path.join(out, "scorecard.md")).read()
+    assert "Tokens per expert" in md and "layer 0: " in md

@@ -195,9 +195,7 @@ def test_the_architecture_layout_reads_v4():
                               ) == jax.tree.structure(params)
     target = open_target(str(CHECKPOINT))
     assert target.kind == "hf" and isinstance(target.model, v4.DeepseekV4)
-    from dynjax.audit.settings import AuditError
-    with pytest.raises(AuditError, match="does not score deepseek_v4 yet"):   # one line
-        target.scorecard_audit_config(None)
+    assert target.family == "deepseek_v4" and target.label == "deepseek_v4/deepseek_v4"
     bad = dataclasses.replace(model.cfg, moe_intermediate_size=10)
     with pytest.raises(CheckpointError, match="config.json implies"):
         hf.params_from_tensors(bad, tensors.Tensors(str(CHECKPOINT), hf.read_config(

@@ -45,7 +45,8 @@ def matmul_fn(w, impl):
 
 
 @pytest.mark.parametrize("impl", dispatch.IMPLS)
-@pytest.mark.parametrize("E,k,block", [(4, 1, None), (5, 2, 8), (64, 4, None), (8, 3, 1)])
+@pytest.mark.parametrize("E,k,block", [(4, 1, None), (5, 2, 8), (64, 4, None), (8, 3, 1),
+                                       (1, 1, 8)])   # 3 blocks in all: fewer than CHUNK
 def test_dropless_equals_every_expert_on_every_token(impl, E, k, block):
     n, d, f = 24, 8, 16
     x = jax.random.normal(jax.random.key(1), (n, d))
