@@ -220,7 +220,7 @@ def param_table(cfg: Config):
             d, n = cfg.index_head_dim, cfg.index_n_heads
             rows += _compressor_rows(C, D, hd, cfg.csa_rate, True)
             rows += _compressor_rows(C + ("indexer",), D, d, cfg.csa_rate, True)
-            rows += [(C + ("indexer", "q_b"), (r, n * d), (None, None)),
+            rows += [(C + ("indexer", "q_b"), (r, n * d), (None, "heads")),
                      (C + ("indexer", "weights"), (D, n), ("embed", None))]
         M = L + ("moe",)
         rows.append((M + ("router",), (D, E), ("embed", None)))

@@ -43,9 +43,12 @@ PRESETS = {
     # dropless MoE traced under these rules sends its tokens to the experts by all-to-all
     # (dynjax.models.dispatch.dropless_expert_parallel)
     "ep": _preset(expert="tensor"),
-    # both: experts over "tensor", every parameter's embedding axis over "fsdp" (how a
-    # checkpoint too large for "ep" alone is held: DeepSeek-V4-Flash, V3.2; docs/hf.md)
-    "fsdp_ep": _preset(embed="fsdp", expert="tensor"),
+    # both: experts over "tensor", every parameter's embedding axis over "fsdp", and the
+    # heads axis over "fsdp" where the parameter has no embedding axis (rules are tried in
+    # order; a mesh axis is used once per parameter): low-rank query and grouped output
+    # projections, MLA's up-projections. How a checkpoint too large for "ep" alone is held:
+    # DeepSeek-V4-Flash, V3.2; docs/hf.md
+    "fsdp_ep": _preset(embed="fsdp", heads="fsdp", expert="tensor"),
 }
 DEFAULT_RULES = PRESETS["dp"]
 

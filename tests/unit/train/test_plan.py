@@ -70,3 +70,28 @@ def test_bad_input_is_one_line():
     c = tiny_config("feature_gate")
     with pytest.raises(ValueError, match="train.batch_size=8 is not divisible by the 16"):
         plan.plan(c, {"data": 4, "fsdp": 4, "tensor": 1}, sharding.PRESETS["fsdp"])
+
+
+def test_fsdp_ep_splits_the_heads_axis_where_no_embedding_axis_takes_fsdp():
+    """DeepSeek-V4-Flash on (data 1, fsdp 32, tensor 8) under ``fsdp_ep``: the low-rank
+    query, the grouped output projection and the indexer's query split their heads axis
+    over fsdp (they have no embedding axis), so a device holds about a 256th of the
+    parameters; a parameter that has an embedding axis keeps its heads whole."""
+    from jax.sharding import PartitionSpec as P
+
+    from dynjax.loaders import hf
+    from dynjax.loaders.hf_architectures import PUBLISHED_FIELDS
+    from dynjax.models import deepseek_v4 as v4
+    from dynjax.models.components import table
+
+    cfg = hf.config_from_hf(PUBLISHED_FIELDS["deepseek-ai/DeepSeek-V4-Flash-Base"], "bfloat16")
+    params = table.tree(v4.param_table(cfg), lambda path, shape: jax.ShapeDtypeStruct(
+        shape, jnp.dtype(v4.param_dtype(cfg, path))))
+    specs, rules = v4.logical_axes(cfg), sharding.PRESETS["fsdp_ep"]
+    got = plan.per_device_bytes(params, specs, {"data": 1, "fsdp": 32, "tensor": 8}, rules)
+    assert got < 1.25 * plan.tree_bytes(params) / 256      # 2.45 GiB; 7.96 with heads whole
+    csa = cfg.layer_types.index("compressed_sparse_attention")
+    attn = nn.logical_to_mesh(specs, rules)["layers"][csa]["attn"]
+    assert attn["q_b"] == P(None, "fsdp") and attn["o_a"] == P(None, "fsdp", None)
+    assert attn["compressor"]["indexer"]["q_b"] == P(None, "fsdp")
+    assert nn.logical_to_mesh_axes(("embed", "heads", "kv"), rules) == P("fsdp", None, None)
