@@ -20,5 +20,7 @@ export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENT
 unset JAX_COMPILATION_CACHE_MAX_SIZE
 [ -n "${DYNJAX_TEST_XLA_CACHE:-}" ] || trap 'rm -rf "$JAX_COMPILATION_CACHE_DIR"' EXIT
 # Two workers, whole files each (a file's module fixtures, e.g. a trained model, are built
-# once): compilation uses one core.
-.venv/bin/python -m pytest -q --durations=15 -n "${DYNJAX_TEST_WORKERS:-2}" --dist loadfile "${tier[@]}" "$@"
+# once): compilation uses one core. Files go out longest first (tests/durations.json, kept
+# by scripts/test_durations.py; tests/conftest.py orders them), not xdist's most-tests first.
+.venv/bin/python -m pytest -q --durations=15 -n "${DYNJAX_TEST_WORKERS:-2}" --dist loadfile \
+  --no-loadscope-reorder "${tier[@]}" "$@"

@@ -167,13 +167,32 @@ class CompileProfile:
             json.dump(self.tests, f)
 
 
+def file_order(items) -> list:
+    """``items`` with whole files longest first by tests/durations.json (a file it lacks
+    counts as longest: it may be long), each file's tests in their own order: the two
+    workers of scripts/test.sh take files in this order (``--no-loadscope-reorder``), so no
+    long file starts last while the other worker idles."""
+    import json
+    try:
+        with open(os.path.join(ROOT, "tests", "durations.json")) as f:
+            seconds = json.load(f)["seconds"]
+    except FileNotFoundError:
+        return list(items)
+
+    def key(item):
+        name = os.path.relpath(str(item.path), ROOT).replace(os.sep, "/")
+        return -seconds.get(name, float("inf")), name
+    return sorted(items, key=key)     # stable: a file's tests keep their order
+
+
 def pytest_collection_modifyitems(config, items):
     """Every test of the integration tier is ``slow``: ``-m "not slow"`` is the unit tier
-    wherever its files are named."""
+    wherever its files are named. Files in :func:`file_order`."""
     integration = os.path.join(ROOT, "tests", "integration") + os.sep
     for item in items:
         if str(item.path).startswith(integration):
             item.add_marker(pytest.mark.slow)
+    items[:] = file_order(items)
 
 
 def pytest_configure(config):

@@ -73,3 +73,22 @@ def test_the_check_sees_a_start_through_a_helper_and_a_fixture():
     assert starting_tests(tree) == {"test_a": True, "test_b": True, "test_c": False}
     marked_tree = ast.parse("import pytest\n@pytest.mark.subprocess\ndef test_a(): pass\n")
     assert marked(marked_tree.body[1], marked_tree)
+
+
+def test_files_go_out_longest_first_and_stay_whole(tmp_path, monkeypatch):
+    """tests/durations.json orders whole files longest first, a file it lacks first of all;
+    each file's tests keep their order (module fixtures are built once per file)."""
+    import json
+    import types
+
+    from tests import conftest
+
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "durations.json").write_text(json.dumps(
+        {"seconds": {"tests/a.py": 5.0, "tests/b.py": 50.0, "tests/c.py": 1.0}}))
+    monkeypatch.setattr(conftest, "ROOT", str(tmp_path))
+    items = [types.SimpleNamespace(path=tmp_path / "tests" / f, name=f"{f}:{i}")
+             for f, i in [("a.py", 0), ("c.py", 0), ("a.py", 1), ("b.py", 0), ("new.py", 0),
+                          ("b.py", 1), ("c.py", 1)]]
+    got = [it.name for it in conftest.file_order(items)]
+    assert got == ["new.py:0", "b.py:0", "b.py:1", "a.py:0", "a.py:1", "c.py:0", "c.py:1"]
