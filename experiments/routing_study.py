@@ -256,11 +256,54 @@ def report(out: pathlib.Path) -> dict:
         experts[arm] = [{"seed": f["seed"], "spearman": f["experts"]["spearman"],
                          "pruning": f["experts"]["pruning"]} for f in
                         (_read(seed_file(out, arm, s)) for s in SEEDS) if "experts" in f]
+    whole = whole_model(out)
+    lines += ["", "# Whole model, per arm (all coefficient sites at once)\n",
+              "ΔNLL nats/token, mean over seeds (one seed: its 95% CI over windows); "
+              "test bits/byte per seed.\n", *whole.pop("_lines")]
+    write_json_atomic(out / "arms.json", {"command": command_line(), "arms": whole})
     write_json_atomic(out / "per_layer.json", {"command": command_line(), "arms": table})
     write_json_atomic(out / "expert_importance.json", {"command": command_line(),
                                                        "arms": experts})
     write_text_atomic(out / "table.md", "\n".join(lines) + "\n")
     return table
+
+
+def whole_model(out: pathlib.Path) -> dict:
+    """Per arm with audited seeds: each condition's ΔNLL (the whole-model audit, every site
+    at once) per seed and its mean, and test bits/byte per seed; ``_lines``: the markdown
+    table (conditions as columns, an arm a row)."""
+    import numpy as np
+
+    arms_out, conditions = {}, []
+    for arm in arms():
+        files = [f for f in (_read(seed_file(out, arm, s)) for s in SEEDS) if "audit" in f]
+        if not files:
+            continue
+        pooled = [f["audit"]["pooled"] for f in files]
+        names = [c for c in pooled[0] if c != "correct"]
+        conditions += [c for c in names if c not in conditions]
+        arms_out[arm] = {"seeds": [f["seed"] for f in files],
+                         "test_bpb": [f["test_bpb"] for f in files],
+                         "conditions": {c: {"per_seed": [p[c]["estimate"] for p in pooled],
+                                            "mean": float(np.mean([p[c]["estimate"]
+                                                                   for p in pooled])),
+                                            "ci_one_seed": [pooled[0][c]["ci_low"],
+                                                            pooled[0][c]["ci_high"]]
+                                            if len(pooled) == 1 else None}
+                                        for c in names}}
+    lines = ["| arm | seeds | test bits/byte | " + " | ".join(conditions) + " |",
+             "|---|---|---|" + "---|" * len(conditions)]
+    for arm, a in arms_out.items():
+        cells = []
+        for c in conditions:
+            v = a["conditions"].get(c)
+            cells.append("—" if v is None else f"{v['mean']:.3f}" + (
+                f" [{v['ci_one_seed'][0]:.3f}, {v['ci_one_seed'][1]:.3f}]"
+                if v["ci_one_seed"] else ""))
+        bpb = " / ".join(f"{b:.4f}" for b in a["test_bpb"])
+        lines.append(f"| {arm} | {len(a['seeds'])} | {bpb} | " + " | ".join(cells) + " |")
+    arms_out["_lines"] = lines
+    return arms_out
 
 
 def check(runs: pathlib.Path, steps: int, log=print) -> dict:

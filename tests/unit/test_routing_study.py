@@ -66,3 +66,29 @@ def test_the_report_combines_seeds_per_layer_with_the_share_token_identity_recov
     md = (tmp_path / "table.md").read_text()
     assert md.count("| softmax_topk |") == 2
     assert json.loads((tmp_path / "per_layer.json").read_text())["arms"]["softmax_topk"]
+
+
+def _audit(estimates: dict, width=0.1) -> dict:
+    return {"pooled": {c: {"estimate": e, "ci_low": e - width, "ci_high": e + width}
+                       for c, e in {"correct": 0.0, **estimates}.items()}}
+
+
+def test_the_report_compares_the_arms_whole_model_audits(tmp_path):
+    """Each arm's whole-model ΔNLL per condition: the mean over its audited seeds (one
+    seed: that seed's CI beside it); conditions an arm lacks are a dash, not a zero."""
+    runs = {("softmax_topk", 0): {"cross_input": 2.0, "weights_flat": 0.1},
+            ("softmax_topk", 1): {"cross_input": 3.0, "weights_flat": 0.3},
+            ("hash", 0): {"cross_input": 0.5}}
+    for (arm, seed), est in runs.items():
+        f = study.seed_file(tmp_path, arm, seed)
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps({"seed": seed, "test_bpb": 2.0 + seed, "audit": _audit(est)}))
+    study.report(tmp_path)
+    got = json.loads((tmp_path / "arms.json").read_text())["arms"]
+    assert got["softmax_topk"]["conditions"]["cross_input"]["mean"] == pytest.approx(2.5)
+    assert got["softmax_topk"]["conditions"]["cross_input"]["ci_one_seed"] is None
+    assert got["hash"]["conditions"]["cross_input"]["ci_one_seed"] == [0.4, 0.6]
+    assert got["softmax_topk"]["test_bpb"] == [2.0, 3.0]
+    md = (tmp_path / "table.md").read_text()
+    assert "| hash | 1 | 2.0000 | 0.500 [0.400, 0.600] | — |" in md
+    assert "| softmax_topk | 2 | 2.0000 / 3.0000 | 2.500 | 0.200 |" in md
