@@ -46,6 +46,7 @@ before and after, and tokens/s ratios of dynjax over PyTorch eager and over
 ``torch.compile``, for both paths.
 """
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -189,7 +190,7 @@ def torch_timers(variant, args, tokens, compile_):
     return {"train": train, "forward": forward}
 
 
-def timers_of(framework, args):
+def timers_of(framework, args, gemm=True):
     """This process's timers, (variant, name) -> fn, for one framework."""
     tokens = np.random.default_rng(1).integers(0, VOCAB, (args.batch_size, args.seq_len))
     timers = {}
@@ -203,7 +204,7 @@ def timers_of(framework, args):
             fns = torch_timers(variant, args, torch.from_numpy(tokens), framework == "torch_compile")
         for name, fn in fns.items():
             timers[(variant, name)] = fn
-    if framework == "dynjax":   # the GEMM microbenchmark: name -> fn (benchmarks/cpu_limit.py)
+    if framework == "dynjax" and gemm:   # the GEMM microbenchmark (benchmarks/cpu_limit.py)
         timers.update(cpu_limit.gemm_timers(cpu_limit.gemm_shapes(
             model_config("dense", args), args.batch_size, args.seq_len)))
     return timers
@@ -226,8 +227,9 @@ def worker(framework, args):
         except Exception as e:  # noqa: BLE001 - report it to the orchestrator
             print(json.dumps({"failed": f"{type(e).__name__}: {e}"[:500]}), flush=True)
             return
+    lever = framework.startswith(LEVER)
     try:
-        timers = timers_of(framework, args)
+        timers = timers_of("dynjax" if lever else framework, args, gemm=not lever)
         for fn in timers.values():
             block(fn())
     except Exception as e:  # noqa: BLE001 - torch.compile may fail on a CPU; report it
@@ -239,7 +241,13 @@ def worker(framework, args):
             print(json.dumps({"gemm": {name: timed(fn, args.settle, GEMM_MIN_S) for name, fn
                                        in timers.items() if isinstance(name, str)}}), flush=True)
             continue
-        print(json.dumps({"seconds": timed(timers[tuple(line.split())], args.settle)}),
+        variant, name = line.split()
+        if name == "digest":   # the forward's logits, to compare bits across levers
+            logits = np.asarray(timers[(variant, "forward")]())
+            print(json.dumps({"digest": hashlib.sha256(logits.tobytes()).hexdigest()}),
+                  flush=True)
+            continue
+        print(json.dumps({"seconds": timed(timers[(variant, name)], args.settle)}),
               flush=True)
 
 
@@ -274,6 +282,22 @@ def read_reply(proc) -> dict:
     return {"failed": f"the worker exited ({proc.wait()})"}
 
 
+# XLA:CPU levers of jax 0.10 (issue 50), each tried alone in a dynjax worker of its own
+# (the isolated step) beside the default one, in the same rounds: --levers NAME,... or all
+# (each worker holds its own step's buffers: at batch 8, all of them at once ran this 23 GB
+# VM out of memory). --xla_cpu_use_thunk_runtime=false is not one: jax 0.10 ignores it.
+LEVERS = {
+    "eigen_one_thread": "--xla_cpu_multi_thread_eigen=false",
+    "xnnpack": "--xla_cpu_use_xnnpack=true",
+    "xnn_graph_greedy": "--xla_cpu_experimental_xnn_graph_fusion_mode=XNN_GRAPH_FUSION_MODE_GREEDY",
+    "ynn_fusion_off": "--xla_cpu_experimental_ynn_fusion_type=",
+    "onednn": "--xla_cpu_use_onednn=true",
+    "vector_width_512": "--xla_cpu_prefer_vector_width=512",
+    "fast_math": "--xla_cpu_enable_fast_math=true",
+}
+LEVER = "dynjax@"   # a lever's worker: "dynjax@NAME"
+
+
 FULL = dict(seq_len=1024, batch_size=8, repeats=5, loop_steps=5, loop_log_every=5,
             profile_steps=3)
 QUICK = dict(seq_len=128, batch_size=2, repeats=2, loop_steps=2, loop_log_every=2,
@@ -298,9 +322,16 @@ def parse_args():
     ap.add_argument("--profile-steps", type=int, help="loop steps in the profiler trace")
     ap.add_argument("--variants", default="dense,mod")
     ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--levers", default="",
+                    help=f"XLA:CPU flags to try one at a time, 'all' or some of {sorted(LEVERS)}")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--out")
     args = ap.parse_args()
+    args.levers = [] if not args.levers else sorted(LEVERS) if args.levers == "all" else \
+        args.levers.split(",")
+    unknown = [name for name in args.levers if name not in LEVERS]
+    if unknown:
+        ap.error(f"--levers: unknown {unknown}; choose from {sorted(LEVERS)} or all")
     for name, value in (QUICK if args.quick else FULL).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -311,17 +342,22 @@ def start_workers(args) -> tuple[dict, dict]:
     """{(framework, variant or None): process}, warmed up one after another, and notes."""
     variants = args.variants.split(",")
     specs = ([("dynjax", None)] + [("dynjax_loop", v) for v in variants]
-             + [("torch_eager", None)] + ([] if args.no_compile else [("torch_compile", None)]))
+             + [("torch_eager", None)] + ([] if args.no_compile else [("torch_compile", None)])
+             + [(LEVER + lever, None) for lever in args.levers])
     workers, notes = {}, {}
     for fw, variant in specs:   # one process each, as a user runs them
         name = fw if variant is None else f"{fw}:{variant}"
+        env = dict(os.environ, PYTHONPATH=os.getcwd())
+        if fw.startswith(LEVER):
+            env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {LEVERS[fw[len(LEVER):]]}".strip()
         proc = subprocess.Popen([sys.executable, "-m", "benchmarks.vs_pytorch", "--worker", name,
                                  *sys.argv[1:]], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+                                text=True, env=env)
         reply = read_reply(proc)
         if "failed" in reply:
             proc.kill()
-            if fw != "torch_compile":   # the comparison needs dynjax and PyTorch eager
+            if fw == "dynjax" or fw.startswith("dynjax_loop") or fw == "torch_eager":
+                # the comparison needs dynjax and PyTorch eager
                 raise SystemExit(f"vs_pytorch: the {name} worker failed: {reply['failed']}")
             notes[fw] = "failed: " + reply["failed"]
         else:
@@ -350,6 +386,29 @@ def compare(r: dict) -> None:
                   for goal, (name, other, need) in GOALS.items()}
 
 
+def levers_report(args, variants, medians, digests) -> dict:
+    """Per lever and variant: its step's seconds, the default dynjax step's over its own
+    (> 1: the lever is faster), PyTorch's over it, and whether its forward's logits are
+    the default's bit for bit."""
+    out = {}
+    for lever in args.levers:
+        fw = LEVER + lever
+        row = out[lever] = {"xla_flags": LEVERS[lever]}
+        if (variants[0], fw, "train") not in medians:
+            row["failed"] = True
+            continue
+        for variant in variants:
+            t = {name: medians[(variant, fw, name)] for name in ("train", "forward")}
+            r = row[variant] = {f"{name}_s": t[name] for name in t}
+            for other, key in (("dynjax", "default"), ("torch_eager", "torch_eager"),
+                               ("torch_compile", "torch_compile")):
+                if (variant, other, "train") in medians:
+                    r[f"speed_over_{key}"] = {name: medians[(variant, other, name)] / t[name]
+                                              for name in t}
+            r["forward_bitwise_default"] = digests[(fw, variant)] == digests[("dynjax", variant)]
+    return out
+
+
 def main():
     args = parse_args()
     if args.worker:
@@ -376,6 +435,9 @@ def main():
             gemm_times.setdefault(name, []).append(s)
     profiles = {variant: ask(workers[("dynjax_loop", variant)], f"{variant} profile").get(
         "profile") for variant in variants}
+    digests = {(fw, variant): ask(proc, f"{variant} digest")["digest"]
+               for (fw, owner), proc in workers.items()
+               if fw == "dynjax" or fw.startswith(LEVER) for variant in variants}
     for proc in workers.values():
         proc.stdin.close()
         proc.wait()
@@ -408,7 +470,10 @@ def main():
                      "torch_compile": "the same under torch.compile"},
            "note": "medians of interleaved calls in one run; seconds per call; ratios are "
                    "dynjax tokens/s over the other's (>1: dynjax faster)"}
+    res["levers"] = levers_report(args, variants, medians, digests)
     for (variant, fw, name), t in medians.items():
+        if fw.startswith(LEVER):
+            continue
         res.setdefault(variant, {}).setdefault(fw, {})[f"{name}_s"] = t
         res[variant][fw][f"{name}_tokens_per_s"] = tokens_per_call / t
     for (variant, fw, key), v in extra.items():
