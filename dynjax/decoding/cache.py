@@ -37,13 +37,15 @@ def append_slots(cache, write):
     return jnp.where(write, slot, S)
 
 
-def write(cache, slot, k, v, pos):
-    """Store the chunk's keys, values and positions (B, n, ...) at ``slot`` (B, n)."""
+def write(cache, slot, k, v, pos, **more):
+    """Store the chunk's keys, values and positions (B, n, ...) at ``slot`` (B, n), and
+    ``more`` arrays (B, n, ...) in the cache's arrays of those names (an indexer's keys)."""
     S = cache["pos"].shape[1]
     rows = jnp.arange(slot.shape[0])[:, None]
     put = lambda buf, new: buf.at[rows, slot].set(new, mode="drop")
     return dict(cache, k=put(cache["k"], k), v=put(cache["v"], v), pos=put(cache["pos"], pos),
-                n=cache["n"] + jnp.sum(slot < S, axis=1, dtype=jnp.int32))
+                n=cache["n"] + jnp.sum(slot < S, axis=1, dtype=jnp.int32),
+                **{name: put(cache[name], a) for name, a in more.items()})
 
 
 class CachedAttention(nn.Module):

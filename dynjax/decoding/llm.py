@@ -9,6 +9,11 @@ attention shares them; multi-head latent attention: every head's expanded key an
 not the latent), at the core cache's slots and positions (``decoding.cache``). A Gated
 DeltaNet layer's cache is its fixed-size state instead (the last conv inputs and the
 recurrent matrix, ``components.deltanet.State``): its memory does not grow with the sequence.
+DeepSeek Sparse Attention (V3.2, GLM-5) also caches each indexing layer's lightning-indexer
+keys (normed and rotated) in the same slots: a query scores them, keeps its ``index_topk``
+best visible ones with the forward's ``indexer.select`` (slots are in position order, so
+ties go to the earlier position, as in the forward) and attends to those; GLM-5's shared
+layers take the previous indexing layer's selection, as in the forward.
 """
 from __future__ import annotations
 
@@ -24,23 +29,23 @@ from dynjax.models.mod import EMPTY
 
 def init_cache(cfg: llm.Config, batch: int, max_len: int):
     """Per layer: ``max_len`` slots of keys and values, as ``cfg.attention`` caches them
-    (GQA: (n_kv_heads, head_dim) each); a Gated DeltaNet layer's zero state."""
+    (GQA: (n_kv_heads, head_dim) each) and, where the layer has a lightning indexer, its
+    keys (``index_k``, index_head_dim each); a Gated DeltaNet layer's zero state."""
     if cfg.mod_layers:
         raise NotImplementedError(
             f"KV-cache decoding of the llm family's Mixture-of-Depths layers "
             f"(mod_layers={cfg.mod_layers}) is not built; its causal rules are scored by the "
             "sequence forward (model.mod_route='router' or 'predictor'), as train.py evaluates")
-    if cfg.index_topk:
-        raise NotImplementedError(
-            f"KV-cache decoding of DeepSeek Sparse Attention (index_topk={cfg.index_topk}) is "
-            "not built (the cache would need the indexer's keys); decode by re-running the "
-            "forward, which is causal")
+
     def kv(i):   # each layer's own heads (llm.layer_config: Gemma-4's full layers)
         k_shape, v_shape = ATTENTION[cfg.attention].cache_shape(llm.layer_config(cfg, i))
-        return {"k": jnp.zeros((batch, max_len, *k_shape), cfg.compute_dtype),
-                "v": jnp.zeros((batch, max_len, *v_shape), cfg.compute_dtype),
-                "pos": jnp.full((batch, max_len), EMPTY, jnp.int32),
-                "n": jnp.zeros((batch,), jnp.int32)}
+        c = {"k": jnp.zeros((batch, max_len, *k_shape), cfg.compute_dtype),
+             "v": jnp.zeros((batch, max_len, *v_shape), cfg.compute_dtype),
+             "pos": jnp.full((batch, max_len), EMPTY, jnp.int32),
+             "n": jnp.zeros((batch,), jnp.int32)}
+        if cfg.index_topk and i not in cfg.index_shared:
+            c["index_k"] = jnp.zeros((batch, max_len, cfg.index_head_dim), cfg.compute_dtype)
+        return c
     state = deltanet.initial_state(cfg.deltanet, batch, cfg.compute_dtype) \
         if cfg.deltanet_layers else None
     return [state._asdict() if i in cfg.deltanet_layers else kv(i)
@@ -64,6 +69,7 @@ def chunk(cfg: llm.Config, params, cache, tokens, pos, branch):
     if cfg.residual == "hyper":
         h = hyper.expand_embeddings(cfg.hyper, h)
     new_cache = []
+    index = {"chosen": None}   # the last indexing layer's selection (GLM-5's shared layers')
     for i, (p, c) in enumerate(zip(params["layers"], cache)):
         def mixer(z, c=c, i=i, p=p):
             x = llm.norm(cfg, z, p["input_norm"])
@@ -72,7 +78,16 @@ def chunk(cfg: llm.Config, params, cache, tokens, pos, branch):
                 return a, state._asdict()
             lc = llm.layer_config(cfg, i)
             q, k, v = llm.project_qkv(lc, p["attn"], x, llm.layer_positions(cfg, i, pos))
-            c = write(c, append_slots(c, jnp.ones(tokens.shape, bool)), k, v, pos.index)
+            slot = append_slots(c, jnp.ones(tokens.shape, bool))
+            if cfg.index_topk:   # DeepSeek Sparse Attention over the cached slots
+                more = {"index_k": llm.index_keys(lc, p["attn"], x, pos)} \
+                    if "index_k" in c else {}
+                c = write(c, slot, k, v, pos.index, **more)
+                a, _, index["chosen"] = llm.sparse_attention(
+                    lc, p["attn"], x, q, c["k"], c["v"], pos, (None, index["chosen"]),
+                    (c.get("index_k"), c["pos"]))
+                return a, c
+            c = write(c, slot, k, v, pos.index)
             gate, _ = llm.output_gate(cfg, p["attn"], x, None)
             return llm.mixer_update(cfg, p, llm.attend(lc, p["attn"], q, c["k"], c["v"],
                                                        pos.index, c["pos"], gate)), c

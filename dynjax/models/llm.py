@@ -659,19 +659,27 @@ def layer_output(cfg: Config, p, h):
     return h * p["layer_scalar"].astype(h.dtype) if cfg.layer_form == "gemma4" else h
 
 
-def sparse_attention(cfg: Config, p, x, q, k, v, positions: Positions, index):
+def index_keys(cfg: Config, p, x, positions: Positions):
+    """The layer's lightning-indexer keys (B, T, d) of the normed x (B, T, D)."""
+    return indexer_lib.keys(p["indexer"], x, positions.cos, positions.sin,
+                            cfg.index_rope_interleave)
+
+
+def sparse_attention(cfg: Config, p, x, q, k, v, positions: Positions, index, keys=None):
     """DeepSeek Sparse Attention: the layer's own lightning indexer scores (a coefficient
     site; ``index`` = (its Given, the previous layer's selection)) or the previous indexing
     layer's selection (GLM-5's shared layers) pick each query's keys; (a, {"indexer"} or {},
-    the selection (B, T, T))."""
+    the selection (B, T, S)). ``keys`` (decoding): (the indexer keys (B, S, d) or None, the
+    positions (B, S)) of the slots k and v hold; default the chunk's own (the forward)."""
     given, chosen = index
     used = {}
     if "indexer" in p:
         q_res = rms_norm(x @ p["q_a"].astype(x.dtype), p["q_a_norm"], LATENT_NORM_EPS)
-        used = coeffs_lib.site({"indexer": indexer_lib.scores(
-            p["indexer"], x, q_res, positions.cos, positions.sin,
-            cfg.index_rope_interleave)}, given)
-        visible = positions.index[:, None, :] <= positions.index[:, :, None]
+        iq, w = indexer_lib.query(p["indexer"], x, q_res, positions.cos, positions.sin,
+                                  cfg.index_rope_interleave)
+        ik, k_pos = keys or (index_keys(cfg, p, x, positions), positions.index)
+        used = coeffs_lib.site({"indexer": indexer_lib.score(iq, w, ik)}, given)
+        visible = k_pos[:, None, :] <= positions.index[:, :, None]
         chosen = indexer_lib.select(used["indexer"], visible, cfg.index_topk)
     out = indexer_lib.attend_selected(q, k, v, chosen, ATTENTION[cfg.attention].scale(cfg))
     return jnp.einsum("bthk,hkd->btd", out, p["o"].astype(cfg.compute_dtype)), used, chosen

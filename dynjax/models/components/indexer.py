@@ -56,17 +56,32 @@ def rotate_first(x, cos, sin, interleave=False):
     return jnp.concatenate([a * cos - b * sin, b * cos + a * sin, rest], axis=-1)
 
 
+def query(p, x, q_res, cos, sin, interleave=False):
+    """The indexer's float32 queries (B, T, H, d) and head weights w (B, T, H)."""
+    q = rotate_first(jnp.einsum("btr,rhd->bthd", q_res, p["q_b"]), cos, sin,
+                     interleave).astype(F32)
+    return q, (x @ p["weights"]).astype(F32) * F32(q.shape[-2] ** -0.5)
+
+
+def keys(p, x, cos, sin, interleave=False):
+    """The indexer's keys (B, T, d) in x's dtype, normed and rotated: what a decoding cache
+    keeps per layer (``dynjax.decoding.llm``)."""
+    return rotate_first(layer_norm(x @ p["k"], p["k_norm"], p["k_norm_bias"]), cos, sin,
+                        interleave)
+
+
+def score(q, w, k):
+    """Scores (B, S, T) float32 of the queries and weights (:func:`query`) against keys k
+    (B, T, d) (unmasked)."""
+    d = q.shape[-1]
+    s = jax.nn.relu(jnp.einsum("bshd,btd->bsht", q, k.astype(F32)) * F32(d ** -0.5))
+    return jnp.einsum("bsht,bsh->bst", s, w)
+
+
 def scores(p, x, q_res, cos, sin, interleave=False):
     """The indexer's scores (B, T, T) float32 of every query against every key (unmasked);
     ``interleave``: GLM-5's rotary pairs (DeepSeek-V3.2's are half-split)."""
-    q = rotate_first(jnp.einsum("btr,rhd->bthd", q_res, p["q_b"]), cos, sin,
-                     interleave).astype(F32)
-    k = rotate_first(layer_norm(x @ p["k"], p["k_norm"], p["k_norm_bias"]), cos, sin,
-                     interleave)
-    d, H = q.shape[-1], q.shape[-2]
-    s = jax.nn.relu(jnp.einsum("bshd,btd->bsht", q, k.astype(F32)) * F32(d ** -0.5))
-    w = (x @ p["weights"]).astype(F32) * F32(H ** -0.5)
-    return jnp.einsum("bsht,bsh->bst", s, w)
+    return score(*query(p, x, q_res, cos, sin, interleave), keys(p, x, cos, sin, interleave))
 
 
 def select(scores, visible, topk: int):

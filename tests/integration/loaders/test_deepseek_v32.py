@@ -3,7 +3,7 @@
 against tiny transformers checkpoints (tests/data/hf/<model_type>, made by
 ``python scripts/make_deepseek_v4_reference.py --only <model_type>``; no torch needed):
 logits, expert sets and indexer selections, bitwise replay in one program, the indexers'
-static control, greedy decoding."""
+static control, greedy and KV-cache decoding."""
 from __future__ import annotations
 
 import functools
@@ -87,7 +87,7 @@ def test_replay_is_bitwise_and_recent_keys_is_the_static_control(arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_greedy_decoding_equals_transformers(arch):
     """transformers' generate (its indexer key cache) against the forward re-run over a
-    fixed buffer (KV-cache decoding of an indexer model is refused: see dynjax.decoding)."""
+    fixed buffer (the KV-cache decoder's: test_cache_decoding_equals_the_forward...)."""
     model, params, ref, apply, _, coeffs = port(arch)
     greedy = ref["greedy"]
     P = greedy.shape[1] - 8
@@ -99,9 +99,43 @@ def test_greedy_decoding_equals_transformers(arch):
         buf = buf.at[:, t + 1].set(jnp.argmax(logits[:, t], -1).astype(jnp.int32))
     np.testing.assert_array_equal(np.asarray(buf[:, :greedy.shape[1]]), greedy)
     assert apply._cache_size() == 1
-    from dynjax.decoding import llm as decode_llm
-    with pytest.raises(NotImplementedError, match="Sparse Attention"):
-        decode_llm.init_cache(model.cfg, 1, 8)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cache_decoding_equals_the_forward_and_transformers(arch):
+    """dynjax.decoding with the MLA cache plus each indexing layer's indexer keys: a 9-token
+    prefill then one token a step, and 20 steps from an empty cache, give the forward's
+    logits at every position (index_topk 5 < 9: later queries drop keys, GLM-5's shared
+    layers reuse the selection); greedy generation equals transformers' generate."""
+    from dynjax import decoding
+    model, params, ref, _, logits, _ = port(arch)
+    cfg, ids = model.cfg, jnp.asarray(ref["input_ids"], jnp.int32)
+    (B, T), P = ids.shape, 9
+    assert cfg.index_topk < P
+    # prefill, step and generate as separate programs (one holding all three has hung
+    # XLA:CPU for a hybrid model: tests/integration/loaders/test_hf_hybrid.py)
+    prefill = jax.jit(lambda p, t: decoding.prefill(cfg, p, t, T)[:2])
+    step = jax.jit(lambda p, c, t, i: decoding.decode_step(cfg, p, c, t, i)[:2])
+    out, cache = prefill(params, ids[:, :P])
+    outs = [out]
+    for i in range(P, T):
+        out, cache = step(params, cache, ids[:, i], jnp.full((B,), i))
+        outs.append(out[:, None])
+    np.testing.assert_allclose(jnp.concatenate(outs, 1), logits, atol=1e-5, rtol=0)
+    cache, outs = decoding.init_cache(cfg, B, T), []
+    for i in range(T):
+        out, cache = step(params, cache, ids[:, i], jnp.full((B,), i))
+        outs.append(out)
+    np.testing.assert_allclose(jnp.stack(outs, 1), logits, atol=1e-5, rtol=0)
+    # the indexer keys sit beside the MLA keys and values, in the indexing layers only
+    assert [("index_k" in c) for c in cache] == [("indexer" in p["attn"])
+                                                 for p in params["layers"]]
+    assert all(c["index_k"].shape == (B, T, cfg.index_head_dim) for c in cache
+               if "index_k" in c)
+    greedy = ref["greedy"]
+    prompt = jnp.asarray(greedy[:, :greedy.shape[1] - 8], jnp.int32)
+    out = jax.jit(lambda p, t: decoding.generate(cfg, p, t, 8))(params, prompt)
+    np.testing.assert_array_equal(np.asarray(out), greedy)
 
 
 def test_glm5_shared_layers_reuse_the_selection():
