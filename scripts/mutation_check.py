@@ -52,6 +52,8 @@ GPT_OSS = "tests/integration/loaders/test_hf.py::test_logits_match_transformers[
 OPENER = "tests/unit/runs/test_opener.py::"
 GEMMA4 = "tests/integration/loaders/test_hf_gemma4.py::"
 GEMMA4_LOGITS = (GEMMA4 + "test_logits_match_transformers",)
+DSA_CACHE = ("tests/integration/loaders/test_deepseek_v32.py::"
+             "test_cache_decoding_equals_the_forward_and_transformers")
 
 MUTANTS = (
     Mutant("derangement_allows_fixed_points", "dynjax/audit/interventions.py",
@@ -1272,6 +1274,30 @@ MUTANTS = (
            'new["prev_kv"], new["prev_gate"] = state["prev_kv"], state["prev_gate"]',
            ("tests/integration/loaders/test_deepseek_v4.py::test_cache_decoding_equals_the_forward_and_transformers[deepseek_v4]",),
            "CSA's cache carries the last closed window's first series into the next entry"),
+    # --- DeepSeek Sparse Attention cache decoding (issue 47): dynjax/decoding/llm.py ---
+    Mutant("dsa_cache_indexer_keys_not_cached", "dynjax/decoding/llm.py",
+           'if "index_k" in c else {}', "if False else {}",
+           (DSA_CACHE + "[deepseek_v32]",),
+           "each decoded query scores the indexer keys of every cached token"),
+    Mutant("dsa_cache_indexer_keys_stale", "dynjax/decoding/llm.py",
+           'if "index_k" in c else {}', 'if "index_k" in c and tokens.shape[1] > 1 else {}',
+           (DSA_CACHE + "[deepseek_v32]",),
+           "a decode step writes its own token's indexer key before scoring"),
+    Mutant("dsa_cache_topk_over_future_slots", "dynjax/decoding/llm.py",
+           '(c.get("index_k"), c["pos"]))',
+           '(c.get("index_k"), jnp.where(c["pos"] == EMPTY, 0, c["pos"])))',
+           (DSA_CACHE + "[deepseek_v32]",),
+           "the cached top-k is taken among the visible positions only, not the empty slots"),
+    Mutant("dsa_topk_over_invisible_keys", "dynjax/models/components/indexer.py",
+           "top = jax.lax.top_k(jnp.where(visible, scores, -jnp.inf), k)[1]",
+           "top = jax.lax.top_k(scores, k)[1]",
+           (DSA_CACHE + "[deepseek_v32]",),
+           "the indexer's top-k is over each query's visible keys (forward and cache alike)"),
+    Mutant("glm5_cache_shared_selection_not_reused", "dynjax/decoding/llm.py",
+           '(None, index["chosen"])',
+           '(None, None if "index_k" in c else c["pos"][:, None, :] <= pos.index[:, :, None])',
+           (DSA_CACHE + "[glm_moe_dsa]",),
+           "GLM-5's shared layers decode with the previous indexing layer's selection"),
     # --- DeepSeek-V4 scorecard execution panel (issue 47): dynjax/measure/execution.py ---
     Mutant("v4_panel_hash_layers_top_k", "dynjax/models/deepseek_v4.py",
            'return jnp.stack([route(cfg, p["moe"], next(by_kind[kind]), tokens)[0]',
