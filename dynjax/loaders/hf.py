@@ -67,9 +67,11 @@ class LlmPort:
         (``llm.param_dtype``: ``cfg.dtype``; a DeepSeek router's weight and bias float32)
         (and put on its ``shardings`` leaf, a pytree like the params) as it is read."""
         table = archs.get(cfg.model_type).tensors
-        params = llm.params_from_table(cfg, lambda path, shape: tensors.place(
-            common.read_param(table, cfg, t, path, shape),
-            jnp.dtype(llm.param_dtype(cfg, path)), _leaf(shardings, path)))
+        def leaf(path, shape):
+            dtype = jnp.dtype(llm.param_dtype(cfg, path))
+            return tensors.place(common.read_param(table, cfg, t, path, shape, dtype), dtype,
+                                 _leaf(shardings, path))
+        params = llm.params_from_table(cfg, leaf)
         if strict:
             tensors.refuse_unused(t, cfg)
         return params

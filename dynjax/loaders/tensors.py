@@ -421,17 +421,24 @@ class Tensors:
         dtype, shape, _ = self._files[f].entries[raw]
         return dtype, shape
 
-    def stack(self, names, shape: tuple) -> np.ndarray:
+    def stack(self, names, shape: tuple, dtype=None) -> np.ndarray:
         """The tensors ``names`` (each of shape ``shape``) as one ``(len(names), *shape)``
         array, e.g. a layer's experts: stored ones are read straight into their slot, so
-        host memory holds the stacked param and nothing beside it; dequantised ones (or a
-        mix of dtypes) are read one by one and stacked."""
+        host memory holds the stacked param and nothing beside it; dequantised ones (FP8,
+        MXFP4) or a mix of dtypes are read one at a time and cast into their slot of an
+        array of ``dtype`` (the param's; None: the dtypes' common one), so beside the
+        stacked param there is one float32 tensor, not a float32 stack."""
         kinds = {self._stored(n) for n in names}
-        if len(kinds) != 1 or None in kinds or not _is_float(kinds.pop()[0]):
-            return np.stack([self.get(n, shape) for n in names])
-        out = np.empty((len(names), *shape), self._stored(names[0])[0])
+        if len(kinds) == 1 and None not in kinds and _is_float(next(iter(kinds))[0]):
+            out = np.empty((len(names), *shape), next(iter(kinds))[0])
+            for slot, name in zip(out, names):
+                self.get(name, shape, out=slot)
+            return out
+        if dtype is None:
+            dtype = np.result_type(*(k[0] if k else np.float32 for k in kinds))
+        out = np.empty((len(names), *shape), dtype)
         for slot, name in zip(out, names):
-            self.get(name, shape, out=slot)
+            slot[...] = self.get(name, shape)
         return out
 
     def get(self, name: str, shape: tuple | None = None, integer: bool = False,

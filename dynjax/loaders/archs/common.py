@@ -153,8 +153,9 @@ def shared_names(prefix: str) -> dict:
             for n in ("gate", "up", "down")}
 
 
-def read_param(table: Mapping, cfg, t, path: tuple, shape: tuple) -> np.ndarray:
-    """The array at params ``path`` (shape ``shape``) in dynjax's layout, through ``table``."""
+def read_param(table: Mapping, cfg, t, path: tuple, shape: tuple, dtype=None) -> np.ndarray:
+    """The array at params ``path`` (shape ``shape``) in dynjax's layout, through ``table``;
+    ``dtype``: the param's, which dequantised experts are stacked in (``Tensors.stack``)."""
     layer, key = (path[1], path[2:]) if path[0] == "layers" else (None, path)
     if key not in table:
         raise KeyError(f"{cfg.model_type}'s tensor table has no entry for {key}")
@@ -164,7 +165,8 @@ def read_param(table: Mapping, cfg, t, path: tuple, shape: tuple) -> np.ndarray:
     name, n_in = entry
     if "{e}" in name:   # stacked experts: one (E, stored...) array, read slot by slot
         names = [name.format(i=layer, e=e) for e in range(shape[0])]
-        return _layout(lambda stored: t.stack(names, stored), n_in, shape[1:], stacked=True)
+        return _layout(lambda stored: t.stack(names, stored, dtype), n_in, shape[1:],
+                       stacked=True)
     return _layout(lambda stored: t.get(name.format(i=layer), stored), n_in, shape)
 
 

@@ -273,6 +273,49 @@ def test_load_holds_the_params_and_one_tensor_not_the_checkpoint_twice(tmp_path)
     assert peak - held <= 2.25 * largest, (peak - held, largest, checkpoint)
 
 
+def _save(path: pathlib.Path, arrays: dict):
+    """A safetensors file of numpy arrays, FP8 ones too (safetensors.numpy has no FP8)."""
+    names = {np.dtype(v): k for k, v in tensors._DTYPES.items()}
+    header, blobs, at = {}, [], 0
+    for k, a in arrays.items():
+        b = np.ascontiguousarray(a).tobytes()
+        header[k] = {"dtype": names[a.dtype], "shape": list(a.shape),
+                     "data_offsets": [at, at + len(b)]}
+        blobs.append(b)
+        at += len(b)
+    raw = json.dumps(header).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + b"".join(blobs))
+
+
+def test_fp8_experts_are_stacked_in_the_params_dtype_one_at_a_time(tmp_path):
+    """Block-FP8 experts (DeepSeek-V3's format) are dequantised one at a time into their slot
+    of a bfloat16 stack: bitwise the float32 stack cast to bfloat16, and beside the stack the
+    host holds about one float32 expert's dequantisation (tracemalloc), not a float32 stack
+    and a list of float32 experts (8x one expert here, 16 experts)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    E, N, K = 16, 256, 256
+    names = [f"model.layers.0.mlp.experts.{e}.down_proj.weight" for e in range(E)]
+    arrays = {}
+    for name in names:
+        arrays[name] = rng.standard_normal((N, K)).astype(ml_dtypes.float8_e4m3fn)
+        arrays[name + "_scale_inv"] = rng.uniform(0.5, 2.0, (2, 2)).astype(np.float32)
+    _save(tmp_path / "model.safetensors", arrays)
+    t = tensors.Tensors(str(tmp_path), FP8_DEEPSEEK)
+    want = np.stack([t.get(n, (N, K)) for n in names]).astype(ml_dtypes.bfloat16)
+    tracemalloc.start()
+    try:
+        got = t.stack(names, (N, K), ml_dtypes.bfloat16)
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got.dtype == ml_dtypes.bfloat16 and len({g.tobytes() for g in got}) == E
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    one = N * K * 4                                    # one expert in float32
+    assert peak - held <= 3 * one, (peak - held, one)
+
+
 def test_stacked_experts_are_the_stack_of_their_tensors():
     """Tensors.stack reads each expert into its slot: bitwise np.stack of the reads."""
     t = tensors.Tensors(str(DATA / "hf" / "qwen3_moe"))
