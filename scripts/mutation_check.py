@@ -303,6 +303,12 @@ MUTANTS = (
            "        out = np.stack([self.get(n, shape) for n in names]).astype(dtype)\n",
            (FORMATS + "test_fp8_experts_are_stacked_in_the_params_dtype_one_at_a_time",),
            "FP8 experts are dequantised one at a time into a stack of the param's dtype"),
+    Mutant("mxfp4_dequantised_whole_in_float32", "dynjax/loaders/tensors.py",
+           "    out = np.empty((E, G * b.shape[-1] * 2, R), dtype)\n",
+           "    out, whole = (np.empty((E, G * b.shape[-1] * 2, R), dtype),\n"
+           "                  np.ldexp(unpack_e2m1(b), exponent[..., None]))\n",
+           (FORMATS + "test_mxfp4_experts_are_cast_one_expert_at_a_time",),
+           "MXFP4 experts are dequantised one expert at a time into the param's dtype"),
     Mutant("experts_in_the_wrong_slots", "dynjax/loaders/tensors.py",
            "            for slot, name in zip(out, names):\n",
            "            for slot, name in zip(out[::-1], names):\n",

@@ -220,8 +220,10 @@ def dequantize_fp8_block(weight: np.ndarray, scale_inv: np.ndarray, block) -> np
     return w
 
 
-def dequantize_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """float32 of MXFP4 experts in the layout transformers' gpt-oss computes with.
+def dequantize_mxfp4(blocks: np.ndarray, scales: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """MXFP4 experts in the layout transformers' gpt-oss computes with, in ``dtype``: each
+    expert dequantised in float32 and cast into its slot, so beside the result the host
+    holds one float32 expert, not all of them.
 
     ``blocks`` is ``(E, R, G, 16)`` uint8 (two e2m1 values per byte, the low nibble first),
     ``scales`` ``(E, R, G)`` uint8 e8m0 exponents (2 ** (byte - 127)) shared by the 32 values
@@ -232,9 +234,12 @@ def dequantize_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     if b.shape[:-1] != scales.shape:
         raise CheckpointError(f"MXFP4 blocks {b.shape} and scales {scales.shape} disagree")
     exponent = scales.view(np.uint8).astype(np.int32) - 127
-    out = np.ldexp(unpack_e2m1(b), exponent[..., None]).astype(np.float32)
     E, R, G = scales.shape
-    return out.reshape(E, R, G * b.shape[-1] * 2).transpose(0, 2, 1)
+    out = np.empty((E, G * b.shape[-1] * 2, R), dtype)
+    for e in range(E):
+        out[e] = np.ldexp(unpack_e2m1(b[e]), exponent[e, ..., None]).astype(
+            np.float32).reshape(R, -1).T
+    return out
 
 
 def check_quantization(hf: Mapping):
@@ -442,11 +447,12 @@ class Tensors:
         return out
 
     def get(self, name: str, shape: tuple | None = None, integer: bool = False,
-            out: np.ndarray | None = None) -> np.ndarray:
+            out: np.ndarray | None = None, dtype=None) -> np.ndarray:
         """The tensor ``name`` of shape ``shape`` (None: any): as stored, or float32 where
-        dequantised. ``integer``: an index table (DeepSeek-V4's ``tid2eid``), read as the
-        integers it holds; any other integer tensor is a quantized payload. ``out``: where a
-        stored float tensor is read (:meth:`stack`'s slots)."""
+        dequantised (MXFP4 experts: ``dtype``, the param's, cast expert by expert).
+        ``integer``: an index table (DeepSeek-V4's ``tid2eid``), read as the integers it
+        holds; any other integer tensor is a quantized payload. ``out``: where a stored
+        float tensor is read (:meth:`stack`'s slots)."""
         if name not in self.where:
             raise CheckpointError(f"checkpoint lacks tensor {name!r} (shape {shape}); the "
                                   "safetensors files are incomplete or config.json describes "
@@ -457,7 +463,8 @@ class Tensors:
                 _wrong_shape(name, stored[1] if stored else None, out.shape)
             a = self._raw(name, out)
         elif name not in self.source:                     # MXFP4 *_blocks + *_scales
-            a = dequantize_mxfp4(self._raw(name + "_blocks"), self._raw(name + "_scales"))
+            a = dequantize_mxfp4(self._raw(name + "_blocks"), self._raw(name + "_scales"),
+                                 np.float32 if dtype is None else dtype)
         elif self._scale_of(name):                     # block FP8 (or FP4) + its scales
             a = dequantize_fp8_block(self._raw(name), self._raw(self._scale_of(name)),
                                      self.fp8_block)

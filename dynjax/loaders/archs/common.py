@@ -155,7 +155,8 @@ def shared_names(prefix: str) -> dict:
 
 def read_param(table: Mapping, cfg, t, path: tuple, shape: tuple, dtype=None) -> np.ndarray:
     """The array at params ``path`` (shape ``shape``) in dynjax's layout, through ``table``;
-    ``dtype``: the param's, which dequantised experts are stacked in (``Tensors.stack``)."""
+    ``dtype``: the param's, which dequantised experts are cast into one at a time
+    (``Tensors.stack``, MXFP4 in ``Tensors.get``)."""
     layer, key = (path[1], path[2:]) if path[0] == "layers" else (None, path)
     if key not in table:
         raise KeyError(f"{cfg.model_type}'s tensor table has no entry for {key}")
@@ -167,7 +168,7 @@ def read_param(table: Mapping, cfg, t, path: tuple, shape: tuple, dtype=None) ->
         names = [name.format(i=layer, e=e) for e in range(shape[0])]
         return _layout(lambda stored: t.stack(names, stored, dtype), n_in, shape[1:],
                        stacked=True)
-    return _layout(lambda stored: t.get(name.format(i=layer), stored), n_in, shape)
+    return _layout(lambda stored: t.get(name.format(i=layer), stored, dtype=dtype), n_in, shape)
 
 
 def _layout(read, n_in: int, shape: tuple, stacked: bool = False) -> np.ndarray:

@@ -316,6 +316,32 @@ def test_fp8_experts_are_stacked_in_the_params_dtype_one_at_a_time(tmp_path):
     assert peak - held <= 3 * one, (peak - held, one)
 
 
+def test_mxfp4_experts_are_cast_one_expert_at_a_time(tmp_path):
+    """gpt-oss's MXFP4 stores a layer's experts as one tensor: dequantised into the param's
+    bfloat16 expert by expert, bitwise the float32 result cast, with about one float32
+    expert beside it (tracemalloc), not the layer's experts in float32 (16x one here)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    E, R, G = 16, 256, 8
+    name = "model.layers.0.mlp.experts.down_proj"
+    _save(tmp_path / "model.safetensors", {
+        name + "_blocks": rng.integers(0, 256, (E, R, G, 16), dtype=np.uint8),
+        name + "_scales": rng.integers(120, 131, (E, R, G), dtype=np.uint8)})
+    t = tensors.Tensors(str(tmp_path))
+    want = t.get(name, (E, G * 32, R)).astype(ml_dtypes.bfloat16)
+    tracemalloc.start()
+    try:
+        got = t.get(name, (E, G * 32, R), dtype=ml_dtypes.bfloat16)
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got.dtype == ml_dtypes.bfloat16 and np.abs(want.astype(np.float32)).max() > 1
+    np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    one = G * 32 * R * 4                               # one expert in float32
+    assert peak - held <= 6 * one, (peak - held, one)
+
+
 def test_stacked_experts_are_the_stack_of_their_tensors():
     """Tensors.stack reads each expert into its slot: bitwise np.stack of the reads."""
     t = tensors.Tensors(str(DATA / "hf" / "qwen3_moe"))
