@@ -230,6 +230,8 @@ def report(out: pathlib.Path) -> dict:
 
     table, experts = {}, {}
     lines = ["# Routing study: token identity vs context, per layer\n",
+             "Intervals over seeds; an arm with one seed: that seed's intervals over "
+             "windows.\n",
              "| arm | layer | seeds | ΔNLL cross-input [CI] | ΔNLL token-identity [CI] | "
              "difference TI - CI [CI] | share TI recovers [CI] |", "|---|---|---|---|---|---|---|"]
     for arm in (a for a in arms() if study(a)["layers"]):
@@ -241,17 +243,25 @@ def report(out: pathlib.Path) -> dict:
         ti = np.array([f["layers"]["mean_delta"]["token_identity"] for f in files])
         rows = []
         for layer in range(ci.shape[1]):
-            row = {"layer": layer, "seeds": len(files),
-                   "cross_input": stats.bootstrap_ci(ci[:, layer]),
-                   "token_identity": stats.bootstrap_ci(ti[:, layer]),
-                   "difference": stats.bootstrap_ci(ti[:, layer] - ci[:, layer]),
-                   "share_recovered": stats.retention_ci(ti[:, layer], ci[:, layer])}
+            if len(files) > 1:     # intervals over seeds
+                row = {"cross_input": stats.bootstrap_ci(ci[:, layer]),
+                       "token_identity": stats.bootstrap_ci(ti[:, layer]),
+                       "difference": stats.bootstrap_ci(ti[:, layer] - ci[:, layer]),
+                       "share_recovered": stats.retention_ci(ti[:, layer], ci[:, layer])}
+            else:                  # one seed: its intervals over windows, no share interval
+                own = files[0]["layers"]["per_layer"][layer]
+                row = {k: own[k] for k in ("cross_input", "token_identity", "difference")}
+                row["share_recovered"] = {"estimate": float(1 - ti[0, layer] / ci[0, layer]),
+                                          "ci_low": None, "ci_high": None}
+            row.update(layer=layer, seeds=len(files))
             rows.append(row)
             fmt = lambda s: f"{s['estimate']:.4f} [{s['ci_low']:.4f}, {s['ci_high']:.4f}]"
             share = row["share_recovered"]
+            share_ci = (f" [{share['ci_low']:.3f}, {share['ci_high']:.3f}]"
+                        if share["ci_low"] is not None else "")
             lines.append(f"| {arm} | {layer} | {len(files)} | {fmt(row['cross_input'])} | "
                          f"{fmt(row['token_identity'])} | {fmt(row['difference'])} | "
-                         f"{share['estimate']:.3f} [{share['ci_low']:.3f}, {share['ci_high']:.3f}] |")
+                         f"{share['estimate']:.3f}{share_ci} |")
         table[arm] = rows
         experts[arm] = [{"seed": f["seed"], "spearman": f["experts"]["spearman"],
                          "pruning": f["experts"]["pruning"]} for f in

@@ -92,3 +92,21 @@ def test_the_report_compares_the_arms_whole_model_audits(tmp_path):
     md = (tmp_path / "table.md").read_text()
     assert "| hash | 1 | 2.0000 | 0.500 [0.400, 0.600] | — |" in md
     assert "| softmax_topk | 2 | 2.0000 / 3.0000 | 2.500 | 0.200 |" in md
+
+
+def test_one_seed_reports_its_own_intervals_over_windows(tmp_path):
+    """An arm with one seed has no interval over seeds: its rows carry that seed's own
+    intervals over windows (never NaN), and the share has no interval."""
+    own = {k: {"estimate": e, "ci_low": e - 0.01, "ci_high": e + 0.01}
+           for k, e in (("cross_input", 0.2), ("token_identity", 0.05), ("difference", -0.15))}
+    f = study.seed_file(tmp_path, "deepseek_sigmoid", 0)
+    f.parent.mkdir(parents=True)
+    f.write_text(json.dumps({"seed": 0, "layers": {
+        "mean_delta": {"cross_input": [0.2], "token_identity": [0.05]},
+        "per_layer": [{"layer": 0, **own}]}}))
+    (row,) = study.report(tmp_path)["deepseek_sigmoid"]
+    assert row["cross_input"] == own["cross_input"] and row["seeds"] == 1
+    assert row["share_recovered"] == {"estimate": pytest.approx(0.75), "ci_low": None,
+                                      "ci_high": None}
+    md = (tmp_path / "table.md").read_text()
+    assert "| deepseek_sigmoid | 0 | 1 | 0.2000 [0.1900, 0.2100] |" in md and "nan" not in md
