@@ -7,11 +7,13 @@ The suite runs on two workers a whole file at a time; tests/conftest.py hands ou
 longest first from this record (longest-processing-time order), so that no long file starts
 last while the other worker idles. A file the record lacks goes first (it may be long).
 """
-import argparse
-import collections
-import json
-import os
-import xml.etree.ElementTree as ET
+from dynjax.runtime import setup  # one runtime set-up for every program (dynjax/runtime.py)
+setup(__name__)
+import argparse  # noqa: E402
+import collections  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import xml.etree.ElementTree as ET  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "tests", "durations.json")

@@ -1,19 +1,12 @@
 """KV-cache decoding of the ``llm`` family (Hugging Face ports, ``dynjax.models.llm``).
 
-The family's own functions run on a chunk of new tokens (one token a step, or a whole
-prompt) against the cache: the same projections, norms, rotary angles and FFN (every MoE
-token reaches its k experts, as in the sequence form: nothing depends on other tokens), so
-decoding equals the forward at every position within float tolerance. A layer's cache
-holds the keys and values of the ``n_kv_heads`` key/value heads only (grouped-query
-attention shares them; multi-head latent attention: every head's expanded key and value,
-not the latent), at the core cache's slots and positions (``decoding.cache``). A Gated
-DeltaNet layer's cache is its fixed-size state instead (the last conv inputs and the
-recurrent matrix, ``components.deltanet.State``): its memory does not grow with the sequence.
-DeepSeek Sparse Attention (V3.2, GLM-5) also caches each indexing layer's lightning-indexer
-keys (normed and rotated) in the same slots: a query scores them, keeps its ``index_topk``
-best visible ones with the forward's ``indexer.select`` (slots are in position order, so
-ties go to the earlier position, as in the forward) and attends to those; GLM-5's shared
-layers take the previous indexing layer's selection, as in the forward.
+The family's own functions run on a chunk of new tokens against the cache (the same
+projections, norms, rotary angles and FFN), so decoding equals the forward at every
+position within float tolerance. A layer caches the keys and values of its ``n_kv_heads``
+heads (MLA: every head's expanded key and value) at the core cache's slots
+(``decoding.cache``); a Gated DeltaNet layer its fixed-size state
+(``components.deltanet.State``); a DeepSeek Sparse Attention layer also its indexer keys,
+chosen from by the forward's ``indexer.select``. Details: docs/hf.md (Decoding).
 """
 from __future__ import annotations
 

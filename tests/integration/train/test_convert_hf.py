@@ -315,8 +315,8 @@ def _cli(args, timeout=240):
 
 @pytest.fixture(scope="module")
 def not_ported(tmp_path_factory):
-    path = tmp_path_factory.mktemp("deepseek")
-    (path / "config.json").write_text('{"model_type": "gemma4", "hidden_size": 48}')
+    path = tmp_path_factory.mktemp("jamba")
+    (path / "config.json").write_text('{"model_type": "jamba", "hidden_size": 48}')
     return path
 
 
@@ -328,7 +328,7 @@ def not_ported(tmp_path_factory):
     ("dense", ["--config.train.init_from=tests/data/hf/olmoe"],
      "experts do not merge back into one MLP"),
     ("moe", ["--config.train.init_from={not_ported}"],
-     "model_type='gemma4' is not supported"),
+     "model_type='jamba' is not supported"),
     ("moe", ["--config.train.init_from=tests/data/hf/llama:5"],
      "a Hugging Face directory and holds one set of weights"),
     ("moe", ["--config.train.init_from="], "taken from train.init_from's config.json"),
