@@ -41,6 +41,34 @@ def assert_causal(apply, params, tokens, t=13):
     assert not np.allclose(other[:, t + 1:], base[:, t + 1:])
 
 
+def assert_cache_decoding_equals_forward(cfg, params, ids, logits, prefill_len=9, atol=1e-5):
+    """``dynjax.decoding`` gives the forward's ``logits`` at every position two ways: a
+    ``prefill_len``-token prefill then one token a step, and every token a step from an
+    empty cache. Prefill and step are separate jitted programs (one program holding both and
+    generate has hung XLA:CPU for a hybrid model). Returns the cache after the second."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from dynjax import decoding
+
+    (B, T), P = ids.shape, prefill_len
+    prefill = jax.jit(lambda p, t: decoding.prefill(cfg, p, t, T)[:2])
+    step = jax.jit(lambda p, c, t, i: decoding.decode_step(cfg, p, c, t, i)[:2])
+    out, cache = prefill(params, ids[:, :P])
+    outs = [out]
+    for i in range(P, T):
+        out, cache = step(params, cache, ids[:, i], jnp.full((B,), i))
+        outs.append(out[:, None])
+    np.testing.assert_allclose(jnp.concatenate(outs, 1), logits, atol=atol, rtol=0)
+    cache, outs = decoding.init_cache(cfg, B, T), []
+    for i in range(T):
+        out, cache = step(params, cache, ids[:, i], jnp.full((B,), i))
+        outs.append(out)
+    np.testing.assert_allclose(jnp.stack(outs, 1), logits, atol=atol, rtol=0)
+    return cache
+
+
 def cpu_devices_env(n_devices):
     """The environment for a subprocess with ``n_devices`` CPU devices: the count must be set
     before JAX starts. Any XLA flags the suite was started with are kept."""

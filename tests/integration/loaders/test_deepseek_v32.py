@@ -21,6 +21,7 @@ from dynjax.audit import interventions
 from dynjax.loaders import hf
 from dynjax.models import llm
 from dynjax.models.components import indexer
+from tests.conftest import assert_cache_decoding_equals_forward
 
 DATA = pathlib.Path(__file__).parents[3] / "tests" / "data" / "hf"
 ARCHS = ("deepseek_v32", "glm_moe_dsa")
@@ -112,21 +113,7 @@ def test_cache_decoding_equals_the_forward_and_transformers(arch):
     cfg, ids = model.cfg, jnp.asarray(ref["input_ids"], jnp.int32)
     (B, T), P = ids.shape, 9
     assert cfg.index_topk < P
-    # prefill, step and generate as separate programs (one holding all three has hung
-    # XLA:CPU for a hybrid model: tests/integration/loaders/test_hf_hybrid.py)
-    prefill = jax.jit(lambda p, t: decoding.prefill(cfg, p, t, T)[:2])
-    step = jax.jit(lambda p, c, t, i: decoding.decode_step(cfg, p, c, t, i)[:2])
-    out, cache = prefill(params, ids[:, :P])
-    outs = [out]
-    for i in range(P, T):
-        out, cache = step(params, cache, ids[:, i], jnp.full((B,), i))
-        outs.append(out[:, None])
-    np.testing.assert_allclose(jnp.concatenate(outs, 1), logits, atol=1e-5, rtol=0)
-    cache, outs = decoding.init_cache(cfg, B, T), []
-    for i in range(T):
-        out, cache = step(params, cache, ids[:, i], jnp.full((B,), i))
-        outs.append(out)
-    np.testing.assert_allclose(jnp.stack(outs, 1), logits, atol=1e-5, rtol=0)
+    cache = assert_cache_decoding_equals_forward(cfg, params, ids, logits, P)
     # the indexer keys sit beside the MLA keys and values, in the indexing layers only
     assert [("index_k" in c) for c in cache] == [("indexer" in p["attn"])
                                                  for p in params["layers"]]

@@ -155,6 +155,7 @@ def test_v32_lightning_indexer_equals_transformers():
 
 from dynjax.loaders import deepseek_v4 as v4_loader  # noqa: E402
 from dynjax.models import deepseek_v4 as v4  # noqa: E402
+from tests.conftest import assert_cache_decoding_equals_forward
 
 CHECKPOINT = pathlib.Path(__file__).parents[3] / "tests" / "data" / "hf" / "deepseek_v4"
 
@@ -314,21 +315,7 @@ def test_cache_decoding_equals_the_forward_and_transformers(name):
         model, params, ref, logits, _ = fp4_port()
     cfg, ids = model.cfg, jnp.asarray(ref["input_ids"], jnp.int32)
     (B, T), P = ids.shape, 9
-    # prefill, step and generate as separate programs (one holding all three has hung
-    # XLA:CPU for a hybrid model: tests/integration/loaders/test_hf_hybrid.py)
-    prefill = jax.jit(lambda p, t: decoding.prefill(cfg, p, t, T)[:2])
-    step = jax.jit(lambda p, c, t, i: decoding.decode_step(cfg, p, c, t, i)[:2])
-    out, cache = prefill(params, ids[:, :P])
-    outs = [out]
-    for i in range(P, T):
-        out, cache = step(params, cache, ids[:, i], jnp.full((B,), i))
-        outs.append(out[:, None])
-    np.testing.assert_allclose(jnp.concatenate(outs, 1), logits, atol=1e-5, rtol=0)
-    cache, outs = decoding.init_cache(cfg, B, T), []
-    for i in range(T):
-        out, cache = step(params, cache, ids[:, i], jnp.full((B,), i))
-        outs.append(out)
-    np.testing.assert_allclose(jnp.stack(outs, 1), logits, atol=1e-5, rtol=0)
+    cache = assert_cache_decoding_equals_forward(cfg, params, ids, logits, P)
     # what the cache holds: a ring of W - 1 keys per layer, a compressor's open window
     # (2 series for CSA, its previous first series too), one entry per `rate` positions
     W, hd, d = cfg.sliding_window, cfg.head_dim, cfg.index_head_dim
