@@ -1,19 +1,10 @@
 """Sharding constraints on activations, by logical axis name, active only under a mesh.
 
-Parameters carry logical axis names; activations do too, through :func:`constrain`
-(``batch``, ``length``, ``embed``, ``heads``, ``kv``, ``mlp``, ``vocab``, ``expert``), so
-that under a rules preset XLA keeps the big intermediates split the way the weights are
-(tensor parallelism: queries, keys, values and MLP columns over ``tensor``; every
-activation's batch over the data axes) instead of choosing, and sometimes replicating, on
-its own.
-
-The constraints are off by default: a model traced outside :func:`traced_under` (one
-device, tests, the audit, ``scripts/check_digests.py``) gets none, so its program is the
-one it always was. ``traced_under(fn, mesh, rules)`` turns them on while ``fn`` is traced
-(wrap the function *before* ``jax.jit``); on a one-device mesh it returns ``fn`` itself.
-The rules table gives each mesh axis to the first logical axis that asks for it, and
-``batch`` comes first: under FSDP an activation's ``embed`` stays whole because its
-batch already uses ``fsdp``.
+Activations carry logical axis names through :func:`constrain`, so that under a rules
+preset XLA keeps the big intermediates split the way the weights are instead of choosing
+(and sometimes replicating) on its own. Off by default: only a function wrapped by
+:func:`traced_under` (before ``jax.jit``) gets them, so every other program is unchanged.
+Depth: docs/multihost.md#activation-constraints-dynjaxmodelsactivation_shardingpy
 """
 from __future__ import annotations
 

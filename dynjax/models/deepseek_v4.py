@@ -1,47 +1,12 @@
 """DeepSeek-V4 (``deepseek_v4``; V4-Flash, V4-Pro) as transformers 5.25 computes it.
 
-The residual is ``hc`` streams per token, mixed around every block by manifold-constrained
-hyper-connections (``components.hyper``). Each layer: ``h = HC_attn(h, Attn(RMS .))``,
-then ``h = HC_ffn(h, MoE(RMS .))``; at the end the head collapses the streams, RMS, lm_head.
-
-Attention (one shared key = value head, multi-query): q = RMS_h(RMS(x Wqa) Wqb) per head
-(no weight), kv = RMS(x Wkv); rotary on each head's *trailing* ``rope_dim`` channels in
-interleaved pairs. Keys are the layer's own tokens within ``sliding_window`` plus, by
-``layer_types``:
-
-- "sliding_attention": nothing more (rotary "main": rope_theta);
-- "heavily_compressed_attention" (HCA): one entry per ``hca_rate`` tokens, a per-channel
-  softmax(gate + position_bias) pool of the window's projections, RMS, rotary at the
-  window's start; query t sees entry w when (w + 1) rate <= t + 1;
-- "compressed_sparse_attention" (CSA): entries per ``csa_rate`` tokens, each pooling the
-  window and the previous one (two series), and a *lightning indexer* scoring every
-  entry per query, s[t, w] = sum_h relu(q_th . K_w) dI^-1/2 (x W_w)_th H_I^-1/2; query t
-  attends only to the ``index_topk`` best entries it may see.
-
-Softmax over [keys | one learned sink logit per head] (the sink's mass is dropped); the
-output's rotary channels are rotated back by the query's angle; the heads project to
-``o_groups`` low-rank groups (``o_a``) then to the model (``o_b``). Compressed layers'
-rotary is "compress" (``compress_rope_theta``, YaRN with attention factor 1).
-
-MoE in every layer: scores s = sqrt(softplus(x W)) (float32). The first layers
-(``mlp_layer_types`` "hash_moe") take their experts from a fixed token-id table,
-``tid2eid[token]`` (a parameter, not a coefficient: it is the same for every context, the
-static control of routing); the others take the top-k of s + a selection-only bias. The
-chosen s, renormalised and times ``routed_scaling_factor``, weight the experts; a shared
-expert is always added. Experts and the shared MLP are SwiGLU with ``swiglu_limit``
-clamps (gate <= limit, |up| <= limit). Experts are dropless (``dispatch.dropless``).
-
-Coefficient sites (:func:`schema`): mHC ``pre``/``post``/``comb`` around attention
-(``mhc_attn``) and the FFN (``mhc_ffn``), the head's ``pre`` (``mhc_head``); the router
-scores s of the learned layers (``router``) and of the hash layers (``hash_router``: there
-only the weights come from s, replay recomputes them from the given s and the table's
-experts); the indexers' scores (``indexer``, axes (layer, example, token, key), key =
-compressed entry), from which replay recomputes the causal top-k selection. Record and
-replay are one compiled program (``dynjax.coeffs.site``).
-
-Decoding (``dynjax.decoding.deepseek_v4``): a cache of each layer's last window of keys, its
-compressors' open window and compressed entries (the indexer's keys too), run through
-:func:`run` with the cache's attention in place of :func:`attention`.
+The residual is ``hc`` streams per token mixed around every block by manifold-constrained
+hyper-connections (``components.hyper``); attention is one shared key = value head over a
+sliding window plus, by layer type, heavily compressed entries (HCA) or compressed entries
+an indexer selects (CSA); every layer's FFN is an MoE whose first layers route by a fixed
+token-id table. Coefficients: mHC pre/post/comb, the router and hash-router scores, the
+indexers' scores; record and replay are one compiled program.
+Depth: docs/hf.md#the-model-step-by-step-dynjaxmodelsdeepseek_v4py
 """
 from __future__ import annotations
 

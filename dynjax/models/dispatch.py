@@ -1,27 +1,10 @@
 """Dropless MoE dispatch: sort (token, expert) pairs by expert, one grouped matmul, combine.
 
-Every token reaches each of its top-k experts, as production MoE models compute (why, and
-how it compares with the GShard one-hot form of ``dynjax.models.moe``: docs/moe.md), with
-memory and FLOPs linear in tokens x k:
-
-1. the N x k pairs are sorted by expert (stable: token order within an expert); a pair
-   whose expert lies outside ``[0, num_experts)`` (integrated MoDE's no-op expert, a token
-   that did not enter a staged MoDE block) takes no row and adds nothing;
-2. each expert's rows are contiguous and padded to a multiple of ``block``; the
-   ``(N * k + E * (block - 1)) // block`` blocks bound every routing, so shapes are static
-   and one compiled program serves every input of a shape;
-3. ``expert_fn(rows, groups)`` runs the experts, usually through :func:`grouped_matmul`;
-4. each pair's output row is gathered back and summed over k with its combine weight.
-
-Grouped matmul. On CPU a loop over the experts takes each expert's matrix once and
-multiplies its blocks, :data:`CHUNK` at a time (a batched matmul over a gather of the
-weights would copy blocks x a x b floats, more than the matmul costs at E = 64; a slice per
-block, as XLA makes for ``w[block_expert[i]]``, copies the matrix once per block); blocks
-past the used ones are neither computed nor read, and the written-out backward
-(``custom_vjp``) keeps no per-block weight copy either. On GPU/TPU it is
-``jax.lax.ragged_dot`` over the same layout, with its own ``custom_vjp`` and
-``custom_vmap`` (in jax 0.10 it lowers on CPU to a dense masked matmul and its batching rule
-rejects unbatched expert weights), so the audit's R reassignments stay one vmapped program.
+Every token reaches each of its top-k experts, as production MoE models compute, with
+memory and FLOPs linear in tokens x k; padded blocks bound every routing, so shapes are
+static. The grouped matmul is a per-expert loop on CPU and ``jax.lax.ragged_dot`` on
+GPU/TPU, each with a written-out backward (and batching rule) that copies no weights.
+Depth: docs/moe.md#dropless-dispatch-and-the-grouped-matmul-dynjaxmodelsdispatchpy
 """
 from __future__ import annotations
 

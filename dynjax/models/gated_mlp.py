@@ -1,30 +1,11 @@
 """DynamicGate-MLP and its baselines: one MLP classifier, one file, several variants.
 
-Every hidden layer computes ``a = relu(W x + b)`` from its input ``x``; the variant decides
-which of its units are open (``MLPConfig.variant``):
-
-- ``dense``      all units, always.
-- ``dropout``    all units at inference; a random ``dropout`` fraction dropped in training.
-- ``dgate``      DynamicGate: a GateNet reads ``x`` and gives logits ``z``; ``p = sigmoid(z/tau)``;
-                 the forward pass uses the hard mask ``g = 1[p > theta]`` (plus the ``min_keep``
-                 anti-collapse guard: each example's top ``ceil(min_keep * n)`` units stay open);
-                 the backward pass uses the gradient of ``p`` (straight-through):
-                 ``a * (g + (p - stop_gradient(p)))`` is exactly ``a * g`` forward.
-- ``structured`` the capacity mode: gates on blocks of ``block_size`` units, and a fixed
-                 ``keep_fraction`` of blocks open, chosen per example (top-k of p) or per batch
-                 (top-k of the batch-mean p); :func:`structured_forward` then runs only the
-                 open blocks as smaller dense matmuls, so the saving shows on the clock.
-- ``moe``        Switch-MoE: the layer's units split into ``n_experts`` equal experts; a router
-                 picks one per example (top-1) up to a capacity of
-                 ``ceil(capacity_factor * batch / n_experts)`` examples per expert (overflow is
-                 dropped), the expert's output is scaled by its router probability, and a
-                 Switch balance loss ``balance_coef * E * sum_e f_e P_e`` is sown as aux loss.
-
-Coefficients (the record/replay contract of :mod:`dynjax.coeffs`): ``dgate`` and
-``structured`` record ``{"p": [p_l (example, unit)]}`` (``unit`` = block in structured mode),
-``moe`` records ``{"router": [probs_l (example, expert)]}``. In replay the controller does
-not decide: the hard masks are re-thresholded (or re-top-k'd) from the given values, so an
-intervention on p acts through the mask exactly as a changed GateNet would.
+Every hidden layer computes ``a = relu(W x + b)``; the variant decides which units are
+open: ``dense``, ``dropout``, ``dgate`` (a GateNet's hard mask, straight-through),
+``structured`` (a fixed fraction of unit blocks, run as smaller matmuls) and ``moe``
+(Switch). ``dgate`` and ``structured`` record the gate probabilities, ``moe`` the router's;
+replay re-thresholds (or re-top-k's) the masks from the given values.
+Depth: docs/models.md#dynamicgate-mlp-and-its-baselines-dynjaxmodelsgated_mlppy
 """
 from __future__ import annotations
 

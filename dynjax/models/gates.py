@@ -1,24 +1,11 @@
 """Residual-gate family: h[l+1, t] = h[l, t] + g[l, t] * F_l(h[l])[t].
 
-Variants (``ModelConfig.variant``), as in the Frozen-Controller Audit paper:
-
-- ``dense``        g = 1, no coefficient.
-- ``uniform``      one learned scalar for every layer and token (or a fixed, mass-matched
-                   value when ``uniform_value`` is set).
-- ``layer_static`` one learned scalar per layer.
-- ``feature_gate`` g[l, t] = gate_max * sigmoid(MLP(features[l, t])), the features being
-                   attention entropy (mean over heads), KL(attn_l || attn_{l-1}) (mean over
-                   heads; layer 0 compares with the uniform causal distribution), the
-                   normalised log-partition lse / log(max(visible keys, 2)) (mean over
-                   heads), and the relative update norm ||F_l(h)[t]|| / ||h[l, t]||.
-- ``fixed_depth``  a dense model that builds only ``fixed_depth`` blocks.
-
-Where gradients stop: the four features are computed under ``stop_gradient``, so the
-controller reads the backbone but never shapes it through its inputs; the backbone is
-trained only through the gated update g * F, and the controller only through g.
-
-Coefficients: every gated variant records ``{"gate": (layer, example, token)}`` float32,
-so one audit serves all variants. Every gated variant still executes every block.
+Variants (``dense``, ``uniform``, ``layer_static``, ``feature_gate``, ``fixed_depth``) as
+in the Frozen-Controller Audit paper. FeatureGate's four features are computed under
+``stop_gradient``: the controller reads the backbone but never shapes it through its inputs.
+Every gated variant records ``{"gate": (layer, example, token)}``, so one audit serves all,
+and still executes every block.
+Depth: docs/models.md#the-residual-gate-family-dynjaxmodelsgatespy
 """
 from __future__ import annotations
 

@@ -1,51 +1,13 @@
 """Production decoder LLMs (the Hugging Face ports of ``dynjax.loaders.archs``) as one family.
 
-One config (:class:`Config`) and one forward pass hold every ported architecture: the
-structural choices are named components (``dynjax.models.components``: ``attention``,
-``router``, ``experts``, ``rope_type``), looked up in their tables, and an architecture
-module (``dynjax.loaders.archs.<model_type>``) maps a checkpoint's config.json onto those
-choices and its tensor names onto the params pytree. Every layer is pre-norm: ``h += Attn(RMS h)``, then ``h += FFN(RMS h)``, where the FFN is a SwiGLU MLP
-or, in the layers ``moe_layers`` names, a Mixture-of-Experts:
-
-    p = router.scores(x)                         # float32; the recorded coefficient
-    e, w = router.select(p)                      # e.g. softmax top-k, renormalised or not
-    y = sum_j w_j Expert_{e_j}(x)  [+ (sigmoid(x w_g)) SwiGLU_shared(x)]  (Qwen2-MoE gated)
-
-The MoE FFN is ``moe_ffn.moe_ffn``, the one every MoE family runs; ``moe_dispatch``
-"dropless" (the default) drops nothing.
-
-Conversions (``dynjax.train.convert``: a dense checkpoint upcycled into MoE, or continued as
-Mixture-of-Depths) add two things the checkpoints never have.
-``moe_load_balance_loss_weight`` > 0 trains the MoE routers with Switch's load-balancing
-loss (``moe_ffn.load_balance``), E * sum_e f_e P_e, as in the moe family. The layers
-``mod_layers`` are Mixture-of-Depths blocks (Raposo et al. 2024), routed by
-``dynjax.models.mod``'s rule: a router r = w.h picks k = floor(c T) tokens (top-k while
-training; under causal routing, ``mod_route`` "router" | "predictor", the tokens whose
-router or predictor logit is > 0), only they run the whole layer, attending among
-themselves at their original positions, and each adds ``weight(r) * (a + m)``; the other
-tokens pass unchanged. The router and the predictor are ``mod.Router`` and
-``mod.Predictor`` with the same parameter names, and learn top-k membership by BCE.
-
-The routers (``components.routers``) include the hash router (experts from a fixed
-token-id table, which :func:`after_update` keeps as initialised) and DeepSeek's selection
-bias, which ``router_bias_rate`` > 0 moves by the auxiliary-loss-free rule after every
-training step (:func:`after_update`, called by train.py's step). ``residual`` "hyper" runs
-every layer on ``hc`` residual streams, each block behind a manifold-constrained
-hyper-connection (``components.hyper``, DeepSeek-V4's mHC; :func:`hyper_layer`).
-
-Coefficients: ``{"router": (layer, example, token, expert)}`` holds the router's scores (p
-above) for each MoE layer (dense layers have none), and Qwen2-MoE's ``{"shared_gate":
-(layer, example, token)}`` the shared expert's sigmoid gate; MoD layers add
-``{"mod_router": (layer, example, token)}`` (and ``"mod_predictor"`` under the predictor
-route); hyper-connections add ``mhc_attn`` and ``mhc_ffn`` ({"pre", "post", "comb"}
-per layer) and ``mhc_head`` ({"pre"}). Replay recomputes the selections and weights from the
-given scores by the router's own rule (its selection bias, groups or table included). A
-dense model's coefficient pytree is empty.
-
-Parameters are plain dicts (a list of per-layer dicts: dense and MoE layers differ), linear
-weights stored (in, out) so ``x @ w`` reads like the math, attention weights split into
-heads ``(embed, heads, kv)`` as the core transformer's, expert weights stacked
-``(expert, embed, mlp)`` as ``dynjax.models.moe``'s.
+One config (:class:`Config`) and one pre-norm forward pass hold every ported architecture:
+the structural choices are named components (``dynjax.models.components``), and an
+architecture module maps a checkpoint's config.json and tensor names onto them. The FFN is a
+SwiGLU MLP or, in ``moe_layers``, the shared MoE FFN (``moe_ffn``); conversions add
+load-balance training and Mixture-of-Depths layers, ``residual="hyper"`` DeepSeek-V4's mHC.
+Coefficients: the routers' scores (and shared-expert gates, MoD routers, mHC mixes); replay
+recomputes every selection by the router's own rule.
+Depth: docs/hf.md#the-llm-family-dynjaxmodelsllmpy
 """
 from __future__ import annotations
 

@@ -1,52 +1,12 @@
 """Mixture-of-Depths (Raposo et al. 2024): a MoD block processes only k = floor(c*T) tokens.
 
-    r[l, t] = w_l . h[l, t]                                   one scalar per token
-    h[l+1, t] = h[l, t] + weight(r[l, t]) * F_l(h[l][S])[t]   t in S = top-k of r[l, :]
-    h[l+1, t] = h[l, t]                                       otherwise (never written)
-
-F_l is the core's whole ``Block`` (attention + MLP) run on the k gathered tokens only: they
-attend among themselves, causally by their ORIGINAL positions, with rotary angles of their
-original positions. ``weight`` is ``r`` ("raw") or ``sigmoid(r)``; it multiplies the
-block's update, never the residual. Every shape is static: ``lax.top_k``, a sort that keeps
-the selected tokens in their original order, a fixed-shape gather ``[B, k, d]`` and a
-scatter of exactly those k rows (``routed_update``).
-
-Placement: every ``mod_every``-th block (blocks 1, 3, 5, ... by default) or the explicit
-list ``mod_layers``. Layers are grouped as [dense, ..., dense, MoD] so ``nn.scan`` runs one
-compiled group body; variant ``dense`` has the same groups and parameters minus routers.
-
-Causal routing (why top-k is not causal, and what is tested: docs/models.md). Two causal
-rules are trained alongside as auxiliary losses (``aux_loss``): the router logit learns
-top-k membership by binary cross-entropy (enter when sigmoid(r) > 0.5), and a small MLP on
-stop-gradient inputs learns the same (enter when its logit > 0). ``mod_route`` = "router" |
-"predictor" runs one over a full sequence: every token that asks enters, or with
-``mod_decode_slots`` = N the first N askers per sequence (later ones skip, counted as
-``overflow``). The sequence form runs the block on all T slots with the non-entering ones
-masked out (decoding's arithmetic, not its cost; ``dynjax.decoding`` keeps only the entered
-tokens in a MoD block's KV cache).
-
-Staged MoDE (variant ``mode_staged``, Raposo et al. 2024): MoD routing around an MoE
-block. The router selects k tokens as above; only they enter a block whose FFN is the MoE
-layer of ``dynjax.models.moe`` (attention among the k, then expert routing of the k with
-expert capacity ceil(cf * top_k * k / E)). Non-MoD blocks stay dense. KV-cache decoding
-(``dynjax.decoding``; token-choice routing) runs each entering token through its top-k
-experts (``moe.MoeFfnPerToken``). Under causal routing the inner MoE is causal too: slots of
-tokens that did not enter take no expert buffer, buffers fill in token order
-(``moe_priority="position"``), and capacity is ceil(cf * top_k * N / E) for a slot budget N
-(unbounded without one).
-
-Coefficients: ``{"router": (layer, example, token)}``, the raw scores r of the MoD blocks
-(plus ``"predictor"`` logits when ``mod_route="predictor"``). Replay recomputes the
-selection from the given scores, so a reassignment of scores across examples or tokens
-changes which tokens enter while capacity and the set of weight values stay fixed.
-``mode_staged`` adds ``"moe": (layer, example, token, expert)``: the MoE routing
-probabilities of the k tokens that entered, where ``token`` indexes those k slots in
-position order (slot j = the j-th routed token). Replay feeds them to the block's MoE
-verbatim, so slot j's expert choice follows the slot, whichever token fills it.
-
-Ties. ``lax.top_k`` breaks ties by the lowest index. Conditions that make scores constant
-along tokens (a static profile, a global mean) therefore select the first k positions of
-every window; the audit reports which conditions do this (``constant_along``).
+A router scores each token (r = w.h); the top-k run the core's whole ``Block`` among
+themselves at their original positions and add ``weight(r)`` times its update, the others
+pass unchanged; every shape is static (top-k, gather, scatter). Causal rules (router or
+predictor, trained as auxiliary losses) route without top-k's view of the future; staged
+MoDE puts the MoE layer inside the block. Coefficients: the router scores (and, staged, the
+MoE probabilities per slot); replay recomputes the selection from them.
+Depth: docs/models.md#the-mod-block-dynjaxmodelsmodpy
 """
 from __future__ import annotations
 

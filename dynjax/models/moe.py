@@ -1,43 +1,12 @@
 """Mixture-of-Experts feed-forward blocks with fixed expert capacity, and integrated MoDE.
 
 Every block is ``h + a + MoE(norm(h + a))``: the core's attention, then E expert MLPs of
-which each token reaches at most k. Router: p = softmax(W x) over experts (float32).
-
-Routing (``moe_routing``), both with static shapes (one-hot dispatch / combine tensors
-[B, T, E, C], GShard style; the group is one sequence):
-
-- ``token_choice``: each token picks its top-k experts, weight p_e (not renormalised).
-  Expert buffers hold C = ceil(capacity_factor * k * T / E) tokens (capped at T;
-  capacity_factor <= 0 means C = T, nothing is ever dropped). Buffer slots are filled in
-  priority order, ``moe_priority``: "choice" (GShard) puts every token's first choice, in
-  token order, before any second choice, so with top-k >= 2 and a binding capacity a
-  token's second choice queues behind LATER tokens' first choices (not causal);
-  "position" fills them in token order (all of token t's choices before token t+1's), so
-  whether a route is kept depends only on earlier tokens (causal).
-  A (token, expert) pair that finds the buffer full is DROPPED: that expert contributes
-  nothing for the token; if all its choices drop, the token's FFN update is exactly 0
-  (it keeps the residual). Reported as ``dropped`` in ``dynjax.measure.lm_execution.moe_stats``.
-- ``expert_choice`` (Zhou et al. 2022): each expert takes its top-C tokens by p_e, so
-  load is balanced by construction; a token no expert chose is dropped.
-
-Auxiliary losses (sown, already weighted): ``load_balance`` = E * sum_e f_e P_e (Switch;
-f_e the fraction of token-choice assignments to e, P_e the mean router probability; 1 at
-uniform routing; token choice only) and ``router_z`` = mean(logsumexp(logits)^2) (ST-MoE).
-
-Integrated MoDE (variant ``mode_integrated``, Raposo et al. 2024): the router has E + 1
-outputs; the last is a no-op expert with no parameters and no buffer. A token routed there
-skips the MLP (its update is just its attention output), so the layer computes only the
-E real experts' buffers, C = ceil(cf * k * T / (E + 1)) each.
-
-Dispatch (``moe_dispatch``, one value set with the ``llm`` family: ``moe_ffn.DISPATCHES``):
-"onehot" is the GShard form above (the default, as existing runs were trained); "dropless"
-(token choice only) sends every token to each of its top-k experts through
-``dynjax.models.dispatch``, and "dense" runs every expert on every token: both compute what
-the one-hot form computes with ``moe_capacity_factor <= 0`` within float rounding
-(docs/moe.md).
-
-Coefficients: ``{"router": (layer, example, token, expert)}``, the router probabilities.
-Replay recomputes the selection, capacity and weights from them.
+which each token reaches at most k (token choice or expert choice, static shapes, GShard's
+one-hot buffers; a token past an expert's capacity is dropped), with the Switch
+load-balancing and ST-MoE z auxiliary losses. Integrated MoDE adds a no-op expert;
+``moe_dispatch`` "dropless" / "dense" compute the same without drops. Coefficients: the
+router probabilities; replay recomputes selection, capacity and weights from them.
+Depth: docs/moe.md#the-moe-familys-blocks-dynjaxmodelsmoepy
 """
 from __future__ import annotations
 

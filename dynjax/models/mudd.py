@@ -1,37 +1,11 @@
 """MUDD family: a dynjax decoder whose blocks read a dynamic dense mix of all earlier layers.
 
-A trainable, tiny-scale sibling of MUDDPythia (``dynjax.models.muddpythia``, the exact
-reimplementation of the official code) built from the dynjax core, so a MUDD model can be
-trained in-project and audited beside FeatureGate with the same Frozen-Controller Audit.
-
-``X_0`` is the token embedding. Block ``i`` reads four streams ``(x_q, x_k, x_v, x_r)``:
-
-    a       = Attn(norm_q(x_q), norm_k(x_k), norm_v(x_v))   # q, k, v from separate streams
-    X_{i+1} = x_r + a + Mlp(norm(x_r + a))                  # sequential residual on r
-
-(sequential like the core ``Block``, where MUDDPythia is parallel; with the initial bias
-below the model *is* a plain pre-norm dynjax decoder). After every block the coefficients
-``A_i`` of shape ``(C_i, B, T, S_i)`` mix the ``S_i = i + 2`` sources ``X_0 .. X_{i+1}``
-into the ``C_i`` streams of the next block (4: q, k, v, r), or into the single stream the
-head reads after the last block (``C = 1``): ``stream_c = sum_s A_i[c, ..., s] * X_s``.
-
-Variants (``ModelConfig.variant``):
-
-- ``mudd``        ``A_i = DA_i(norm(X_{i+1})) + bias_i``: the DA MLP (hidden -> GELU ->
-                  ``C_i * S_i`` outputs, stream-major as upstream) gives per-token, signed,
-                  unbounded coefficients; its output layer starts at zero.
-- ``mudd_static`` ``A_i = bias_i`` only: learned cross-layer weights with no input
-                  dependence. Its coefficients are still recorded (constant over example
-                  and token), so the same audit serves both variants.
-
-``bias_i`` (C_i, S_i) starts with 1 on the newest source and 0 elsewhere, i.e. training
-starts from an ordinary residual network. Coefficients ``{"mix": [A_0 .. A_{L-1}]}`` are the
-totals in float32, with MUDDPythia's schema, so every MUDD intervention applies unchanged;
-replay mixes by them verbatim.
-
-Layers are always unrolled (``scan_layers`` is ignored): under ``nn.scan`` every layer must
-have the same shapes, but here layer ``i`` has its own source count ``i + 2`` (bias and DA
-widths, the list of sources carried). At the intended tiny depth unrolling costs little.
+A trainable, tiny-scale sibling of MUDDPythia (``dynjax.models.muddpythia``) built from the
+dynjax core (sequential residual; with its initial bias it *is* a plain pre-norm decoder),
+so a MUDD model can be trained in-project and audited beside FeatureGate. Variants ``mudd``
+(a DA MLP's per-token mix) and ``mudd_static`` (the bias only); coefficients ``{"mix": ..}``
+with MUDDPythia's schema. Layers are always unrolled (each has its own source count).
+Depth: docs/models.md#the-trainable-mudd-family-dynjaxmodelsmuddpy
 """
 from __future__ import annotations
 

@@ -1,28 +1,11 @@
 """MUDDPythia: a Pythia-style decoder whose layers read a *dynamic dense* mix of all earlier layers.
 
-Reimplemented from the description of the official PyTorch code (Caiyun-AI/MUDDFormer,
-``pytorch/muddpythia``) and checked against reference outputs of that code
-(``tests/data/muddpythia_tiny.npz``). Plain JAX functions over a params pytree; no Flax
-module, because a pretrained checkpoint is the main use and plain dicts map onto its names.
-
-The forward pass, in one breath. ``X_0`` is the token embedding. Block ``i`` reads four
-input streams (q, k, v, r), and writes ``X_{i+1} = x_r + Attn(LN x_q, LN x_k, LN x_v) +
-FFN(LN x_r)`` (parallel residual on the r stream). After every block a small MLP, the *DA
-controller*, looks at ``X_{i+1}`` and emits per-token coefficients ``A_i`` of shape
-``(C_i, B, T, S_i)``: for each of the ``C_i`` streams of the next block (4, or 1 after the last
-block) a weight on each of the ``S_i = i + 2`` sources ``X_0 .. X_{i+1}``. The next block's
-streams are ``sum_s A_i[c, ..., s] * X_s``. Those coefficients are what dynjax records and
-replays:
-
-    cfg, params = muddpythia_hf.from_state_dict(sd)      # dynjax.loaders: official names
-    logits, coeffs = apply(cfg, params, ids)             # record: the DA MLPs decide
-    logits2, _ = apply(cfg, params, ids, coeffs=coeffs)  # replay: the given values decide
-
-``coeffs = {"mix": [A_0, ..., A_{L-1}]}`` holds the *total* coefficients (DA output plus the
-static ``dense_bs`` bias), in float32 whatever the compute dtype, with the schema
-``schema(cfg)``. Numerical details that matter for parity (each moves the tiny logits by more
-than 1e-5): the rotary cos/sin table is rounded to float16, GELU is the exact erf form,
-QK RMS norm is applied before rotary, and every norm uses eps = 1e-5.
+Reimplemented from the description of the official PyTorch code (Caiyun-AI/MUDDFormer) and
+checked against its reference outputs (``tests/data/muddpythia_tiny.npz``); plain JAX
+functions over a params pytree, because a pretrained checkpoint is the main use. After every
+block a DA MLP emits per-token coefficients mixing all earlier layers into the next block's
+q, k, v, r streams: ``{"mix": [A_0 .. A_{L-1}]}``, recorded and replayed.
+Depth: docs/models.md#muddpythias-forward-pass-dynjaxmodelsmuddpythiapy
 """
 from __future__ import annotations
 

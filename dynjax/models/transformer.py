@@ -1,15 +1,11 @@
 """The decoder-only byte Transformer core that every sequence family builds on.
 
 Pre-norm blocks with rotary positions and causal attention. A block returns its whole
-*update* ``F(h) = a + m`` (attention then MLP) rather than the new hidden state, so that
-each family decides how the update enters the residual stream (a gate, a router weight, a
-cross-layer mix). Positions are explicit per token, so a family that gathers a subset of
-tokens (Mixture-of-Depths) keeps their original rotary angles and causal order.
-
-Parameters carry logical axis names (``embed``, ``heads``, ``mlp``, ``vocab``; ``layers``
-when scanned) that ``dynjax.parallel.sharding`` maps onto a device mesh; the embeddings,
-queries, keys, values, MLP hidden layer, attention, MLP and block outputs and the logits
-carry them too (``activation_sharding.constrain``, a no-op outside a sharded step).
+*update* ``F(h) = a + m`` rather than the new hidden state, so each family decides how the
+update enters the residual stream (a gate, a router weight, a cross-layer mix); positions
+are explicit per token, so a family that gathers tokens keeps their rotary angles. Params
+and activations carry logical axis names for ``dynjax.parallel.sharding``.
+Depth: docs/models.md#the-transformer-core-dynjaxmodelstransformerpy
 """
 from __future__ import annotations
 

@@ -1,27 +1,11 @@
-"""Token mixers of the ``llm`` family (``Config.attention``), each a namespace of:
+"""Token mixers of the ``llm`` family (``Config.attention``), each a namespace of ``rows``,
+``project`` (queries and the keys and values a KV cache holds, rotary applied), ``attend``
+(causal attention, an optional per-head gate, the output projection) and ``cache_shape``.
 
-- ``rows(cfg, prefix)``: its parameters as (path, shape, logical axes) rows;
-- ``project(cfg, p, x, positions)``: queries (B, T, H, dq) and the keys and values
-  (B, T, KV, dk / dv) a KV cache holds, rotary applied;
-- ``attend(cfg, p, q, k, v, q_pos, k_pos, gate=None)``: causal attention of q over k, v,
-  each head's output times ``gate`` where given, and the output projection, (B, Tq, D);
-- ``cache_shape(cfg)``: ((KV, dk), (KV, dv)), the per-token key and value a cache keeps.
-
-"gqa": grouped-query attention (Llama, Qwen, Mixtral, OLMoE, Mistral): each key/value head
-serves n_heads / n_kv_heads consecutive query heads; optional q/k/v and output biases, q/k
-RMSNorm per head (Qwen3) or over all heads (OLMoE), OLMoE's clip; Gemma-4's switches.
-
-"mla": DeepSeek's multi-head latent attention (DeepSeek-V2/V3, Kimi-K2, Moonlight): queries
-through a low-rank bottleneck (``q_lora_rank``; 0: one q projection), keys and values
-from a shared latent (``kv_lora_rank``, RMS-normed) plus one rotary key shared by every
-head (``head_dim`` = qk_rope_head_dim channels, the decoupled RoPE); per head the key is
-[k_nope, k_rope], the query [q_nope, q_rope], the value ``v_head_dim`` wide. The softmax
-scale is (qk_nope + qk_rope)^-1/2, times mscale(factor, mscale_all_dim)^2 under a scaled
-rope (YaRN). A cache holds the expanded per-head keys and values (not the latent).
-"gqa_sinks" (gpt-oss): "gqa" plus one learned logit per query head, ``sinks``, that joins
-every softmax as an extra column and is dropped after it (so a head can attend to nothing),
-and, where ``Config.sliding_window`` is set for the layer (``llm.layer_config``), a causal
-window: query i sees key j iff 0 <= i - j < sliding_window.
+"gqa": grouped-query attention (Llama, Qwen, Mixtral, OLMoE, Mistral; Gemma-4's switches);
+"mla": DeepSeek's multi-head latent attention (DeepSeek-V2/V3, Kimi-K2, Moonlight);
+"gqa_sinks" (gpt-oss): "gqa" plus a learned sink logit per head and a sliding window.
+Depth: docs/hf.md#token-mixers-dynjaxmodelscomponentsattentionpy
 """
 from __future__ import annotations
 

@@ -1,27 +1,11 @@
 """Gated DeltaNet (Yang, Kautz and Hatamizadeh 2024): the linear-attention token mixer of
 Qwen3-Next and Qwen3.5, as one component a port composes.
 
-Per token t and value head h, with q, k L2-normalised and q scaled by dk^-1/2:
-
-    S_t = exp(g_t) S_{t-1} + k_t beta_t (v_t - exp(g_t) S_{t-1}^T k_t)^T      (dk x dv state)
-    o_t = S_t^T q_t
-    beta_t = sigmoid(x W_b),   g_t = -exp(A_log) softplus(x W_a + dt_bias)  (log decay <= 0)
-
-q, k and v first pass a causal depthwise conv1d (kernel K, no bias) and SiLU; the output
-is an RMSNorm gated by SiLU(x W_z), then projected. Each q/k head serves
-value_heads / key_heads consecutive value heads (GQA-like).
-
-The forward runs the *chunked* form (the fla kernels' form): within a chunk of C tokens
-the updates are condensed by the UT transform into matmuls and one unit-triangular solve;
-a ``lax.scan`` carries the state across chunks, so cost is linear in T. The per-token
-recurrence (:func:`delta_rule_recurrent`) is the reference the tests compare against and
-the decoding step. ``beta`` and the log decay ``g`` are coefficient sites with axes
-(layer, example, token, head).
-
-Parameters (one layer): ``q``, ``k`` (D, Hk, dk), ``v``, ``z`` (D, Hv, dv), ``b``, ``a``
-(D, Hv), ``conv_q``, ``conv_k`` (K, Hk, dk) and ``conv_v`` (K, Hv, dv) (the depthwise
-kernel split by the channels it convolves), ``dt_bias``, ``A_log`` (Hv,), ``norm`` (dv,),
-``out`` (Hv, dv, D). Checkpoints that fuse the projections are split by the port.
+A gated delta-rule state update per value head, after a causal depthwise conv and SiLU,
+with a SiLU-gated RMSNorm on the output. The forward runs the chunked form (UT transform
+within chunks, a ``lax.scan`` across them: linear in T); the per-token recurrence is the
+tests' reference and the decoding step. ``beta`` and the log decay are coefficient sites.
+Depth: docs/hf.md#gated-deltanet-dynjaxmodelscomponentsdeltanetpy
 """
 from __future__ import annotations
 

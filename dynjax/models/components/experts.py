@@ -1,24 +1,11 @@
 """Expert MLPs (``Config.experts``; ``dynjax.models.moe_ffn`` runs them). An expert kind is a
-namespace of:
+namespace of ``rows`` (stacked parameters), ``grouped`` (rows sorted by expert, the
+dropless form), ``dense`` (every expert on every token) and ``buffers`` (one-hot expert
+buffers); ``EXPERTS[name](cfg)`` binds a kind to a config's constants.
 
-- ``rows(path, d, width, experts)``: its stacked parameters ((expert, ...) leading axis);
-- ``grouped(w, rows, groups)``: its MLP on rows sorted by expert (``groups``: rows per
-  expert, ``dispatch.grouped_matmul``'s convention);
-- ``dense(w, x)``: its MLP of every expert on every token, (N, E, D);
-- ``buffers(w, xe, hidden)``: its MLP on one-hot expert buffers xe (B, E, C, D)
-  (``hidden`` constrains the hidden layer's sharding).
-
-"gelu" (the ``moe`` family's experts): wo(gelu(x wi)), no biases.
-
-"swiglu": down(silu(x gate) * (x up)), no biases (every port before gpt-oss). The same
-MLP unstacked is every dense layer and the shared experts (:func:`swiglu`).
-
-"clamped_swiglu" (gpt-oss): h = x W_gu + b_gu with gate and up interleaved in its columns
-(gate = h[..., 0::2], up = h[..., 1::2], as the checkpoint stores them); gate clamped
-above and up on both sides at ``Config.swiglu_limit``; out = ((up + 1) * gate *
-sigmoid(swiglu_alpha * gate)) W_down + b_down.
-
-``EXPERTS[name](cfg)`` is the kind bound to a config (its constants: the clamp, alpha).
+Kinds: "gelu" (the ``moe`` family's), "swiglu" (every port before gpt-oss; also dense
+layers and shared experts) and "clamped_swiglu" (gpt-oss).
+Depth: docs/moe.md#expert-mlps-dynjaxmodelscomponentsexpertspy
 """
 from __future__ import annotations
 

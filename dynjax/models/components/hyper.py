@@ -1,28 +1,10 @@
 """Manifold-constrained hyper-connections (mHC; Xie et al. 2026), DeepSeek-V4's residual.
 
-The residual is ``hc`` parallel streams per token, h (B, T, hc, D). Around each block
-(attention, then the FFN) one hyper-connection computes, per token, from the streams:
-
-    x = rms(flatten(h)) @ fn                      # (B, T, (2 + hc) hc), float32, no weight
-    pre  = sigmoid(x_pre  s_pre  + b_pre)  + eps  # (hc,)   collapses the streams: the block input
-    post = 2 sigmoid(x_post s_post + b_post)      # (hc,)   spreads the block output back
-    comb = Sinkhorn(softmax(x_comb s_comb + b_comb) + eps)   # (hc, hc), doubly stochastic
-    h' [k] = post[k] block(sum_j pre[j] h[j]) + sum_j comb[j, k] h[j]
-
-Sinkhorn (transformers' order): divide by the column sums once, then ``iters - 1`` times
-the row sums and the column sums, each sum + eps. ``pre``, ``post`` and ``comb`` pass one
-:func:`dynjax.coeffs.site` (float32): the recorded ``comb`` is Sinkhorn's output, and a
-replay uses the given matrices as they are (no Sinkhorn on replay, so a flattened or
-swapped comb is applied verbatim). The final collapse before the norm (the "head") has a
-``pre`` only.
-
-Axes: ``pre`` and ``post`` (layer, example, token, hc); ``comb`` (layer, example, token,
-hc_in, hc): ``hc_in`` the stream read, ``hc`` the stream written. A token's streams move
-together under a token shuffle (neither is a per-stream independent axis).
-
-Parameters of one hyper-connection (linear weights (in, out)): ``fn`` (hc D, (2 + hc) hc),
-``base`` ((2 + hc) hc,), ``scale`` (3,); of the head: ``fn`` (hc D, hc), ``base`` (hc,),
-``scale`` (1,).
+The residual is ``hc`` parallel streams per token; around each block one hyper-connection
+computes, per token, ``pre`` (collapses the streams into the block input), ``post``
+(spreads its output back) and ``comb`` (a Sinkhorn doubly stochastic stream mix). All three
+pass one coefficient site: replay uses given matrices as they are (no Sinkhorn on replay).
+Depth: docs/hf.md#hyper-connections-dynjaxmodelscomponentshyperpy
 """
 from __future__ import annotations
 

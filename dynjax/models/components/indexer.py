@@ -1,19 +1,9 @@
 """The lightning indexer of DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5), per token.
 
-For each query s and earlier key t of a layer (B, T tokens), in float32:
-
-    q = (q_res W_qb) per indexer head (H, d);  k = LayerNorm(x W_k) (d,), one key head
-    rotary (half-split pairs, the model's cos/sin) on the first ``rope_dim`` channels of both
-    score[s, t] = sum_h w_sh relu(q_sh . k_t) d^-1/2,   w = x W_w H^-1/2
-
-and the query attends only to its ``index_topk`` best-scored visible keys. ``q_res`` is the
-attention's normed low-rank query (MLA's ``q_a_layernorm(q_a_proj(x))``). The scores are a
-coefficient site (axes layer, example, token, key); replay recomputes the selection from
-the given scores (:func:`select`), as MoD's top-k is. GLM-5 rotates interleaved pairs, and
-its "shared" layers reuse the previous indexing layer's selection (no scores of their own).
-
-Parameters: ``q_b`` (q_lora_rank, H, d), ``k`` (D, d), ``k_norm``, ``k_norm_bias`` (d,),
-``weights`` (D, H).
+Each query scores every earlier key with a few small relu heads and attends only to its
+``index_topk`` best-scored visible keys. The scores are a coefficient site (layer, example,
+token, key); replay recomputes the selection from the given scores, as MoD's top-k is.
+Depth: docs/hf.md#the-lightning-indexer-dynjaxmodelscomponentsindexerpy
 """
 from __future__ import annotations
 

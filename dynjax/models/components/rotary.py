@@ -1,15 +1,9 @@
 """Rotary position embeddings, as transformers' rope functions compute them.
 
-``Config.rope_type`` picks the inverse frequencies: "default" (theta^(-2i/d)), "linear"
-(all divided by ``rope_factor``), "llama3" (Llama 3.1+: the low frequencies divided, a
-smooth band between), "yarn" (YaRN: interpolated below the beta_slow .. beta_fast
-rotation band, extrapolated above it, a linear ramp between; cos and sin scaled by the
-attention factor, 0.1 ln(factor) + 1 or the ratio of the two mscales), "proportional"
-(Gemma-4). Orthogonal to it: ``partial_rotary_factor`` rotates only the first fraction of
-each head (the rest passes), ``rope_interleave`` takes the rotated pairs as (2i, 2i+1)
-instead of (i, i + d/2) (DeepSeek's layout: the pairs are gathered into halves first, as
-transformers does, so queries and keys come out in the same permuted order and their dot
-products are unchanged).
+``Config.rope_type`` picks the inverse frequencies ("default", "linear", "llama3", "yarn",
+"proportional"); orthogonal to it, ``partial_rotary_factor`` rotates only the first
+fraction of each head and ``rope_interleave`` takes the rotated pairs as (2i, 2i+1).
+Depth: docs/hf.md#rotary-embeddings-dynjaxmodelscomponentsrotarypy
 """
 from __future__ import annotations
 

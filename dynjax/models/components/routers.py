@@ -1,41 +1,12 @@
-"""How an MoE layer picks and weighs its experts (``Config.router``), each a namespace of:
+"""How an MoE layer picks and weighs its experts (``Config.router``), each a namespace of
+``rows``, ``scores`` (float32: the coefficient the layer records), ``select`` (top-k experts
+and weights from given scores, so replay applies the checkpoint's selection bias, group
+limits and scale to replayed scores too), ``float32_params`` and ``distribution``.
 
-- ``rows(cfg, prefix)``: its parameters (the router weight, any selection bias);
-- ``scores(cfg, p, x)``: float32 (.., E), the coefficient the layer records (the
-  ``dynjax.coeffs`` site: what an audit swaps or flattens);
-- ``select(cfg, p, scores, tokens=None)``: top-k experts (.., k) and their float32 weights
-  from given scores (``tokens`` (..): the token ids, which only the hash router reads);
-- ``float32_params``: its parameters kept in float32 in a bfloat16 model. Replay runs ``select`` on the given scores, so any rule the checkpoint adds on
-  top of the scores (a selection bias, group limits, a scale) applies to replayed scores
-  too;
-- ``distribution(cfg, scores)``: the router's probabilities over all experts (.., E) (the
-  scorecard's routing entropy).
-
-"softmax_topk" (Mixtral, OLMoE, Qwen-MoE): p = softmax(x W); the k largest, renormalised
-to sum 1 when ``norm_topk_prob``.
-
-"grouped_topk" (DeepSeek-V2/V3, Kimi-K2, GLM-4.5): in float32, s = sigmoid(x W)
-(``router_score`` "sigmoid"; DeepSeek-V2: "softmax") is recorded. Selection ranks
-c = s + b (``router_bias``: the checkpoint's e_score_correction_bias, for the selection
-only); with ``n_group`` > 1 the experts form n_group equal groups, a group's score is the
-sum of its top-2 c (``router_group_score`` "top2_sum"; DeepSeek-V2's group_limited_greedy:
-"max"), and only the ``topk_group`` best groups stay eligible; then the top-k eligible
-c. Their weights are the unbiased s, renormalised (w / (sum w + 1e-20)) when
-``norm_topk_prob``, times ``routed_scaling_factor``.
-
-"topk_softmax" (gpt-oss): logits z = x W + b (a bias per expert, part of the logits, so it
-acts on selection and weights alike) recorded; the k largest logits, then a softmax over
-those k only.
-
-"hash" (Hash Layers, Roller et al. 2021; DeepSeek-V4's first layers): the experts come from
-a fixed token-id table, ``tid2eid[token]`` (V, k), a parameter no gradient moves (it is
-the same in every context: routing's static control); s = softmax(x W) (``router_score``
-"sigmoid": sigmoid(x W)) is recorded and weighs the table's experts as "grouped_topk" does.
-A fresh table (:func:`hash_table`) gives every expert the same number of token ids.
-
-The auxiliary-loss-free balance of DeepSeek-V3 (Wang et al. 2024, "Auxiliary-Loss-Free Load
-Balancing Strategy for Mixture-of-Experts"): after each training step, each selection bias
-moves by ``u`` toward balance, b_i += u sign(mean load - load_i) (:func:`bias_update`).
+Routers: "softmax_topk" (Mixtral, OLMoE, Qwen-MoE), "grouped_topk" (DeepSeek-V2/V3,
+Kimi-K2, GLM-4.5), "topk_softmax" (gpt-oss), "hash" (Hash Layers; DeepSeek-V4's first
+layers), and DeepSeek-V3's auxiliary-loss-free bias update (:func:`bias_update`).
+Depth: docs/moe.md#routers-dynjaxmodelscomponentsrouterspy
 """
 from __future__ import annotations
 
