@@ -1,16 +1,11 @@
 """Coefficient families: the audit's conditions applied to one group of coefficient leaves at
 a time, every other leaf replayed as recorded.
 
-A model that records several kinds of coefficient (router scores, shared-expert gates,
-attention output gates, DeltaNet beta and decay, mHC mixing matrices, indexer scores) asks
-one question per kind: does the output depend on *these* coefficients? A condition applied
-to all leaves at once mixes the questions (and GlobalMean would pool unrelated quantities
-into one scalar), so the audit reports one table per family. A family is a name and the
-top-level keys of the coefficient dict it covers; by default every top-level key is its own
-family (:func:`of_schema`). Conditions stay the generic functions of
-:mod:`dynjax.audit.interventions`: :func:`restrict` runs one on the family's sub-pytree and
-puts the rest back untouched, so the frozen controller's other coefficients are the
-recorded ones bit for bit.
+A model that records several kinds of coefficient asks one question per kind (a condition
+on all leaves at once mixes the questions), so the audit reports one table per family: a
+name and the top-level keys it covers (by default one per key, :func:`of_schema`).
+:func:`restrict` runs a generic condition on the family's sub-pytree only.
+Depth: docs/audit.md#coefficient-families-dynjaxauditfamiliespy
 """
 from __future__ import annotations
 

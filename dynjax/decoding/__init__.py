@@ -1,25 +1,12 @@
 """KV-cache decoding for every language-model family, one interface.
 
-    cache = init_cache(cfg, batch, max_len)
-    logits, cache, info = prefill(cfg, params, prompt, max_len)      # the prompt in one pass
-    logits, cache, info = decode_step(cfg, params, cache, token, pos) # then one token a step
-    logits, info = cached_forward(cfg, params, tokens)               # teacher forcing
-    tokens = generate(cfg, params, prompt, steps)                     # greedy
-    tokens = generate(cfg, params, prompt, steps, Sampling(0.8, top_p=0.9), key)  # sampled
-    for tok in stream(cfg, params, prompt, steps, sampling, key): ...   # the same, as they come
-    cache_bytes(cache)
+    logits, cache, info = prefill(cfg, params, prompt, max_len)       # then decode_step(...)
+    tokens = generate(cfg, params, prompt, steps, Sampling(0.8, top_p=0.9), key)
 
-``params`` are the family's own (``build(cfg).init``): the decoder applies the model's
-modules and parameters to one token (or a prompt) against a cache, never a copy of its
-arithmetic. A cache is a list with one dict of fixed-shape arrays per attention layer
-(``dynjax.decoding.cache``), so every step has static shapes and ``decode_step`` jits once.
-
-What decoding equals: the sequence forward of ``forward_config(cfg)`` within float
-tolerance, at every position. For gates, MUDD and DeepSeek-V4 (``decoding.deepseek_v4``)
-that is the model itself. MoD and staged MoDE route causally (``decoding.mod``); MoE expert
-buffers fill in token order, sized for a window of max_len (``decoding.moe``). ``info`` says
-what ran, per layer and token: ``gate`` (gates: each block's update multiplier),
-``entered`` (MoD: the tokens that entered a block), ``ffn_ran`` (MoE: an expert took it).
+The decoder applies the family's own modules and parameters to a token (or a prompt)
+against a cache of fixed-shape arrays (``decoding.cache``: ``decode_step`` jits once), and
+equals the sequence forward of ``forward_config(cfg)`` at every position; ``info`` says
+what ran per layer and token. Depth: docs/decoding.md#the-interface-dynjaxdecoding__init__py
 """
 from __future__ import annotations
 

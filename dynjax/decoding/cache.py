@@ -1,14 +1,10 @@
 """The KV cache and the core block, for a chunk of new tokens against what is cached.
 
-A layer's cache is a dict of fixed-shape arrays: ``k``, ``v`` (B, S, H, Dh), ``pos`` (B, S)
-the position of the token in each slot (``EMPTY`` where none, so no query ever sees it) and
-``n`` (B,) the slots filled. Slots need not be positions: a Mixture-of-Depths block's cache
-holds only the tokens that entered it. Attention masks by the stored positions, with the
-core's ``causal_attention``, so a query sees exactly the cached tokens at or before it.
-
-A chunk is one token (a decode step) or a whole prompt (prefill). The modules here have
-the parameter names of the core's ``Attention`` and ``Block`` (and staged MoDE's block), so
-they are applied with a trained model's own parameters.
+A layer's cache is a dict of fixed-shape arrays (keys, values, each slot's position, the
+slots filled); slots need not be positions (a MoD block's cache holds only the tokens that
+entered), and attention masks by the stored positions. A chunk is one token or a whole
+prompt; the modules carry the core's parameter names, so they take a trained model's own.
+Depth: docs/decoding.md#the-cache-dynjaxdecodingcachepy
 """
 from __future__ import annotations
 

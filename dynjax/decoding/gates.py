@@ -1,14 +1,10 @@
 """KV-cache decoding of the residual-gate family (``dynjax.models.gates``).
 
 Each layer runs its block on the chunk against its cache and adds ``g * F`` with the gate
-the full forward would give the same token: 1 (dense, fixed_depth: only its K blocks are
-built and cached), the learned scalar (uniform, layer_static; ``GatedDecoder.static_gate``),
-or FeatureGate's controller on the four features. The features need the block's attention
-logits over every visible key (the cache's slots) and the previous layer's attention
-distribution for the same token, carried from layer to layer inside the step, exactly as
-``gates.GateLayer`` carries it through the sequence; layer 0 compares with the uniform
-distribution over the token's visible keys. Slots are positions here, so two layers'
-distributions line up slot by slot.
+the full forward would give the same token; FeatureGate's features come from the block's
+attention over the cache's slots and the previous layer's distribution for the same token,
+carried from layer to layer inside the step as the sequence form carries it.
+Depth: docs/decoding.md#residual-gates-dynjaxdecodinggatespy
 """
 from __future__ import annotations
 

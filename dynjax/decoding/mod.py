@@ -1,18 +1,11 @@
 """KV-cache decoding of Mixture-of-Depths and staged MoDE (``dynjax.models.mod``).
 
 Top-k over the window cannot be decoded, so a MoD block runs the causal rule of
-``mod.decode_config``: a token enters when its router logit (``mod_route="router"``, and
-for a ``"topk"`` config) or its predictor logit (``"predictor"``) is positive, while the
-block's cache has room: ``mod.decode_slots`` slots (the ``mod_decode_slots`` budget, or
-max_len without one), so later askers skip it, as in the sequence form. The block's cache
-holds only the tokens that entered. The entering tokens of a chunk are gathered and
-written back with the model's own ``routed_update``, so decoding equals the causal
-sequence forward whatever max_len. A decode step (one token) needs no gather: the token is
-its own slot, and the block, its cache write and (predictor route) the router's score sit
-inside one ``lax.cond`` on the device-side decision, so a skipped block costs the decision
-alone (``benchmarks/mod_decode.py``). Staged MoDE's entering tokens go to their top-k
-experts (token choice; expert buffers ``mod.causal_expert_capacity``, counted per sequence
-in the cache); expert choice ranks the whole sequence and is refused.
+``mod.decode_config`` (enter when the router's or predictor's logit is positive, while the
+block's cache has room); its cache holds only the tokens that entered, and a decode step
+runs the block inside one ``lax.cond``, so a skipped block costs the decision alone.
+Staged MoDE's entering tokens go to their top-k experts; expert choice is refused.
+Depth: docs/decoding.md#mixture-of-depths-and-staged-mode-dynjaxdecodingmodpy
 """
 from __future__ import annotations
 

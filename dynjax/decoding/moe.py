@@ -1,15 +1,10 @@
 """KV-cache decoding of the MoE family (``dynjax.models.moe``: moe, mode_integrated).
 
-Token choice only: each token goes to its top-k routes (integrated MoDE's no-op route adds
-nothing), and a route to an expert that has already kept ``C`` routes in this sequence is
-dropped. ``C`` is the sequence form's buffer for a window of ``max_len`` tokens
-(``moe.expert_capacity(cfg, max_len)``), so decoding with a cache of max_len equals the
-sequence forward over max_len tokens with ``moe_priority="position"`` (``forward_config``):
-there, too, a route is kept iff fewer than C earlier routes took that expert. Where the
-capacity binds, a prefix's logits therefore depend on max_len (as the sequence form's
-depend on the window); with ``moe_capacity_factor <= 0`` (never drop) or where no expert
-fills, they do not. GShard's "choice" priority differs from this only when capacity binds
-with k >= 2. Expert choice ranks the whole sequence: it has no causal form and is refused.
+Token choice only: each token goes to its top-k routes, and a route to an expert that has
+already kept ``C`` routes in this sequence (the buffer for a window of ``max_len``) is
+dropped, so decoding equals the sequence forward with ``moe_priority="position"``; where
+capacity binds, a prefix's logits depend on max_len. Expert choice is refused.
+Depth: docs/decoding.md#moe-and-integrated-mode-dynjaxdecodingmoepy
 """
 from __future__ import annotations
 

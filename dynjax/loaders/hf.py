@@ -1,21 +1,12 @@
 """Hugging Face checkpoint directories (config.json + safetensors) -> a dynjax ``llm`` model.
 
-    from dynjax.loaders import hf
     model, params = hf.load(DIR)          # config.json's torch_dtype; dtype=jnp.float32 overrides
     logits, coeffs = model.apply(params, input_ids)    # record; coeffs=coeffs replays
-    windows = hf.token_windows(DIR, seq_len=512, n_calibration=32, n_evaluation=64)
 
-``model`` is ``dynjax.models.build`` of the ``llm`` family (:mod:`dynjax.models.llm`), or of
-the family an architecture's plug-in names through its ``port`` (DeepSeek-V4), so the
-audit, the sharding presets and ``python plan.py`` treat it like any family.
-No torch is needed: tensors stream one at a time through :mod:`dynjax.loaders.tensors`
-(block FP8 and MXFP4 dequantised, unused towers skipped, broken files one line).
-
-Each supported ``model_type`` is one module of :mod:`dynjax.loaders.archs` (its config
-mapping with transformers' defaults, its tensor names, the components it composes).
-Anything this port does not compute exactly as transformers does (a switch set otherwise, quantized weights, a missing
-or misshapen tensor, an architecture not ported yet) fails with one line naming the field
-and what to do.
+``model`` is any family's (the ``llm`` family, or a plug-in's own ``port``), so the audit,
+the sharding presets and the plan take it; no torch: tensors stream one at a time. Each
+``model_type`` is one module of :mod:`dynjax.loaders.archs`; what a port does not compute
+as transformers does fails in one line. Depth: docs/hf.md#the-loader-dynjaxloadershfpy
 """
 from __future__ import annotations
 

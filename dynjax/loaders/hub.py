@@ -2,14 +2,8 @@
 Hugging Face cache, so ``hf.load("allenai/OLMoE-1B-7B-0924")`` and ``dynjax-sample
 Qwen/Qwen3-30B-A3B`` open what ``hf download`` (or transformers) already put there.
 
-The cache's own layout: ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
-``$XDG_CACHE_HOME/huggingface/hub`` (``~/.cache/huggingface/hub``); in it
-``models--ORG--NAME/refs/BRANCH`` holds a commit hash and ``snapshots/COMMIT/`` the files
-(symlinks into ``blobs/``). A revision is a branch or tag (read through ``refs/``) or a
-commit hash; none means ``main``. huggingface_hub's ``try_to_load_from_cache`` answers
-when it is installed (it reads the same files, never the network); otherwise the few lines
-below do. Nothing here downloads: a repo id not in the cache is one line saying where it
-was looked for.
+Nothing here downloads: a repo id not in the cache is one line saying where it was looked
+for. Depth: docs/hf.md#repo-ids-offline-dynjaxloadershubpy
 """
 from __future__ import annotations
 

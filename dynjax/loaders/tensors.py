@@ -1,23 +1,11 @@
 """Reading a Hugging Face checkpoint's safetensors files: tensor by tensor, as they ship.
 
-:class:`Tensors` is what ``dynjax.loaders.hf`` reads a checkpoint through. It parses each
-shard's header itself (8-byte length, JSON, then raw little-endian data) and reads one
-tensor at a time with ``preadv`` into a fresh array: no memory map, so host memory holds
-the parameters being built plus the one tensor in flight, never the checkpoint twice.
-Each tensor is cast to the final dtype and (under a mesh) put in its device shard by
-:func:`place` before the next one is read.
-
-What it does beyond reading (docs/hf.md, "Formats"):
-
-- block FP8 (``e4m3`` weights with a ``weight_scale_inv`` per block, scales float32 or
-  ``e8m0``) and MXFP4 (``*_blocks`` + ``*_scales``) are dequantised when the weight is asked
-  for by its plain name, so a port's name table needs nothing special;
-- tensors a text forward does not use (multi-token prediction layers, vision and audio
-  towers of multimodal wrappers) are skipped by name, with one line saying how many;
-- a prefix rewrite (:data:`PREFIXES`) lets a wrapper's text model (``model.language_model.``)
-  be read under the names a text-only port uses;
-- a cut-short, damaged or foreign file is one :class:`CheckpointError` naming the file and
-  the fix.
+:class:`Tensors` parses each shard's header itself and reads one tensor at a time with
+``preadv`` (no memory map: never the checkpoint twice in memory), casts it and puts it on
+its devices (:func:`place`) before the next. It also dequantises block FP8 and MXFP4 by the
+plain name, skips tensors a text forward does not use, rewrites wrapper prefixes
+(:data:`PREFIXES`), and turns a damaged file into one :class:`CheckpointError`.
+Depth: docs/hf.md#reading-the-tensors-dynjaxloaderstensorspy
 """
 from __future__ import annotations
 

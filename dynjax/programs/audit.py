@@ -1,33 +1,13 @@
 """Frozen-Controller Audit: does a trained dynamic model depend on its coefficients?
 
     dynjax-audit --config=dynjax:audit_tiny --out=DIR --checkpoints RUN_DIR [RUN_DIR ...]
-    dynjax-audit --config=dynjax:audit_muddpythia --muddpythia=HF_DIR --out=DIR \
-        --config.data.validation_path=wiki.valid.raw --config.data.test_path=wiki.test.raw
+    dynjax-audit --config=dynjax:audit_muddpythia --muddpythia=HF_DIR --out=DIR
     dynjax-audit --config=dynjax:audit_hf --hf=ORG/NAME --out=DIR   # an MoE's routers
     dynjax-audit --combine=AUDIT_DIR,AUDIT_DIR[,...] --out=DIR   # audits run apart, as one
     python audit.py --config=configs/audit_tiny.py ...   # the same program, from a checkout
 
-Records every evaluation window's coefficients under jit, replays them with the controller
-disabled and stops with an error unless the logits match bit for bit, then replays each
-condition (cross-input derangement, token shuffle, both, Layer×PositionMean, the static
-profile, the structure-removed reference) and reports ΔNLL against Correct: checkpoint-level
-bootstrap CIs, exact sign-flip p-values, Holm over the factorial effects, retention and the
-prespecified criteria. Each RUN_DIR (one seed) is one unit of inference. Seeds audited
-apart (each as it finishes training, or on different machines) combine into the same
-checkpoint-level statistics with ``--combine`` (same config and windows required).
-
-RUN_DIRs may be train.py runs (any family with coefficients: gates, MUDD, MoD, MoE, MoDE;
-windows are token windows, the loss their mean next-token NLL) or classifier runs
-(DynamicGate-MLP; a window is one labelled example, the loss its cross-entropy; validation
-examples calibrate, test examples evaluate). Conditions that need a token axis are reported
-as not applicable for coefficients without one, and so are the factorial effects.
-``--hf=DIR`` (or ``ORG/NAME[@REV]`` in the local Hugging Face cache) audits a Hugging Face
-MoE's router scores (``dynjax:audit_hf`` adds the routing conditions token_identity,
-expert_relabel, weights_flat; docs/audit_hf.md). Checkpoints are
-opened through ``dynjax.audit.targets.open_target`` (docs/targets.md).
-Writes DIR/results.json (every number, seeds, config, sha256 of each checkpoint's params),
-DIR/report.md and PNG plots, atomically; prints a verdict table. Override any config field
-with ``--config.reassignments=5``. Library: ``dynjax.audit`` (docs/audit.md).
+Replays recorded coefficients (bitwise, or it stops), then each condition: ΔNLL with
+checkpoint-level statistics in DIR. Depth: docs/audit.md#the-audit-program-dynjaxprogramsauditpy
 """
 import sys
 

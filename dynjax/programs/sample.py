@@ -1,21 +1,13 @@
-"""Sample text from a trained language-model run or a Hugging Face checkpoint, through the
-KV-cache decoder.
+"""Sample text from a trained language-model run or a Hugging Face checkpoint (KV cache).
 
-    dynjax-sample RUN_DIR --prompt="It was a dark" [--max_new_tokens=200 --temperature=0.8
-        --top_k=40 --top_p=0.95 --seed=0 --step=S]
+    dynjax-sample RUN_DIR --prompt="It was a dark" [--temperature=0.8 --top_p=0.95 --step=S]
     dynjax-sample RUN_DIR --prompt_file=prompts.txt     # one prompt per line
     dynjax-sample HF_DIR --prompt="The capital of France is" [--dtype=bfloat16]
     dynjax-sample Qwen/Qwen3-0.6B[@REV] --prompt=...    # a repo id in the local HF cache
     python sample.py RUN_DIR --prompt=...               # the same program, from a checkout
 
-Greedy by default (--temperature=0). Text streams to stdout as it is decoded; each prompt's
-continuation ends with a blank line. A dynjax-train run reads and writes bytes; an HF
-checkpoint (Llama, Qwen3, Mixtral, OLMoE, Qwen-MoE: ``dynjax.loaders.hf``; a repo id is
-found offline in ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``)
-goes through its own tokenizer.json (special tokens added as the tokenizer defines) and stops at its
-``eos_token_id``. Routed families decode as ``dynjax.decoding`` does (MoD and staged MoDE
-route causally; stderr says which rule), so what is printed is what the model computes
-without seeing the future; HF MoE layers run dropless, as the checkpoints were trained.
+Greedy by default; text streams to stdout. Routed families decode causally, as
+``dynjax.decoding`` does. Depth: docs/decoding.md#the-sample-program-dynjaxprogramssamplepy
 """
 import sys
 

@@ -6,11 +6,8 @@ it, and does it really execute less?
     dynjax-scorecard --config=dynjax:scorecard_hf --out=DIR --hf=ORG/NAME
     python scorecard.py --config=configs/scorecard.py --out=DIR RUN_DIR   # from a checkout
 
-RUN_DIR: a dynjax-train run (language model or DynamicGate-MLP classifier) or an HF
-directory (a ported MoE or dense LLM by its config.json's model_type, else MUDDPythia);
-``--hf`` also takes ``ORG/NAME[@REV]`` from the local Hugging Face cache. Writes
-DIR/scorecard.json, DIR/scorecard.md and DIR/scorecard_<i>.png (three panels), and each
-audited run's audit under DIR/<i>/audit. Library: ``dynjax.scorecard`` (docs/audit.md).
+Writes DIR/scorecard.json, .md and .png panels and each run's audit.
+Depth: docs/audit.md#the-scorecard-program-dynjaxprogramsscorecardpy
 """
 import sys
 

@@ -1,23 +1,13 @@
-"""Train any dynjax model.
+"""Train any dynjax model (language models and classifiers alike: the config decides).
 
     dynjax-train --config=dynjax:tiny:feature_gate --workdir=runs/fg [--config.train.steps=500]
     dynjax-train --config=dynjax:dgmlp_mnist:dgate --workdir=runs/mnist
     python train.py --config=configs/tiny.py:feature_gate --workdir=runs/fg   # from a checkout
 
-Language models (``dynjax:tiny:feature_gate``, MoD, MoE, MUDD, ...) and classifiers
-(``dynjax:dgmlp_mnist:dgate``, ...) alike: the config decides. Override any field with
-``--config.train.steps=500``. Data a config needs and the data folder lacks is fetched on
-first use (``dynjax-fetch`` fetches ahead). Re-running the same command resumes from the
-latest checkpoint in the workdir. Logs one line per log step when stderr is not a terminal
-(a batch job's log file), a progress bar when it is. Prints the final validation and test
-figures (bits per byte, or accuracy and RelMAC); the full evaluation is in WORKDIR/eval.json.
-
-Exit status: 0 trained (or already finished); 2 one-line error (a bad config, missing
-data, no restorable checkpoint, a filesystem error, a diverged run, another writer);
-128 + the signal (143 SIGTERM, 130 SIGINT, 129 SIGHUP, 138 SIGUSR1) stopped by it after
-saving a checkpoint (re-run to resume), after the final evaluation when it came during
-it, or at once when it came before training began.
-The configs: ``dynjax.configs`` (a checkout's configs/); docs/training.md, docs/reliability.md.
+Re-running the same command resumes from the workdir's latest checkpoint; the evaluation
+is in WORKDIR/eval.json. Exit status: 0 trained, 2 a one-line error, 128 + the signal when
+stopped by it (after saving: re-run to resume).
+Depth: docs/training.md#the-train-program-dynjaxprogramstrainpy
 """
 import sys
 

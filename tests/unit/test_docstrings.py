@@ -1,6 +1,6 @@
 """Module docstrings say what a module is for and why in at most ten lines (issue 44); the
-long explanations live in docs/. ``LONG`` lists the modules still over the bound with their
-length today: none may grow and no other module may pass the bound. dynjax/configs/ is not
+long explanations live in docs/. ``LONG`` would list a module allowed over the bound with its
+length (none is now): none may grow and no other module may pass the bound. dynjax/configs/ is not
 bound (a config's docstring holds its command and expected result: DESIGN.md). A docstring's
 pointer to its depth, ``docs/PAGE.md#anchor``, names a page and a heading that exist."""
 import ast
@@ -11,13 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "dynjax"
 DOCS = ROOT.parent / "docs"
 POINTER = re.compile(r"docs/([\w-]+\.md)#([\w-]+)")
 BOUND = 10
-LONG = {  # module: its docstring's lines today; shorten it (and its entry) by moving text to docs/
-    "audit/families.py": 13, "decoding/__init__.py": 22, "decoding/cache.py": 11,
-    "decoding/gates.py": 11, "decoding/mod.py": 15, "decoding/moe.py": 12,
-    "loaders/archs/__init__.py": 21, "loaders/hf.py": 18, "loaders/hub.py": 12,
-    "loaders/tensors.py": 20, "programs/audit.py": 29, "programs/sample.py": 18,
-    "programs/scorecard.py": 13, "programs/train.py": 20,
-}
+LONG: dict = {}  # module: lines allowed over the bound (none left); text beyond ten goes to docs/
 
 
 def docstring_lines() -> dict:
@@ -68,7 +62,7 @@ def dangling(docstrings: dict) -> list:
 def test_docstring_pointers_reach_a_heading():
     docs = {str(p.relative_to(ROOT)): ast.get_docstring(ast.parse(p.read_text())) or ""
             for p in sorted(ROOT.rglob("*.py"))}
-    assert sum(len(POINTER.findall(d)) for d in docs.values()) >= 19
+    assert sum(len(POINTER.findall(d)) for d in docs.values()) >= 30
     assert dangling(docs) == []
 
 

@@ -1,24 +1,11 @@
 """Hugging Face architectures as plug-ins: one module per ``model_type``.
 
-A module here (``llama.py``, ``qwen2_moe.py``, ...) defines ``ARCH``, an :class:`Arch`:
-
-- ``model_type``: config.json's ``model_type`` it ports (the module's name);
-- ``defaults``: transformers' own configuration defaults for the fields config.json may
-  omit (``rms_norm_eps``, ``rope_theta``, ``head_dim``, ...), filled in before ``config``
-  reads the file, so a missing field means what it means in transformers;
-- ``config(hf) -> dict``: the ``dynjax.models.llm.Config`` fields, naming the shared
-  components it composes (``attention``, ``router``, ``experts``, ``rope_type``, ...) and
-  refusing in one line a setting it does not compute;
-- ``tensors``: params path -> checkpoint tensor name (:mod:`.common`'s tables, extended or
-  overridden);
-- ``port``: None for an ``llm.Config`` model (every port so far but one); an architecture
-  whose layer ``llm.Config`` cannot describe (DeepSeek-V4's hyper-connection streams) names
-  its own model here: an object with ``config(hf, dtype) -> cfg``, ``build(cfg) -> model``
-  and ``params(cfg, tensors, strict, shardings) -> params`` (``dynjax.loaders.hf`` calls
-  the same three for every architecture, the ``llm`` one by default).
-
-Every module in this package that defines ``ARCH`` is registered by its model_type when
-the package is imported: adding an architecture is adding its module (docs/hf.md).
+A module here defines ``ARCH``, an :class:`Arch`: the ``model_type`` it ports,
+transformers' ``defaults`` for fields config.json may omit, ``config(hf)`` (the
+``llm.Config`` fields, or a one-line refusal), the ``tensors`` names, and a ``port`` for an
+architecture with its own model (DeepSeek-V4). Every module that defines ``ARCH`` is
+registered when the package is imported: adding an architecture is adding its module.
+Depth: docs/hf.md#the-arch-record-dynjaxloadersarchs__init__py
 """
 from __future__ import annotations
 
