@@ -549,7 +549,7 @@ MUTANTS = (
     Mutant("module_docstring_grows", "dynjax/jsonio.py",
            '"""Atomic file writes and JSON conversion:', '"""Atomic file writes and JSON conversion:\n\n\n\n\n',
            ("tests/unit/test_docstrings.py",),
-           "a module docstring stays within ten lines (or its LONG entry): depth goes to docs/"),
+           "a module docstring stays within ten lines: depth goes to docs/"),
     Mutant("docs_heading_a_docstring_points_to_renamed", "docs/models.md",
            "### The MoD block (`dynjax/models/mod.py`)", "### MoD blocks (`dynjax/models/mod.py`)",
            ("tests/unit/test_docstrings.py",),

@@ -4,16 +4,10 @@
         --config.data.validation_path=/path/to/wikitext-103-raw/wiki.valid.raw \
         --config.data.test_path=/path/to/wikitext-103-raw/wiki.test.raw --out=runs/audit_mudd
 
-The directory holds the HF files (config.json, *.safetensors, tokenizer.json; the paper used
-Caiyun-AI/MUDDPythia-1.4B at commit 3c241c8; needs ``pip install tokenizers``). Prints a
-memory and FLOP estimate first (add ``--config.muddpythia.flops_per_second=4e14`` for a time),
-then runs the same protocol as configs/audit_tiny.py: 512 calibration windows from the
-validation text, 512 evaluation windows from the test text (fewer if the text is shorter; the
-report notes it), 20 paired reassignments, StaticMixMean / Layer×PositionMean /
-SourceUniformMean. One public checkpoint: intervals are over windows and reassignments.
-Paper: cross_input 1.9067, token_shuffle 2.9637, StaticMixMean 1.9798, Layer×PositionMean
-1.0190, SourceUniformMean 7.4237 (its window length is not stated; 512 tokens here).
+configs/audit_tiny.py's protocol on 512 + 512 windows of WikiText-103 (needs ``pip install
+tokenizers``). Paper: cross_input 1.9067, token_shuffle 2.9637, StaticMixMean 1.9798.
 Not run in this repository (no checkpoint, no GPU); its path is tested on a tiny MUDDPythia.
+Depth: docs/audit.md#the-muddpythia-14b-audit-config-dynjaxconfigsaudit_muddpythiapy
 """
 from dynjax.configs import audit_tiny
 

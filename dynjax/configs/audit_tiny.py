@@ -6,17 +6,9 @@
     python audit.py --config=configs/audit_tiny.py --out=runs/audit_fg \
         --checkpoints runs/fg_s0 runs/fg_s1 runs/fg_s2
 
-Records the coefficients of 64 calibration windows (validation split) and 64 evaluation
-windows (test split, disjoint) of the data each run was trained on, checks that replaying
-the cached coefficients reproduces the logits bit for bit, then measures ΔNLL against Correct
-for every condition (cross_input, token_shuffle, cross_shuffle with 20 paired reassignments;
-Layer×PositionMean, LayerMean, GlobalMean from the calibration windows), the factorial
-effects with Holm correction, LayerMean's retention of the gap to GlobalMean and the
-prespecified criteria. Each run directory is one unit (use >= 3 seeds for checkpoint-level
-intervals); a single run gives window/reassignment-level intervals and says so.
-Writes DIR/results.json, DIR/report.md and PNG plots; prints a verdict table.
-A few minutes on 2 CPU cores for 3 tiny runs. Override anything, e.g.
-``--config.reassignments=5 --config.data.eval_windows=32``.
+Every condition on 64 + 64 windows (20 paired reassignments), each run directory one unit
+(>= 3 seeds); writes DIR/results.json, report.md and plots, a few minutes on 2 CPU cores.
+Depth: docs/audit.md#the-tiny-audit-config-dynjaxconfigsaudit_tinypy
 """
 import ml_collections
 

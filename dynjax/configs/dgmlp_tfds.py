@@ -4,12 +4,10 @@
     python train.py --config=configs/dgmlp_tfds.py:dgate,cifar10 \\
         --config.data.data_dir=/data/tfds --workdir=runs/cifar10_dgate
 
-The argument is METHOD,DATASET. Presets (hidden widths; any other TFDS name with an image or
-audio feature and a label works with the default widths):
-  cifar10          32x32x3 images  -> 3072-1024-1024-10
-  tiny_imagenet    64x64x3 images  -> 12288-1024-1024-200 (its validation split is the test set)
-  speech_commands  1 s of 16 kHz audio -> 98x40 log-mel -> 3920-512-512-12 (needs TensorFlow)
-Input and label keys: --config.data.tfds_input_key / --config.data.tfds_label_key.
+The argument is METHOD,DATASET: presets (hidden widths) for cifar10, tiny_imagenet and
+speech_commands (needs TensorFlow); any other TFDS name with an image or audio feature and
+a label works with the default widths.
+Depth: docs/data.md#the-dynamicgate-mlp-config-on-tfds-dynjaxconfigsdgmlp_tfdspy
 """
 import ml_collections
 

@@ -7,27 +7,10 @@
     python train.py --config=configs/llm_convert.py:dense --workdir=runs/llama_more \
         --config.train.init_from=path/to/Llama-3.2-1B             # plain continuation
 
-The model is the ``llm`` family (dynjax/models/llm.py, the Hugging Face ports) with its
-architecture left unset (None): ``dynjax.train.init_from.fill_from_source`` copies it from the
-source's config.json, so nothing is retyped; a field set on the command line must equal the
-source's or the run is refused in one line. The conversion (dynjax/train/convert.py, docs/
-conversion.md) then fills the parameters:
-
-- ``moe`` (Komatsuzaki et al. 2023): every layer an MoE of 8 SwiGLU experts, each a copy of
-  the layer's dense MLP (``train.init_upcycle_noise`` x std Gaussian noise, default 0), a new
-  seeded router, top-2 with the two weights renormalised to sum 1 (so the first forward is
-  the dense model's, up to float rounding), dropless dispatch, Switch load balance 0.01.
-  ``--config.model.num_experts``, ``top_k``, ``moe_layers=(...)`` change it.
-- ``mod`` (Raposo et al. 2024): layers 1, 3, 5, ... are MoD layers with capacity c = 0.125:
-  top-k of floor(cT) tokens while training, scored causally (router threshold, predictor)
-  at evaluation; routers and predictors fitted to the dense model's update norms
-  (``convert.fit_routers``). ``--config.model.mod_layers=(...)``, ``mod_capacity`` change it.
-- ``dense``: nothing routed; an MoE source is refused (its experts have nowhere to go).
-
-Data: dynjax's byte-level corpus (``data.*`` as every config), so the model's vocabulary
-must hold 256 ids and a real checkpoint sees bytes, not its tokenizer's tokens: the loss jump
-at step 0 (metrics.jsonl, ``split: "conversion"``) says what that costs. The tiny fixture
-``tests/data/hf/llama`` (d = 48, 2 layers, vocabulary 256) runs it on a CPU in a minute.
+The architecture comes from the source's config.json; ``moe``: 8 copies of each dense MLP,
+top-2; ``mod``: layers 1, 3, 5, ... MoD (c = 0.125). Data is bytes (the loss jump at step 0
+says what that costs); the tiny fixture ``tests/data/hf/llama`` runs on a CPU in a minute.
+Depth: docs/conversion.md#the-config-dynjaxconfigsllm_convertpy
 """
 import ml_collections
 

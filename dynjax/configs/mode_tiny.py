@@ -5,17 +5,10 @@
     python audit.py --config=configs/audit_tiny.py --out=runs/audit_mode_staged \
         --checkpoints runs/mode_staged_tiny
 
-Same size and training as configs/mod_tiny.py (4 blocks, d=128, seq 128, 600 steps), with
-4 experts of d_ff=512, top-1 token-choice routing, capacity factor 1.25:
-
-- ``mode_staged`` (family mod): blocks 1 and 3 are MoD blocks (c = 0.125: 16 of 128 tokens
-  enter) whose FFN is the MoE layer, run on the routed tokens only; blocks 0 and 2 are dense.
-  Coefficients: MoD router scores and the MoE routing of the routed tokens.
-- ``mode_integrated`` (family moe): every block's MoE router has a fifth, no-op expert; a
-  token routed there skips the FFN. Coefficients: the 5-way routing probabilities.
-
-``--config.model.moe_dispatch=dropless``: sort by expert, nothing dropped (docs/moe.md); with
-``--config.sharding.preset=ep`` the experts split over the ``tensor`` mesh axis.
+configs/mod_tiny.py's size and training with 4 experts, top-1, capacity factor 1.25:
+``mode_staged`` (MoD blocks whose FFN is the MoE), ``mode_integrated`` (a no-op fifth
+expert). ``--config.model.moe_dispatch=dropless``: nothing dropped.
+Depth: docs/models.md#the-tiny-mode-config-dynjaxconfigsmode_tinypy
 """
 from dynjax.configs import mod_tiny
 

@@ -3,13 +3,10 @@
     python train.py --config=configs/mudd_tiny.py:mudd --workdir=runs/mudd_tiny
     python train.py --config=configs/mudd_tiny.py:mudd_static --workdir=runs/mudd_tiny_static
 
-Same size budget and training as configs/tiny.py (4 layers, d=128, 4 heads, d_ff=512,
-seq 128, batch 32, 600 steps); the DA MLPs (hidden 64) add 4% parameters
-(0.89M; mudd_static 0.85M like feature_gate). ``mudd``: per-token
-DA coefficients plus a static bias; ``mudd_static``: the static bias only.
-Expected (measured, seed 0, ``--config.train.steps=400`` as compare_fca.sh trains it): test
-2.52 bits/byte (tiny feature_gate, same seed and steps: 2.54); ~6 CPU-minutes.
-Audit beside FeatureGate: ``bash experiments/compare_fca.sh``.
+configs/tiny.py's size and training; the DA MLPs add 4% parameters. Expected (seed 0,
+``--config.train.steps=400`` as compare_fca.sh trains it): test 2.52 bits/byte (tiny
+feature_gate: 2.54); ~6 CPU-minutes. Audit beside FeatureGate: ``bash experiments/compare_fca.sh``.
+Depth: docs/models.md#the-tiny-mudd-config-dynjaxconfigsmudd_tinypy
 """
 from dynjax.configs import common
 from dynjax.models.mudd import VARIANTS

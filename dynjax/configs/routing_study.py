@@ -3,38 +3,11 @@
     python train.py --config=configs/routing_study.py:softmax_topk --workdir=runs/rs/softmax_topk_s0
     python experiments/routing_study.py --runs=runs/routing_study      # every arm, 3 seeds
 
-The tiny size of experiments/fca_sweep.py: 4 layers, d = 128, 4 heads, byte vocabulary,
-windows of 128, batch 32, lr 3e-3, ``data.source=embedded_large``. Every arm has the same
-active parameters per token: the dense SwiGLU width is 512, and an MoE layer's k routed
-experts together are as wide (8 experts of width 256, top-2).
-
-Arms (``ARMS``), with their parameters per token (``llm.param_count``; the dense model
-of width 512 has 1,116,288):
-
-- ``softmax_topk`` (1,120,384 active of 3,479,680): OLMoE-style (model_type ``olmoe``: q/k
-  RMSNorm over all heads), every layer a softmax top-2 of 8 SwiGLU experts of width 256,
-  weights not renormalised, Switch load balance 0.01. Exports as an OLMoE checkpoint
-  (``python -m dynjax.export``).
-- ``deepseek_sigmoid`` (1,124,544 of 3,680,448): DeepSeek-V3-style, every layer a sigmoid
-  router (``grouped_topk``, one group) whose selection-only bias moves by
-  DeepSeek's auxiliary-loss-free rule after every step (``router_bias_rate`` u = 1e-3, the
-  paper's γ; no balance loss), top-3 of 16 fine-grained experts of width 128 plus one
-  always-on shared expert of width 128 (4 x 128 = 512 active), weights the chosen sigmoid
-  scores renormalised.
-- ``hash`` (1,122,432 of 3,481,728, the table's 512 entries counted): the static control,
-  ``softmax_topk`` with each token's 2 experts fixed by a token-id table (router ``hash``:
-  built from the seed, every expert serving 64 byte values, never trained); the softmax
-  gate still weighs them (learned).
-- ``attn_gate`` (1,115,776): dense, each attention head's output times an elementwise
-  sigmoid(x W_gate) gate (Qwen3-Next's output gate; ``attn_output_gate``); the SwiGLU
-  width 469 pays for the gate's 16,384 weights per layer.
-- ``mhc`` (1,118,557): dense on 4 residual streams mixed by manifold-constrained
-  hyper-connections (DeepSeek-V4's mHC: pre / post / Sinkhorn comb around each block,
-  ``residual`` "hyper"); the SwiGLU width 448 pays for their 24,630 weights per layer.
-
-Every arm's active parameters lie within 0.8% of the dense model's. What the study runs
-on each (:func:`study`): the routers get the routing conditions, the per-layer table and
-(learned routers) expert importance; the gates and mHC the FeatureGate / MUDD conditions.
+Arms (``ARMS``): ``softmax_topk`` (OLMoE-style), ``deepseek_sigmoid`` (DeepSeek-V3-style,
+auxiliary-loss-free bias), ``hash`` (the static control), ``attn_gate`` and ``mhc`` (dense);
+each has the dense model's active parameters per token within 0.8%. Expected: test 2.17-2.22
+bits/byte; the audits' results: results/routing_study/README.md.
+Depth: results/routing_study/README.md#the-arms-dynjaxconfigsrouting_studypy
 """
 import ml_collections
 

@@ -4,21 +4,11 @@
     python scorecard.py --out=DIR --muddpythia=HF_DIR --config.audit.data.seq_len=512 \
         --config.audit.data.validation_path=VALID.txt --config.audit.data.test_path=TEST.txt
 
-A RUN_DIR may be a language-model or a classifier (DynamicGate-MLP) run of train.py, or a
-MUDDPythia HF directory (``*.safetensors``; its audit reads local text, as
-configs/audit_muddpythia.py). Classifier runs are audited on ``classifier_examples``
-validation and test examples (one forward each) and timed with ``classifier_latency_repeats``
-rounds: a forward of a few examples takes microseconds.
-
-Thresholds (fixed before looking at results):
-- variation: "varies" when more than ``varies_min_input_share`` of some coefficient's
-  variance is left after removing its static profile (the mean over examples and tokens of
-  each layer / stream / source / expert cell), i.e. varies with input and position;
-- dependence: "function depends on it" when the cross-input or static-profile ΔNLL has a
-  95% CI lower bound above ``depends_min_dnll`` nats per token;
-- execution: "executes less" when both the compiled-FLOP ratio and the forward latency
-  ratio at batch ``latency_batch`` against the same-size dense model are at most
-  ``executes_less_max_ratio``.
+Thresholds, fixed before looking at results: "varies" (``varies_min_input_share`` of the
+variance left after the static profile), "function depends on it" (a ΔNLL CI above
+``depends_min_dnll``), "executes less" (FLOP and latency ratios against the same-size dense
+model at most ``executes_less_max_ratio``). Classifier runs: ``classifier_*`` fields.
+Depth: docs/audit.md#the-scorecard-config-and-its-thresholds-dynjaxconfigsscorecardpy
 """
 import ml_collections
 
