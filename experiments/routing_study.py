@@ -49,11 +49,17 @@ import pathlib  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
+import numpy as np  # noqa: E402
+
+from dynjax.figures import styled  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SEEDS = (0, 1, 2)
 OUT = ROOT / "results" / "routing_study"
 AUDIT = dict(calib_windows=256, eval_windows=256, reassignments=10)
 STUDY = dict(eval_windows=128, layer_reassignments=5)   # per-layer table, expert importance
+EXPERT_KEYS = ("spearman", "pruning", "reap_saliency", "causal_delta_nll", "causal_ci_low",
+               "causal_ci_high")   # expert_importance.json: the correlations and the figure's points
 SELECTED = []   # --arms: the arms to work on (empty: every arm)
 
 
@@ -263,8 +269,8 @@ def report(out: pathlib.Path) -> dict:
                          f"{fmt(row['token_identity'])} | {fmt(row['difference'])} | "
                          f"{share['estimate']:.3f}{share_ci} |")
         table[arm] = rows
-        experts[arm] = [{"seed": f["seed"], "spearman": f["experts"]["spearman"],
-                         "pruning": f["experts"]["pruning"]} for f in
+        experts[arm] = [{"seed": f["seed"], **{k: f["experts"][k] for k in EXPERT_KEYS
+                                                if k in f["experts"]}} for f in
                         (_read(seed_file(out, arm, s)) for s in SEEDS) if "experts" in f]
     whole = whole_model(out)
     lines += ["", "# Whole model, per arm (all coefficient sites at once)\n",
@@ -275,7 +281,78 @@ def report(out: pathlib.Path) -> dict:
     write_json_atomic(out / "expert_importance.json", {"command": command_line(),
                                                        "arms": experts})
     write_text_atomic(out / "table.md", "\n".join(lines) + "\n")
+    from dynjax.figures import save
+    if table:
+        save(plot_layers({"arms": table}), out / "per_layer.png")
+    if any("reap_saliency" in s for seeds in experts.values() for s in seeds):
+        save(plot_experts({"arms": experts}), out / "expert_importance.png")
     return table
+
+
+@styled
+def plot_layers(data: dict):
+    """per_layer.json drawn: per router arm, each layer's ΔNLL under cross-input and under
+    token identity with their intervals (over seeds; one seed: over windows)."""
+    from matplotlib.figure import Figure
+
+    from dynjax.figures import dot_ci, fit
+
+    arms_ = list(data["arms"])
+    fig = Figure(figsize=(3.0 * len(arms_) + 0.6, 2.9), layout="constrained")
+    axes = fig.subplots(1, len(arms_), sharey=True, squeeze=False)[0]
+    for ax, arm in zip(axes, arms_):
+        rows = data["arms"][arm]
+        labels = [f"layer {r['layer']}" for r in rows]
+        ends = []
+        for name, color, marker, offset in (("cross_input", "C0", "o", -0.12),
+                                            ("token_identity", "C1", "s", 0.12)):
+            est, lo, hi = ([r[name][k] for r in rows] for k in ("estimate", "ci_low", "ci_high"))
+            dot_ci(ax, labels, est, lo, hi, color=color, marker=marker, offset=offset,
+                   label=name.replace("_", " "))
+            ends += [est, lo, hi]
+        ax.axvline(0.0, color="0.6", lw=0.8)
+        fit(ax, "x", ends, include=(0.0,))
+        ax.set_xlabel("ΔNLL (nats/token)")
+        ax.set_title(f"{arm} ({rows[0]['seeds']} seed{'s' * (rows[0]['seeds'] > 1)})")
+    axes[0].set_ylim(len(axes[0].get_yticks()) - 0.5, -0.5)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=2)
+    return fig
+
+
+@styled
+def plot_experts(data: dict):
+    """expert_importance.json drawn: per learned-router arm, every expert's REAP saliency
+    against the ΔNLL of removing it (interval over windows), a colour per layer, a marker
+    per seed; the Spearman ρ per layer of seed 0 in the title."""
+    from matplotlib.figure import Figure
+
+    from dynjax.figures import fit
+
+    arms_ = [a for a, seeds in data["arms"].items() if any("reap_saliency" in s for s in seeds)]
+    fig = Figure(figsize=(3.6 * len(arms_) + 0.4, 3.4), layout="constrained")
+    axes = fig.subplots(1, len(arms_), squeeze=False)[0]
+    for ax, arm in zip(axes, arms_):
+        seeds = [s for s in data["arms"][arm] if "reap_saliency" in s]
+        xs, ys = [], []
+        for s, marker in zip(seeds, "os^"):
+            for layer, (x, y, lo, hi) in enumerate(zip(
+                    s["reap_saliency"], s["causal_delta_nll"], s["causal_ci_low"],
+                    s["causal_ci_high"])):
+                y, lo, hi = (np.asarray(v, float) for v in (y, lo, hi))
+                ax.errorbar(x, y, yerr=[y - lo, hi - y], fmt=marker, color=f"C{layer}",
+                            ms=3.5, capsize=0, elinewidth=0.6,
+                            label=f"layer {layer}" if s is seeds[0] else None)
+                xs.append(x)
+                ys += [lo, hi]
+        fit(ax, "x", xs, include=(0.0,))
+        fit(ax, "y", ys, include=(0.0,))
+        rho = ", ".join(f"{r['rho']:.2f}" for r in seeds[0]["spearman"])
+        ax.set_title(f"{arm}\nSpearman ρ by layer (seed 0)\n{rho}")
+        ax.set_xlabel("REAP saliency")
+        ax.set_ylabel("ΔNLL removing the expert")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center",
+               ncols=len(seeds[0]["reap_saliency"]))
+    return fig
 
 
 def whole_model(out: pathlib.Path) -> dict:

@@ -5,7 +5,8 @@
 
 No training, no audit: each figure is a function of one committed JSON (an audit's
 results.json, a scorecard.json, the FCA sweep's results.json, skipping.json,
-conversion.json, a DynamicGate-MLP curve), found by its name and keys. tests/unit/test_figures.py
+conversion.json, a DynamicGate-MLP curve, the routing study's per_layer.json and
+expert_importance.json), found by its name and keys. tests/unit/test_figures.py
 checks the same figures.
 """
 from __future__ import annotations
@@ -57,6 +58,13 @@ def _curve(path, data):
     return [(path.with_suffix(".png"), lambda: dgmlp_curve.plot(data["points"], data["dataset"]))]
 
 
+def _routing_study(path, data):
+    from experiments import routing_study
+    draw = {"per_layer.json": routing_study.plot_layers,
+            "expert_importance.json": routing_study.plot_experts}[path.name]
+    return [(path.with_suffix(".png"), lambda: draw(data))]
+
+
 # (how the data file is recognised, what draws its figures)
 KINDS = (
     (lambda p, d: p.name == "results.json" and "conditions" in d, _audit),
@@ -65,6 +73,8 @@ KINDS = (
     (lambda p, d: p.name == "skipping.json", _skipping),
     (lambda p, d: p.name == "conversion.json", _conversion),
     (lambda p, d: p.name.endswith("_curve.json") and "points" in d, _curve),
+    (lambda p, d: p.parent.name == "routing_study" and p.name in (
+        "per_layer.json", "expert_importance.json"), _routing_study),
 )
 
 
