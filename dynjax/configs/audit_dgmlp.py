@@ -1,6 +1,6 @@
 """Frozen-Controller Audit of DynamicGate-MLP classifiers (train.py runs of configs/dgmlp_*.py).
 
-    python audit.py --config=configs/audit_dgmlp.py --out=results/dgmlp/audit_mnist_dgate \
+    python audit.py --config=configs/audit_dgmlp.py --out=results/dgmlp/audit_mnist_dgate \\
         --checkpoints runs/curve_mnist/dgate_l0.5 runs/mnist_dgate_s1 runs/mnist_dgate_s2
 
 A window is one labelled example and the loss its cross-entropy. The unit gates have no

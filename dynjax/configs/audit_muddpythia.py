@@ -1,7 +1,7 @@
 """Frozen-Controller Audit of the public MUDDPythia-1.4B checkpoint (the paper's external control).
 
-    python audit.py --config=configs/audit_muddpythia.py --muddpythia=/path/to/MUDDPythia-1.4B \
-        --config.data.validation_path=/path/to/wikitext-103-raw/wiki.valid.raw \
+    python audit.py --config=configs/audit_muddpythia.py --muddpythia=/path/to/MUDDPythia-1.4B \\
+        --config.data.validation_path=/path/to/wikitext-103-raw/wiki.valid.raw \\
         --config.data.test_path=/path/to/wikitext-103-raw/wiki.test.raw --out=runs/audit_mudd
 
 configs/audit_tiny.py's protocol on 512 + 512 windows of WikiText-103 (needs ``pip install

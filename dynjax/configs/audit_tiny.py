@@ -1,9 +1,8 @@
 """Frozen-Controller Audit of tiny dynjax runs (the paper's protocol at CPU scale).
 
-    python train.py --config=configs/tiny.py:feature_gate --workdir=runs/fg_s0 --config.seed=0
-    python train.py --config=configs/tiny.py:feature_gate --workdir=runs/fg_s1 --config.seed=1
-    python train.py --config=configs/tiny.py:feature_gate --workdir=runs/fg_s2 --config.seed=2
-    python audit.py --config=configs/audit_tiny.py --out=runs/audit_fg \
+    for s in 0 1 2; do python train.py --config=configs/tiny.py:feature_gate \\
+        --workdir=runs/fg_s$s --config.seed=$s; done
+    python audit.py --config=configs/audit_tiny.py --out=runs/audit_fg \\
         --checkpoints runs/fg_s0 runs/fg_s1 runs/fg_s2
 
 Every condition on 64 + 64 windows (20 paired reassignments), each run directory one unit

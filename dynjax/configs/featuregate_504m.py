@@ -1,6 +1,6 @@
 """The paper's 504M extension (40 layers, d=1024, 16 heads).
 
-    python train.py --config=configs/featuregate_504m.py:feature_gate --workdir=runs/fg504m_s0 \
+    python train.py --config=configs/featuregate_504m.py:feature_gate --workdir=runs/fg504m_s0 \\
         --config.data.source=tfds --config.data.tfds_name=lm1b --config.data.data_dir=DIR
 
 Variants as in featuregate_76m (fixed_depth15 included). On a pod, shard the weights too:

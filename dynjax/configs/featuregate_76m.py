@@ -1,6 +1,6 @@
 """The paper's 76M byte-level model (24 layers, d=512, 8 heads; 75.9M parameters).
 
-    python train.py --config=configs/featuregate_76m.py:feature_gate --workdir=runs/fg76m_s0 \
+    python train.py --config=configs/featuregate_76m.py:feature_gate --workdir=runs/fg76m_s0 \\
         --config.data.source=tfds --config.data.tfds_name=lm1b --config.data.data_dir=DIR
 
 Variants: dense, uniform, layer_static, feature_gate, fixed_depth15 (the FixedDepth15

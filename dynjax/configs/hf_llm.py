@@ -1,9 +1,9 @@
 """Real production LLM configs (their published config.json's architecture fields, copied in
 dynjax/loaders/hf_architectures.py) as training configs for the memory plan.
 
-    python plan.py --config=configs/hf_llm.py:olmoe_1b_7b --mesh=data=1,fsdp=8,tensor=8 \
+    python plan.py --config=configs/hf_llm.py:olmoe_1b_7b --mesh=data=1,fsdp=8,tensor=8 \\
         --preset=ep --out=results/plan_hf/olmoe_1b_7b.json    # also qwen3_30b_a3b, mixtral_8x7b
-    python -m dynjax.programs.plan --config=dynjax:hf_llm:deepseek_v4_flash \
+    python -m dynjax.programs.plan --config=dynjax:hf_llm:deepseek_v4_flash \\
         --mesh=data=1,fsdp=32,tensor=8 --preset=ep    # also deepseek_v32 (docs/hf.md)
 
 bfloat16 with remat; ``ep`` puts the experts on the tensor axis; batch 64 of 2048 tokens.

@@ -1,15 +1,12 @@
 """A dense Hugging Face Llama / Qwen3 (or an ``llm`` run) continued as MoE, MoD, or as itself.
 
-    python train.py --config=configs/llm_convert.py:moe --workdir=runs/llama_moe \
+    python train.py --config=configs/llm_convert.py:moe --workdir=runs/llama_moe \\
         --config.train.init_from=path/to/Llama-3.2-1B             # sparse upcycling
-    python train.py --config=configs/llm_convert.py:mod --workdir=runs/llama_mod \
+    python train.py --config=configs/llm_convert.py:mod --workdir=runs/llama_mod \\
         --config.train.init_from=path/to/Llama-3.2-1B             # Mixture-of-Depths
-    python train.py --config=configs/llm_convert.py:dense --workdir=runs/llama_more \
-        --config.train.init_from=path/to/Llama-3.2-1B             # plain continuation
 
-The architecture comes from the source's config.json; ``moe``: 8 copies of each dense MLP,
-top-2; ``mod``: layers 1, 3, 5, ... MoD (c = 0.125). Data is bytes (the loss jump at step 0
-says what that costs); the tiny fixture ``tests/data/hf/llama`` runs on a CPU in a minute.
+The architecture is the source's config.json; ``moe``: 8 copies of each MLP, top-2; ``mod``:
+layers 1, 3, 5, ... MoD (c = 0.125); ``dense``: itself; byte data (the step-0 loss jump says what it costs).
 Depth: docs/conversion.md#the-config-dynjaxconfigsllm_convertpy
 """
 import ml_collections

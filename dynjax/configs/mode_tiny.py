@@ -2,13 +2,12 @@
 
     python train.py --config=configs/mode_tiny.py:mode_staged --workdir=runs/mode_staged_tiny
     python train.py --config=configs/mode_tiny.py:mode_integrated --workdir=runs/mode_integrated_tiny
-    python audit.py --config=configs/audit_tiny.py --out=runs/audit_mode_staged \
+    python audit.py --config=configs/audit_tiny.py --out=runs/audit_mode_staged \\
         --checkpoints runs/mode_staged_tiny
 
 configs/mod_tiny.py's size and training with 4 experts, top-1, capacity factor 1.25:
 ``mode_staged`` (MoD blocks whose FFN is the MoE), ``mode_integrated`` (a no-op fifth
-expert). ``--config.model.moe_dispatch=dropless``: nothing dropped.
-Depth: docs/models.md#the-tiny-mode-config-dynjaxconfigsmode_tinypy
+expert). ``--config.model.moe_dispatch=dropless``: nothing dropped. Depth: docs/models.md#the-tiny-mode-config-dynjaxconfigsmode_tinypy
 """
 from dynjax.configs import mod_tiny
 

@@ -1,14 +1,13 @@
 """The execution scorecard's settings: a quick audit, the timing, and every verdict threshold.
 
     python scorecard.py --config=configs/scorecard.py --out=DIR RUN_DIR [RUN_DIR ...]
-    python scorecard.py --out=DIR --muddpythia=HF_DIR --config.audit.data.seq_len=512 \
+    python scorecard.py --out=DIR --muddpythia=HF_DIR --config.audit.data.seq_len=512 \\
         --config.audit.data.validation_path=VALID.txt --config.audit.data.test_path=TEST.txt
 
 Thresholds, fixed before looking at results: "varies" (``varies_min_input_share`` of the
 variance left after the static profile), "function depends on it" (a ΔNLL CI above
 ``depends_min_dnll``), "executes less" (FLOP and latency ratios against the same-size dense
-model at most ``executes_less_max_ratio``). Classifier runs: ``classifier_*`` fields.
-Depth: docs/audit.md#the-scorecard-config-and-its-thresholds-dynjaxconfigsscorecardpy
+model at most ``executes_less_max_ratio``). Classifier runs: ``classifier_*``. Depth: docs/audit.md#the-scorecard-config-and-its-thresholds-dynjaxconfigsscorecardpy
 """
 import ml_collections
 

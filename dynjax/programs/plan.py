@@ -1,14 +1,13 @@
 """Memory plan: what one device holds to train a config on a mesh, before anything runs.
 
-    dynjax-plan --config=dynjax:featuregate_76m:feature_gate --mesh=data=8,fsdp=4 \
+    dynjax-plan --config=dynjax:featuregate_76m:feature_gate --mesh=data=8,fsdp=4 \\
         --preset=fsdp [--device-memory=16GiB] [--out=FILE.json]
     python plan.py --config=configs/featuregate_76m.py:feature_gate ...   # from a checkout
 
 Per device: the parameters, the optimizer state and the gradients (shapes only, split as
 the rules preset says), the activations kept for the backward pass with and without
 rematerialisation, the batch; then whether the total fits each common chip (or
-``--device-memory``). Nothing is allocated. Library: ``dynjax.train.memory_plan``
-(``python -m dynjax.programs.plan`` is the same program); docs/multihost.md.
+``--device-memory``). Nothing is allocated. Library: ``dynjax.train.memory_plan``; docs/multihost.md.
 """
 import sys
 

@@ -69,3 +69,22 @@ def test_the_pointer_check_sees_a_missing_heading():
                      "d.py": "Depth: results/routing_study/README.md#nothing"}) == \
         [("b.py", "docs/moe.md#no-such-heading"), ("c.py", "docs/nowhere.md#x"),
          ("d.py", "results/routing_study/README.md#nothing")]
+
+
+def joined_lines(source: str) -> list:
+    """Line numbers of a (non-raw) module docstring's lines that end in one backslash: Python
+    joins them to the next, so a command shown as two lines reads as one padded line."""
+    body = ast.parse(source).body
+    if not body or not isinstance(getattr(body[0], "value", None), ast.Constant):
+        return []
+    lines = source.split("\n")[body[0].lineno - 1:body[0].end_lineno]
+    if lines[0].lstrip().startswith(("r'", 'r"')):
+        return []
+    return [body[0].lineno + i for i, line in enumerate(lines) if re.search(r"(?<!\\)\\$", line)]
+
+
+def test_commands_continued_in_a_docstring_keep_their_backslash():
+    assert {str(p.relative_to(ROOT)): joined_lines(p.read_text())
+            for p in sorted(ROOT.rglob("*.py")) if joined_lines(p.read_text())} == {}
+    assert joined_lines('"""Run\n    a \\\n    b\n"""\n') == [2]
+    assert joined_lines('"""Run\n    a \\\\\n    b\n"""\n') == []
