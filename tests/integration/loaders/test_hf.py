@@ -41,6 +41,16 @@ def loaded(arch):
     return _LOADED[arch]
 
 
+def assert_greedy_is_the_forwards_argmax(apply, params, gen, ids, prompt=6):
+    """Each token ``generate`` appended to the ``prompt`` is the forward's argmax at the
+    position before it. The forward runs on ``gen`` followed by the rest of the fixture's
+    ``ids`` (causal: they change nothing before them), the shape loaded() compiled."""
+    n = gen.shape[1]
+    again, _ = apply(params, np.concatenate([gen, ids[:, n:]], 1))
+    np.testing.assert_array_equal(np.argmax(np.asarray(again)[:, prompt - 1:n - 1], -1),
+                                  gen[:, prompt:])
+
+
 def test_fixtures_are_small_and_mixtral_is_sharded():
     # 9.09 MB: 8.3 with qwen3_next, qwen3_5_moe (0.5, 0.6 MB), then qwen3_5 (0.5 MB),
     # deepseek_v4_fp4 (0.2 MB) and the V4 / V3.2 / GLM-5 tokenizers (2.5 kB each)
@@ -230,9 +240,9 @@ def test_plan_takes_a_port_with_expert_parallelism():
 
 # ---------------------------------------------------------------------------- dispatch
 
-def _with_dispatch(model, name):
+def _with_dispatch(cfg, name):
     import dataclasses
-    return build(dict(dataclasses.asdict(model.cfg), family="llm", moe_dispatch=name))
+    return build(dict(dataclasses.asdict(cfg), family="llm", moe_dispatch=name))
 
 
 def test_dropless_is_the_default_and_has_no_tokens_by_experts_intermediate():
@@ -248,9 +258,11 @@ def test_dropless_is_the_default_and_has_no_tokens_by_experts_intermediate():
     cfg = dataclasses.replace(loaded("qwen2_moe")[0].cfg, num_experts=32, top_k=2,
                               moe_intermediate_size=64, attn_block=32)
     assert cfg.moe_dispatch == "dropless"
-    params = llm.init(cfg, jax.random.key(0))
+    # shapes only: the programs are compiled, never run (an eager init compiled each
+    # random draw on its own)
+    params = jax.eval_shape(lambda k: llm.init(cfg, k), jax.random.key(0))
     n, E, F = 512, cfg.num_experts, cfg.moe_intermediate_size
-    tokens = jnp.zeros((1, n), jnp.int32)
+    tokens = jax.ShapeDtypeStruct((1, n), jnp.int32)
     largest = {}
     for name, c in (("default", cfg), ("dense", dataclasses.replace(cfg, moe_dispatch="dense"))):
         m = build(dict(dataclasses.asdict(c), family="llm"))
@@ -268,16 +280,16 @@ def test_dropless_equals_dense_in_gradients_and_vmapped_replay(arch):
     every parameter's gradient, and a vmapped replay of two reassigned router scores (the
     audit's form: one program over reassignments)."""
     model, params, ref, _, (_, coeffs) = loaded(arch)
-    ids = ref["input_ids"]
-    probe = jax.random.normal(jax.random.key(0), (*ids.shape, model.cfg.vocab_size))
+    cfg, ids = model.cfg, ref["input_ids"]
+    probe = jax.random.normal(jax.random.key(0), (*ids.shape, cfg.vocab_size))
     stack = jax.tree.map(lambda a: jnp.stack([a[:, ::-1], jnp.roll(a, 3, axis=2)]), coeffs)
     out = {}
     for name in ("dropless", "dense"):
-        m = _with_dispatch(model, name)
+        m = _with_dispatch(cfg, name)
         loss = lambda p, m=m: jnp.sum(m.apply(p, ids)[0] * probe)
-        replay = jax.vmap(lambda c, m=m: m.apply(params, ids, c)[0])
+        replay = jax.vmap(lambda c, p, m=m: m.apply(p, ids, c)[0], in_axes=(0, None))
         out[name] = jax.jit(lambda p, c, loss=loss, replay=replay: (
-            jax.value_and_grad(loss)(p), replay(c)))(params, stack)
+            jax.value_and_grad(loss)(p), replay(c, p)))(params, stack)
     (loss, grads), replayed = out["dropless"]
     (want_loss, want_grads), want_replayed = out["dense"]
     chex.assert_trees_all_close((loss, replayed), (want_loss, want_replayed), rtol=1e-5,
@@ -480,5 +492,4 @@ def test_decoding_equals_the_forward(arch):
     np.testing.assert_allclose(np.asarray(cached), want, atol=2e-5, rtol=0)
     gen = np.asarray(gen)
     np.testing.assert_array_equal(gen[:, :6], ids[:, :6])
-    again, _ = apply(params, gen)
-    np.testing.assert_array_equal(np.argmax(np.asarray(again)[:, 5:-1], -1), gen[:, 6:])
+    assert_greedy_is_the_forwards_argmax(apply, params, gen, ref["input_ids"])

@@ -16,7 +16,7 @@ from dynjax import coeffs as coeffs_lib
 from dynjax.errors import ConfigError
 from dynjax.loaders import hf
 from dynjax.models import llm
-from tests.integration.loaders.test_hf import DATA, loaded
+from tests.integration.loaders.test_hf import DATA, assert_greedy_is_the_forwards_argmax, loaded
 
 LOGIT_TOL = 2e-5   # float32 max |dlogit| 1.01e-5 (results/hf_parity.json)
 
@@ -89,8 +89,7 @@ def test_decoding_equals_the_forward():
     np.testing.assert_allclose(stepped, np.asarray(logits)[:, :14], atol=2e-5, rtol=0)
     gen = np.asarray(jax.jit(lambda p, t: decoding.generate(cfg, p, t, 6))(params, ids[:, :6]))
     np.testing.assert_array_equal(gen[:, :6], ref["input_ids"][:, :6])
-    again, _ = apply(params, gen)
-    np.testing.assert_array_equal(np.argmax(np.asarray(again)[:, 5:-1], -1), gen[:, 6:])
+    assert_greedy_is_the_forwards_argmax(apply, params, gen, ref["input_ids"])
 
 
 def test_wrapper_towers_are_skipped_by_name():

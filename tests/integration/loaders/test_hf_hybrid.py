@@ -18,7 +18,8 @@ import pytest
 
 from dynjax import coeffs as coeffs_lib
 from dynjax.loaders import hf
-from tests.integration.loaders.test_hf import loaded   # (model, params, reference, jitted apply, record)
+# loaded(arch): (model, params, reference, jitted apply, record)
+from tests.integration.loaders.test_hf import assert_greedy_is_the_forwards_argmax, loaded
 
 DATA = pathlib.Path(__file__).parents[3] / "tests" / "data" / "hf"
 ARCHS = ("qwen3_next", "qwen3_5_moe", "qwen3_5")
@@ -122,8 +123,7 @@ def test_decoding_equals_the_forward(arch):
     np.testing.assert_allclose(stepped, np.asarray(logits)[:, :12], atol=5e-5, rtol=0)
     gen = np.asarray(gen)
     np.testing.assert_array_equal(gen[:, :6], ref["input_ids"][:, :6])
-    again, _ = apply(params, gen)
-    np.testing.assert_array_equal(np.argmax(np.asarray(again)[:, 5:-1], -1), gen[:, 6:])
+    assert_greedy_is_the_forwards_argmax(apply, params, gen, ref["input_ids"])
 
 
 def test_wrapper_tensors_are_skipped_by_name():
