@@ -8,7 +8,9 @@ and refused, and the router rule's reasons: docs/conversion.md.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Callable
 
 import flax.linen as nn
 import jax
@@ -21,7 +23,6 @@ from dynjax.models import llm
 from dynjax.models import mod as mod_lib
 from dynjax.models.transformer import Block, Embed, window_positions
 
-FAMILIES = ("gates", "mod", "moe", "llm")    # the families a block list reads
 REFUSED = {"mudd": "its blocks read every earlier layer's output (cross-layer mixing)",
            "gated_mlp": "a classifier: no decoder blocks",
            "muddpythia": "a reference port with its own parameter names",
@@ -49,10 +50,19 @@ def block_sites(cfg, params) -> dict:
     ``mlp/up/kernel``, ``moe/wi``, ``router/proj/kernel``; llm: ``attn/q``, ``mlp/gate``,
     ``moe/experts/gate``), ``index`` the position along a scanned stack's leading axis (None
     when unrolled)."""
-    if cfg.family == "llm":     # one dict per layer already: layers[i] is block i
-        return {(path[1], path[2:]) if path[0] == "layers" else (None, path): (path, None)
-                for path in _flat(params)}
-    per_unit = len(mod_lib.layout(cfg)[1]) if cfg.family == "mod" else 1
+    return FAMILIES[cfg.family].sites(cfg, params)
+
+
+def _llm_sites(cfg, params) -> dict:
+    """One dict per layer already: layers[i] is block i."""
+    return {(path[1], path[2:]) if path[0] == "layers" else (None, path): (path, None)
+            for path in _flat(params)}
+
+
+def _core_sites(cfg, params, sub_blocks: bool = False) -> dict:
+    """The core's layer stacks (scanned or unrolled); ``sub_blocks``: a layer unit holds
+    several blocks (MoD's ``sub_0``, ``sub_1``, ...)."""
+    per_unit = len(mod_lib.layout(cfg)[1]) if sub_blocks else 1
     out = {}
     for path, leaf in _flat(params).items():
         if path[0] != "layers":
@@ -64,7 +74,7 @@ def block_sites(cfg, params) -> dict:
             units = [(int(path[1].removeprefix("layer_")), path[2:], None)]
         for u, rest, index in units:
             j = 0
-            if cfg.family == "mod":
+            if sub_blocks:
                 j, rest = int(rest[0].removeprefix("sub_")), rest[1:]
             if rest[0] == "block":          # gates, mod: the core Block's own parameters
                 rest = rest[1:]
@@ -93,17 +103,24 @@ def upcycled_from(cfg, path: tuple):
     """``(which matrix, the block's dense MLP path)`` an expert stack is copied from, or None:
     core ``moe/wi`` <- ``mlp/up/kernel``, ``moe/wo`` <- ``mlp/down/kernel``; llm
     ``moe/experts/NAME`` <- ``mlp/NAME`` (gate, up, down of the SwiGLU)."""
-    if cfg.family == "llm":
-        if path[:2] == ("moe", "experts") and path[2] in LLM_MLP:
-            return LLM_MLP.index(path[2]), ("mlp", path[2])
-    elif path[0] == "moe" and path[-1] in MLP_OF:
+    return FAMILIES[cfg.family].upcycled_from(path)
+
+
+def _llm_upcycled(path: tuple):
+    if path[:2] == ("moe", "experts") and path[2] in LLM_MLP:
+        return LLM_MLP.index(path[2]), ("mlp", path[2])
+    return None
+
+
+def _core_upcycled(path: tuple):
+    if path[0] == "moe" and path[-1] in MLP_OF:
         return list(MLP_OF).index(path[-1]), MLP_OF[path[-1]]
     return None
 
 
 def architecture(cfg) -> tuple:
     """The config fields a conversion keeps: they must equal the source's."""
-    return llm.ARCHITECTURE if cfg.family == "llm" else CORE
+    return FAMILIES[cfg.family].architecture
 
 
 # ------------------------------------------------------------------------ the router rule
@@ -114,29 +131,54 @@ def dense_steps(cfg, values: dict, seq_len: int, batch_size: int):
     (attention then MLP), jitted for (batch_size, seq_len) windows."""
     trees = [traverse_util.unflatten_dict({p: v for (b, p), v in values.items() if b == i})
              for i in range(cfg.n_layers)]
-    if cfg.family == "llm":
-        positions = llm.positions_at(cfg, jnp.broadcast_to(jnp.arange(seq_len),
-                                                           (batch_size, seq_len)))
-        table = values[(None, ("embed",))]
-
-        def embed(e, t):
-            return jnp.take(e, t, axis=0).astype(cfg.compute_dtype)
-
-        def update(p, h):
-            a, m, _, _ = llm.attention_then_ffn(cfg, p, h, positions, None)
-            return a + m
-    else:
-        positions = window_positions(cfg, batch_size, seq_len)
-        table = {"embedding": values[(None, ("embed", "embedding"))]}
-
-        def embed(e, t):
-            return Embed(cfg).apply({"params": e}, t)
-
-        def update(p, h):
-            return Block(cfg).apply({"params": p}, h, positions)[0]
+    table, embed, update = FAMILIES[cfg.family].dense_forward(cfg, values, seq_len, batch_size)
     update = jax.jit(update)    # parameters are arguments: never constants of the program
     return (functools.partial(jax.jit(embed), table),
             [functools.partial(update, tree) for tree in trees])
+
+
+def _llm_forward(cfg, values: dict, seq_len: int, batch_size: int):
+    """(embedding table, embed(table, tokens), update(block params, h)) of an llm model."""
+    positions = llm.positions_at(cfg, jnp.broadcast_to(jnp.arange(seq_len),
+                                                       (batch_size, seq_len)))
+
+    def embed(e, t):
+        return jnp.take(e, t, axis=0).astype(cfg.compute_dtype)
+
+    def update(p, h):
+        a, m, _, _ = llm.attention_then_ffn(cfg, p, h, positions, None)
+        return a + m
+    return values[(None, ("embed",))], embed, update
+
+
+def _core_forward(cfg, values: dict, seq_len: int, batch_size: int):
+    """The same for the core's decoder blocks."""
+    positions = window_positions(cfg, batch_size, seq_len)
+
+    def embed(e, t):
+        return Embed(cfg).apply({"params": e}, t)
+
+    def update(p, h):
+        return Block(cfg).apply({"params": p}, h, positions)[0]
+    return {"embedding": values[(None, ("embed", "embedding"))]}, embed, update
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockView:
+    """How conversion reads one family's parameters as a list of blocks."""
+    sites: Callable          # (cfg, params) -> block_sites
+    upcycled_from: Callable  # block path -> (which matrix, dense MLP path) | None
+    architecture: tuple      # config fields that must equal the source's
+    dense_forward: Callable  # (cfg, values, seq_len, batch) -> (table, embed, update)
+    hf: bool = False         # Hugging Face layouts (llm): convert among themselves only
+
+
+_CORE = BlockView(_core_sites, _core_upcycled, CORE, _core_forward)
+FAMILIES = {   # the families a block list reads (others: REFUSED)
+    "gates": _CORE,
+    "mod": dataclasses.replace(_CORE, sites=functools.partial(_core_sites, sub_blocks=True)),
+    "moe": _CORE,
+    "llm": BlockView(_llm_sites, _llm_upcycled, llm.ARCHITECTURE, _llm_forward, hf=True)}
 
 
 def dense_trace(embed, blocks: list, windows: np.ndarray, batch_size: int = 16):
@@ -217,8 +259,9 @@ def plan(src_cfg, src_params, cfg, params) -> dict:
         if getattr(c, "family", None) not in FAMILIES:
             raise ConfigError(f"train.init_from converts among the {', '.join(FAMILIES)} "
                               f"families; the {what} is {getattr(c, 'family', type(c).__name__)!r}")
-    if (src_cfg.family == "llm") != (cfg.family == "llm"):
-        source = f"llm/{src_cfg.model_type}" if src_cfg.family == "llm" else src_cfg.family
+    if FAMILIES[src_cfg.family].hf != FAMILIES[cfg.family].hf:
+        source = (f"{src_cfg.family}/{src_cfg.model_type}" if FAMILIES[src_cfg.family].hf
+                  else src_cfg.family)
         raise ConfigError(f"train.init_from: the source ({source}) cannot become a {cfg.family} "
                           "model: Hugging Face ports (and llm runs) convert into the llm family "
                           "(configs/llm_convert.py:moe|mod|dense), the byte-level core families "
