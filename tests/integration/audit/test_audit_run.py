@@ -254,17 +254,18 @@ def fg_run_seed1(tmp_path_factory):
     return str(workdir)
 
 
-def test_seeds_audited_apart_combine_to_the_joint_audit(fg_run, fg_run_seed1, tmp_path):
-    """Each seed audited as it finishes, then --combine: the same checkpoint-level numbers
-    (CIs, p-values, retention, verdicts, effects) as auditing both seeds in one run."""
+def test_seeds_audited_apart_combine_to_the_joint_audit(fg_run, fg_run_seed1, fg_audit,
+                                                        tmp_path):
+    """Each seed audited as it finishes (seed 0: fg_audit, audit.py's run with these
+    settings), then --combine: the same checkpoint-level numbers (CIs, p-values, retention,
+    verdicts, effects) as auditing both seeds in one run."""
     from dynjax.audit.report import to_jsonable
 
     cfg, quiet = small(audit_tiny.get_config()), (lambda *_: None)
     joint = to_jsonable(run.audit_from_config(cfg, [fg_run, fg_run_seed1], progress=False,
                                               log=quiet))
-    parts = [str(tmp_path / f"seed{i}") for i in range(2)]
-    for d, out in zip((fg_run, fg_run_seed1), parts):
-        run.audit_from_config(cfg, [d], out=out, progress=False, log=quiet)
+    parts = [fg_audit[1], str(tmp_path / "seed1")]
+    run.audit_from_config(cfg, [fg_run_seed1], out=parts[1], progress=False, log=quiet)
     run.combine_dirs(parts, out=str(tmp_path / "combined"))
     with open(tmp_path / "combined" / "results.json") as f:
         combined = json.load(f)
@@ -404,11 +405,13 @@ def test_static_mixing_is_replay_of_the_biases_without_the_da_mlps(mudd_audit):
 
     mcfg, params, _ = muddpythia_hf.load_hf_dir(mudd_audit[0])
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, mcfg.vocab_size, (2, T)), jnp.int32)
-    logits, used = muddpythia.apply_static_mixing(mcfg, params, tokens)
+    # each compiled as one program, as the audit and the scorecard run them (not op by op)
+    logits, used = jax.jit(muddpythia.apply_static_mixing, static_argnums=0)(mcfg, params,
+                                                                             tokens)
     for p, u in zip(params["layers"], used["mix"]):
         np.testing.assert_array_equal(np.asarray(u), np.broadcast_to(
             np.asarray(p["da"]["bias"], np.float32)[:, None, None, :], u.shape))
-    replayed, _ = muddpythia.apply(mcfg, params, tokens, used)
+    replayed, _ = jax.jit(muddpythia.apply, static_argnums=0)(mcfg, params, tokens, used)
     np.testing.assert_allclose(np.asarray(logits), np.asarray(replayed), rtol=1e-5, atol=1e-5)
 
     def matmuls(f):   # the dot_generals its program traces (two per DA MLP)
