@@ -202,10 +202,13 @@ def test_online_row_features_equal_blockwise():
     q, k, qp, kp = (jax.random.normal(key, (B, T, 2, 8)) for key in jax.random.split(
         jax.random.key(2), 4))
     pos = jnp.broadcast_to(jnp.arange(T), (B, T))
-    _, lse_prev, _ = causal_attention(qp, kp, kp, pos, pos)
+    # each form compiled as one program, as the models run it (not op by op)
+    _, lse_prev, _ = jax.jit(causal_attention)(qp, kp, kp, pos, pos)
     prev = (qp, kp, lse_prev)
-    _, lse, want = causal_attention(q, k, k, pos, pos, 8, gates.attention_row_features(prev))
-    got, got_lse = gates.online_row_features(q, k, pos, prev, block=8)
+    _, lse, want = jax.jit(lambda q, k, prev: causal_attention(
+        q, k, k, pos, pos, 8, gates.attention_row_features(prev)))(q, k, prev)
+    got, got_lse = jax.jit(lambda q, k, prev: gates.online_row_features(
+        q, k, pos, prev, block=8))(q, k, prev)
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
     np.testing.assert_allclose(got_lse, lse, atol=2e-5, rtol=1e-5)
 
