@@ -20,7 +20,9 @@ from dynjax.jsonio import atomic_write
 STYLE = {"font.size": 9, "axes.titlesize": 10, "figure.titlesize": 11, "axes.labelsize": 9,
          "xtick.labelsize": 8, "ytick.labelsize": 8, "legend.fontsize": 8,
          "legend.title_fontsize": 8, "svg.fonttype": "none", "pdf.fonttype": 42,
-         "ps.fonttype": 42}
+         "ps.fonttype": 42, "svg.hashsalt": "dynjax"}
+# No creation date in the vector files: a figure redrawn from the same data is the same bytes
+UNDATED = {"svg": {"Date": None}, "pdf": {"CreationDate": None}}
 TWINS = ("svg", "pdf")   # the vector files beside every PNG
 
 
@@ -39,7 +41,8 @@ def save(fig, path, dpi: int = 120) -> None:
     with matplotlib.rc_context(STYLE):
         atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=dpi))
         for ext in TWINS:
-            atomic_write(path.with_suffix(f".{ext}"), lambda f: fig.savefig(f, format=ext))
+            atomic_write(path.with_suffix(f".{ext}"),
+                         lambda f: fig.savefig(f, format=ext, metadata=UNDATED[ext]))
 
 
 def fit(ax, axis: str, values, margin: float = 0.05, include=()) -> None:

@@ -211,3 +211,19 @@ def test_execution_panel_draws_each_ratio_with_its_spread_over_rounds():
                    if isinstance(c, LineCollection) for seg in c.get_segments()
                    if seg[0, 0] != seg[1, 0])
     np.testing.assert_allclose(drawn, sorted(spans.values()), rtol=1e-12)
+
+
+def test_a_figure_saved_twice_is_the_same_bytes(tmp_path):
+    """No creation date or random ids in the vector twins: a figure redrawn from unchanged
+    data leaves its committed files unchanged (no diff without a change)."""
+    from dynjax.figures import save
+
+    def draw():
+        fig = Figure()
+        fig.add_subplot().errorbar([1.0, 2.0], [0, 1], xerr=0.1, fmt="o")
+        return fig
+    for d in "ab":
+        (tmp_path / d).mkdir()
+        save(draw(), tmp_path / d / "f.png")
+    for ext in ("png", "svg", "pdf"):
+        assert (tmp_path / "a" / f"f.{ext}").read_bytes() == (tmp_path / "b" / f"f.{ext}").read_bytes(), ext
