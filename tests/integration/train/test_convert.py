@@ -8,6 +8,7 @@ rule ranks tokens by their update's size (not ties); a mismatched source is one 
 source is recorded; a resumed converted run is bitwise the uninterrupted one and never
 converts again.
 """
+import functools
 import os
 import shutil
 import subprocess
@@ -97,8 +98,13 @@ def test_upcycle_noise_perturbs_experts_apart(dense, windows):
 
 
 def _mod_reference(cfg, params, tokens):
-    """h + sigmoid(w.h) * F(h) in each MoD block, h + F(h) elsewhere, from the block trees."""
-    trees, embed, head = _blocks(cfg, params)
+    """h + sigmoid(w.h) * F(h) in each MoD block, h + F(h) elsewhere, from the block trees
+    (one compiled program: op by op, each of its ops compiled on its own)."""
+    return jax.jit(functools.partial(_mod_forward, cfg))(_blocks(cfg, params), tokens)
+
+
+def _mod_forward(cfg, blocks, tokens):
+    trees, embed, head = blocks
     positions = window_positions(cfg, *tokens.shape)
     h = Embed(cfg).apply({"params": embed}, tokens)
     for b, tree in enumerate(trees):
@@ -121,8 +127,8 @@ def test_mod_with_every_token_entering_is_dense_up_to_the_router_weight(dense, w
     reference = _mod_reference(model.cfg, params, tokens)
     chex.assert_trees_all_close(logits, reference, atol=2e-5, rtol=2e-5)
     raw = build(model.cfg.replace(mod_router_weight="raw"))
-    _, coeffs = jax.jit(raw.apply)(params, tokens)
-    ones = jax.tree.map(jnp.ones_like, coeffs)
+    coeffs = jax.eval_shape(raw.apply, params, tokens)[1]   # the scores' shapes: all ones
+    ones = jax.tree.map(lambda c: jnp.ones(c.shape, c.dtype), coeffs)
     dense_logits = _forward(*dense, tokens)
     chex.assert_trees_all_close(_forward(raw, params, tokens, ones), dense_logits,
                                 atol=2e-5, rtol=2e-5)
@@ -188,8 +194,9 @@ def test_router_target_puts_a_fraction_c_above_zero():
 ])
 def test_a_mismatched_source_is_refused_naming_each_parameter(dense, windows, family, variant,
                                                               overrides, message):
+    """Refused from the shapes alone (convert.plan), so the target's init is its shapes."""
     model = _model(family, variant, **overrides)
-    init = model.init(jax.random.key(2), jnp.zeros((1, T), jnp.int32))
+    init = jax.eval_shape(model.init, jax.random.key(2), jnp.zeros((1, T), jnp.int32))
     with pytest.raises(ConfigError, match=message):
         convert.convert(dense[0].cfg, dense[1], model.cfg, init, windows=windows)
 
@@ -241,16 +248,17 @@ def test_run_records_its_source_and_the_loss_jump(source_run, converted_straight
 
 def test_resume_after_conversion_is_bitwise_and_does_not_convert_again(
         source_run, converted_straight, tmp_path):
-    """Stopped at step 3 and resumed with the source moved away: the same bits as the
+    """Stopped after its step-3 checkpoint (the uninterrupted run cut back to it: killed
+    before the step-6 save) and resumed with the source moved away: the same bits as the
     uninterrupted run (a resume that converted again would restart from the source)."""
     run = tmp_path / "run"
-    loop.train(_target(source_run, 3), str(run), progress=False)
+    shutil.copytree(converted_straight, run)
+    shutil.rmtree(run / "checkpoints" / "6")
+    (run / rundir.EVAL).unlink()
     moved = tmp_path / "elsewhere"
     shutil.move(str(source_run), moved)
     try:
-        longer = _target(source_run, 6)
-        longer.train.allow_changes = True          # train.steps 3 -> 6 (config_history.jsonl)
-        loop.train(longer, str(run), progress=False)
+        loop.train(_target(source_run, 6), str(run), progress=False)
     finally:
         shutil.move(str(moved), source_run)
     chex.assert_trees_all_equal(rundir.load(run).params, rundir.load(converted_straight).params)
