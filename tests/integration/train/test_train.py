@@ -348,29 +348,43 @@ def test_audit_names_a_damaged_checkpoint(straight_run, tmp_path):
     assert f"re-run its train.py command with --workdir={run}" in out.stderr
 
 
-def test_each_step_trains_on_its_own_batch(straight_run):
-    """The loop feeds step s the batch of (seed, s): its checkpoint at step 3 equals three
-    hand-made steps on batches 0, 1, 2, and not three steps on one batch (a loop reusing a
-    batch, or skipping one, would still resume bitwise; this catches it)."""
+@pytest.fixture(scope="module")
+def hand_steps():
+    """straight_run's steps made by hand (lm.make_train_step, jitted once): from the seed's
+    state on the batches of (seed, s) for s = 0..5, the params after the first three and each
+    step's loss, and the params after three steps on batch 0."""
     from dynjax.data import text as text_data
 
-    run, _ = straight_run
     config = tiny_config("feature_gate")
     model = build(config.model.to_dict())
     step_fn = jax.jit(lm.make_train_step(model, optim.make_optimizer(config.train)))
     split = text_data.load_splits(config.data.source)["train"]
+    batch = lambda s: text_data.train_batch(split, config.data.seq_len,  # noqa: E731
+                                            config.train.batch_size, config.seed, s)
+    fresh = lambda: lm.init_state(config, model, jax.random.key(config.seed))  # noqa: E731
+    state, losses, params = fresh(), [], {}
+    for s in range(6):
+        state, m = step_fn(state, batch(s))
+        losses.append(float(m["loss"]))
+        if s == 2:
+            params[0, 1, 2] = state["params"]
+    state = fresh()
+    for s in (0, 0, 0):
+        state, _ = step_fn(state, batch(s))
+    params[0, 0, 0] = state["params"]
+    return params, losses
 
-    def params_after(steps):
-        state = lm.init_state(config, model, jax.random.key(config.seed))
-        for s in steps:
-            state, _ = step_fn(state, text_data.train_batch(
-                split, config.data.seq_len, config.train.batch_size, config.seed, s))
-        return state["params"]
 
+def test_each_step_trains_on_its_own_batch(straight_run, hand_steps):
+    """The loop feeds step s the batch of (seed, s): its checkpoint at step 3 equals three
+    hand-made steps on batches 0, 1, 2, and not three steps on one batch (a loop reusing a
+    batch, or skipping one, would still resume bitwise; this catches it)."""
+    run, _ = straight_run
+    params_after, _ = hand_steps
     trained = rundir.load(run, step=3).params
-    chex.assert_trees_all_equal(params_after([0, 1, 2]), trained)
+    chex.assert_trees_all_equal(params_after[0, 1, 2], trained)
     with pytest.raises(AssertionError):
-        chex.assert_trees_all_close(params_after([0, 0, 0]), trained, rtol=1e-4, atol=1e-6)
+        chex.assert_trees_all_close(params_after[0, 0, 0], trained, rtol=1e-4, atol=1e-6)
 
 
 def test_evaluation_averages_the_real_windows_not_the_padding():
@@ -388,12 +402,11 @@ def test_evaluation_averages_the_real_windows_not_the_padding():
                                rtol=1e-6)
 
 
-def test_a_log_file_gets_one_line_per_log_step_with_the_interval_mean(straight_run):
+def test_a_log_file_gets_one_line_per_log_step_with_the_interval_mean(straight_run,
+                                                                      hand_steps):
     """stderr not a terminal: one line per log step (no bar), whose loss is the record's,
     the mean of the interval's per-step losses (recomputed here by hand-made steps; before,
     train/loss was the log step's batch alone)."""
-    from dynjax.data import text as text_data
-
     run, _ = straight_run
     records = [r for r in read_jsonl(run / "metrics.jsonl") if "split" not in r]
     steps = [line for line in LOG if line.startswith("step ")]
@@ -406,15 +419,7 @@ def test_a_log_file_gets_one_line_per_log_step_with_the_interval_mean(straight_r
         assert parts[3].endswith(" s/step") and parts[4].endswith(" tok/s") and \
             parts[5].startswith("eta ")
         assert r["tokens_per_s"] > 0
-    config = tiny_config("feature_gate")
-    model = build(config.model.to_dict())
-    step_fn = jax.jit(lm.make_train_step(model, optim.make_optimizer(config.train)))
-    split = text_data.load_splits(config.data.source)["train"]
-    state, losses = lm.init_state(config, model, jax.random.key(config.seed)), []
-    for s in range(6):
-        state, m = step_fn(state, text_data.train_batch(
-            split, config.data.seq_len, config.train.batch_size, config.seed, s))
-        losses.append(float(m["loss"]))
+    _, losses = hand_steps
     np.testing.assert_allclose([r["loss"] for r in records],
                                [np.mean(losses[i:i + 2]) for i in (0, 2, 4)], rtol=1e-6)
     np.testing.assert_allclose([r["bpb"] for r in records],
