@@ -20,7 +20,7 @@
 # under remat (remat_save_dots). The audit step reads the
 # embedded corpus: carry .data/embedded_v1 and the two archives in .data/.
 # `bash scripts/gpu_checks.sh moe_dispatch` runs the dropless MoE checks alone (issue 27, ~4 min):
-# tests/unit/models/test_dispatch.py on the GPU (there the default grouped matmul is jax.lax.ragged_dot),
+# tests/unit/models/test_dispatch.py and its sweep on the GPU (there the default grouped matmul is jax.lax.ragged_dot),
 # then benchmarks/moe_dispatch.py at d=1024, d_ff=2048, E = 8, 64, 128, 4k-64k tokens.
 # `bash scripts/gpu_checks.sh hf` runs the Hugging Face ports alone (~6 min at most): parity of
 # the committed fixtures on the GPU (scripts/make_hf_fixtures.py --check, no torch needed),
@@ -79,11 +79,13 @@ step() {  # step SECONDS NAME CMD...: run with a limit (cut to the budget left),
   timeout "$limit" "$@" >>"$OUT/log.txt" 2>&1
   echo "=== $name: exit $? in $((SECONDS - t0)) s" | tee -a "$OUT/log.txt"
 }
-step 150 pytest_contract "$PY" -m pytest -q -p no:cacheprovider tests/unit/models/test_gates.py -k "replay or causality or dense_equals"
+step 150 pytest_contract "$PY" -m pytest -q -p no:cacheprovider tests/unit/models/test_gates.py tests/integration/models/test_gates_sweep.py -k "replay or causality or dense_equals"
 step 240 pytest_families "$PY" -m pytest -q -p no:cacheprovider tests/unit/models/test_mod.py tests/unit/models/test_moe.py \
   tests/unit/models/test_mode.py tests/unit/models/test_mudd.py tests/unit/models/test_gated_mlp.py tests/unit/loaders/test_muddpythia.py \
-  tests/unit/decoding/test_decoding.py -k "replay or bitwise or kv_cache or parity or reference or decoding"
-step 120 moe_dispatch_tests "$PY" -m pytest -q -p no:cacheprovider tests/unit/models/test_dispatch.py
+  tests/unit/decoding/test_decoding.py tests/integration/models/test_mudd_sweep.py \
+  tests/integration/decoding/test_decoding_sweep.py -k "replay or bitwise or kv_cache or parity or reference or decoding"
+step 120 moe_dispatch_tests "$PY" -m pytest -q -p no:cacheprovider tests/unit/models/test_dispatch.py \
+  tests/integration/models/test_dispatch_sweep.py
 step 240 moe_dispatch "$PY" benchmarks/moe_dispatch.py --experts 8 64 128 --top-k 1 2 8 \
   --tokens 4096 16384 65536 --memory-tokens 4096 16384 65536 --seq-len 2048 --d-model 1024 \
   --d-ff 2048 --repeats 9 --max-onehot-elems 2e9 --out "$OUT/moe_dispatch_gpu.json"

@@ -31,12 +31,14 @@ def leaves(c):
 
 
 def test_derangement_no_fixed_point_and_permutation():
+    draws = jax.jit(lambda keys, n: jax.vmap(lambda k: iv.derangement(k, n))(keys),
+                    static_argnums=1)           # one program per n, not the draws op by op
     for n in (2, 3, 5, 17):
-        d = np.asarray(jax.vmap(lambda k: iv.derangement(k, n))(jax.random.split(KEY, 64)))
+        d = np.asarray(draws(jax.random.split(KEY, 64), n))
         assert not np.any(d == np.arange(n)), n
         np.testing.assert_array_equal(np.sort(d, axis=1), np.broadcast_to(np.arange(n), d.shape))
     # n=3 has exactly two derangements (the two 3-cycles); uniform sampling hits both.
-    d3 = np.asarray(jax.vmap(lambda k: iv.derangement(k, 3))(jax.random.split(KEY, 64)))
+    d3 = np.asarray(draws(jax.random.split(KEY, 64), 3))
     assert {tuple(r) for r in d3} == {(1, 2, 0), (2, 0, 1)}
     with pytest.raises(ValueError, match="at least 2"):
         iv.derangement(KEY, 1)

@@ -1,4 +1,5 @@
-"""Fashion-MNIST from its Debian package, TFDS classification datasets, and audio features."""
+"""Fashion-MNIST from its Debian package, TFDS classification datasets, and audio features.
+Training and auditing on a TFDS dataset: tests/integration/data/test_data_sources_training.py."""
 import io
 
 import numpy as np
@@ -215,30 +216,3 @@ def test_tfds_text_source_for_language_models(tmp_path, monkeypatch):
         assert data.dtype == np.uint8
         docs = bytes(data).decode("utf-8").split("\n")
         assert sorted(docs) == sorted(f"{split} document {i} ü " * 10 for i in range(5))
-
-
-def test_train_and_audit_a_dynamic_gate_on_a_tfds_dataset(tfds_dir, tmp_path, monkeypatch):
-    """train.py's and audit.py's programs on a TFDS dataset with custom feature names."""
-    import json
-
-    from configs import audit_tiny
-    from dynjax.audit import run
-    from dynjax.train.loop import train
-
-    monkeypatch.setenv("DYNJAX_DATA", str(tmp_path / "cache"))
-    c = dgmlp_tfds.get_config("dgate,dynjax_custom_keys")
-    c.data.update(data_dir=tfds_dir, tfds_input_key="pixels", tfds_label_key="category")
-    c.model.hidden = (16, 16)
-    c.gate.update(warmup_steps=0, anneal_steps=2, ramp_steps=2)
-    c.train.update(steps=4, batch_size=8, warmup_steps=1, eval_every=1000, ckpt_every=4)
-    c.eval.batch_size = 16
-    result = train(c, str(tmp_path / "run"), progress=False)
-    assert result["test"]["examples"] == 12 and 0 <= result["test"]["accuracy"] <= 1
-    a = audit_tiny.get_config()
-    a.reassignments, a.batch_size, a.stats.n_resamples = 2, 4, 99
-    a.data.calib_windows = a.data.eval_windows = 4
-    run.audit_from_config(a, [str(tmp_path / "run")], out=str(tmp_path / "audit"),
-                          progress=False, log=lambda _: None)
-    res = json.loads((tmp_path / "audit" / "results.json").read_text())
-    assert res["replay"]["exact"] is True
-    assert res["meta"]["windows"]["window_shapes"] == {"x": [8 * 8 * 3], "y": []}

@@ -2,7 +2,9 @@
 
 One case per decoder path: static gates (layer_static; dense and uniform share it),
 FeatureGate, fixed depth, MoD with a predictor and a slot budget (tests/unit/models/test_mod.py covers
-the router rule), staged MoDE, MoE with binding capacity, integrated MoDE, MUDD."""
+the router rule), staged MoDE, MoE with binding capacity, integrated MoDE, MUDD. The unit tier
+runs one of them (``UNIT``); the sweep over the others is
+tests/integration/decoding/test_decoding_sweep.py."""
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +35,7 @@ CASES = {
                                       moe_capacity_factor=0.0, scan_layers=True),
     "mudd/mudd": dict(family="mudd", variant="mudd"),
 }
+UNIT = ["gates/fixed_depth1"]   # the inner loop's case: the cheapest to compile
 TOKENS = jax.random.randint(jax.random.key(0), (B, T), 0, 256)
 
 
@@ -61,8 +64,9 @@ def run_everything(cfg, fwd, params):
                 generated=out, again=fwd.apply(params, out)[0], stats=stats)
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_decoding_equals_the_forward(case):
+def check_decoding_equals_the_forward(case):
+    """Teacher-forced, prefill-then-step and greedy decoding of ``CASES[case]`` equal its
+    forward, and what ran per layer and token is what the forward did."""
     cfg = ModelConfig.from_dict({**BASE, **CASES[case]})
     fwd = build(decoding.forward_config(cfg))
     r = jax.jit(lambda p: run_everything(cfg, fwd, p))(perturbed_params(build(cfg)))
@@ -87,6 +91,11 @@ def test_decoding_equals_the_forward(case):
     out = r["generated"]
     np.testing.assert_array_equal(out[:, :P], TOKENS[:, :P])
     np.testing.assert_array_equal(out[:, P:], jnp.argmax(r["again"][:, P - 1:-1], -1))
+
+
+@pytest.mark.parametrize("case", UNIT)
+def test_decoding_equals_the_forward(case):
+    check_decoding_equals_the_forward(case)
 
 
 def test_cache_bytes_and_refusals():

@@ -1,6 +1,9 @@
 """Predicted skipping (dynjax.decoding.predicted_skip): a block runs on exactly the tokens its predictor
 selects; all selected is the model's forward, none selected removes every update; decoding
-token by token equals the window's pass; the post-hoc fit learns its target."""
+token by token equals the window's pass. The post-hoc fit, a training run, learns its target:
+tests/integration/decoding/test_predicted_skip_fit.py."""
+import functools
+
 import chex
 import flax.linen as nn
 import jax
@@ -9,7 +12,6 @@ import numpy as np
 import pytest
 
 from dynjax.decoding import predicted_skip
-from dynjax.measure import skip_predictors as ps
 from dynjax.models import build, mod
 from dynjax.models.transformer import ModelConfig
 
@@ -27,8 +29,10 @@ def noisy(params, seed):
                                      for a, k in zip(leaves, keys)])
 
 
+@functools.partial(jax.jit, static_argnums=(0,))
 def predictors(n_layers, bias=0.0, seed=3):
-    """Stacked random predictors; ``bias`` added to every output logit."""
+    """Stacked random predictors; ``bias`` added to every output logit (one program, not
+    the initialisation op by op)."""
     net = mod.Predictor(8)
     p = jax.vmap(lambda k: nn.meta.unbox(net.init(k, jnp.zeros((1, 1, CFG.d_model)))["params"]))(
         jax.random.split(jax.random.key(seed), n_layers))
@@ -44,7 +48,7 @@ def fg():
 
 def test_everything_predicted_is_the_plain_forward_and_nothing_removes_every_update(fg):
     model, params = fg
-    plain, coeffs = model.apply(params, TOKENS)
+    plain, coeffs = jax.jit(model.apply)(params, TOKENS)
     run = jax.jit(lambda pr: predicted_skip.forward(CFG, params, pr, TOKENS))
     every, info = run(None)
     chex.assert_trees_all_close(every, plain, atol=2e-5, rtol=1e-5)
@@ -61,7 +65,7 @@ def test_a_block_runs_on_exactly_the_predicted_tokens_up_to_its_slots():
     cfg = CFG.replace(n_layers=1)
     model = build(cfg)
     params = jax.jit(lambda: noisy(model.init(jax.random.key(1), TOKENS), 2))()
-    pred = jax.jit(lambda: predictors(1))()
+    pred = predictors(1)
     emb = params["embed"]["embedding"][TOKENS]
     want = np.asarray(mod.Predictor(8).apply({"params": jax.tree.map(lambda a: a[0], pred)},
                                              emb) > 0)
@@ -91,17 +95,3 @@ def test_decoding_token_by_token_equals_the_window_pass(fg):
         np.testing.assert_array_equal(sinfo["entered"], entered)
         chex.assert_trees_all_close(step, full, atol=2e-5, rtol=1e-5)
         chex.assert_trees_all_close(sinfo["gate"], info["gate"], atol=2e-6)
-
-
-def test_fit_predictor_learns_its_target_and_flops_follow_the_slots(fg):
-    _, params = fg
-    windows = np.asarray(jax.random.randint(jax.random.key(5), (8, T), 0, 256))
-    h, g = ps.record(CFG, params, windows)
-    assert h.shape == (CFG.n_layers, 8, T, CFG.d_model) and g.shape == (CFG.n_layers, 8, T)
-    tau = float(np.median(g))
-    pred, loss = ps.fit_predictor(h, g, tau, hidden=16, steps=100, batch=64)
-    r = ps.evaluate(CFG, params, pred, [T, T], windows, tau, recorded=(h, g))
-    assert r["predictor_vs_gate"]["accuracy"] > 0.8, r
-    assert loss.max() < 0.5
-    full, half = (ps.skip_flops(CFG, T, s, 16)["blocks"] for s in ([T, T], [T // 2, T // 2]))
-    assert half < 0.6 * full

@@ -65,7 +65,7 @@ def tiny_lm():
 def test_greedy_generate_is_the_argmax_continuation(tiny_lm):
     cfg, params, prompt = tiny_lm
     out = jax.jit(decoding.generate, static_argnums=(0, 3))(cfg, params, prompt, 5)
-    logits, _ = build(cfg).apply(params, out)
+    logits, _ = jax.jit(build(cfg).apply)(params, out)
     # every new token is the argmax of the forward at the position before it
     np.testing.assert_array_equal(np.asarray(out[:, 6:]),
                                   np.asarray(jnp.argmax(logits[:, 5:-1], -1)))

@@ -49,8 +49,9 @@ def test_executed_blocks_of_integrated_mode_count_only_blocks_whose_ffn_ran():
     # Send every token of layer 0 to the no-op expert, every token of layer 1 to expert 0.
     probs = np.zeros((2, 2, 16, 5), np.float32)
     probs[0, ..., 4], probs[1, ..., 0] = 1.0, 1.0
-    _, sown = m.module.apply({"params": params}, tokens, coeffs_lib.replaying({"router": probs}),
-                             mutable=["moe_stats"])
+    _, sown = jax.jit(lambda p, r: m.module.apply(
+        {"params": p}, tokens, coeffs_lib.replaying({"router": r}), mutable=["moe_stats"]))(
+        params, probs)
     ran = np.asarray(sown["moe_stats"]["stats"][0]["ffn_ran"])
     np.testing.assert_array_equal(ran.sum(0), np.ones((2, 16)))
     counts = ex.executed_blocks(m, params, tokens)            # the model's own routing

@@ -1,5 +1,7 @@
 """Dropless MoE dispatch: the sort-by-expert layout, both grouped matmuls, and the models'
-``moe_dispatch="dropless"`` against the one-hot form that never drops (capacity <= 0)."""
+``moe_dispatch="dropless"`` against the one-hot form that never drops (capacity <= 0).
+The unit tier checks one case of each sweep; the other sizes, expert counts and variants,
+the vmapped reassignments and staged MoDE are tests/integration/models/test_dispatch_sweep.py."""
 
 import chex
 import flax.linen as nn
@@ -8,9 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dynjax.audit import interventions
-from dynjax.coeffs import replaying
-from dynjax.models import build, dispatch, mod, moe
+from dynjax.models import build, dispatch, moe
 from dynjax.models.transformer import ModelConfig
 
 B, T, D = 2, 16, 32
@@ -44,10 +44,13 @@ def matmul_fn(w, impl):
         impl=impl)
 
 
-@pytest.mark.parametrize("impl", dispatch.IMPLS)
-@pytest.mark.parametrize("E,k,block", [(4, 1, None), (5, 2, 8), (64, 4, None), (8, 3, 1),
-                                       (1, 1, 8)])   # 3 blocks in all: fewer than CHUNK
-def test_dropless_equals_every_expert_on_every_token(impl, E, k, block):
+SIZES = [(4, 1, None), (5, 2, 8), (64, 4, None), (8, 3, 1),
+         (1, 1, 8)]   # (E, k, block); the last: 3 blocks in all, fewer than CHUNK
+UNIT_SIZES = [(5, 2, 8)]
+
+
+def check_dropless_equals_every_expert_on_every_token(impl, E, k, block):
+    """Values and the gradients of rows, experts and weights against the dense reference."""
     n, d, f = 24, 8, 16
     x = jax.random.normal(jax.random.key(1), (n, d))
     w = jax.random.normal(jax.random.key(2), (E, d, f))
@@ -61,6 +64,12 @@ def test_dropless_equals_every_expert_on_every_token(impl, E, k, block):
     want = jax.grad(loss(dense_reference), (0, 1, 3))(x, w, experts, weights)
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", dispatch.IMPLS)
+@pytest.mark.parametrize("E,k,block", UNIT_SIZES)
+def test_dropless_equals_every_expert_on_every_token(impl, E, k, block):
+    check_dropless_equals_every_expert_on_every_token(impl, E, k, block)
 
 
 def test_layout_sorts_by_expert_pads_to_blocks_and_skips_unrouted_pairs():
@@ -109,7 +118,10 @@ def test_expert_bias_and_swiglu_experts():
         return dispatch.grouped_matmul(h, wd, g) + dispatch.expert_bias(bias, g)
 
     y = jax.jit(lambda x: dispatch.dropless(x, experts, weights, E, expert_fn))(x)
-    per = lambda xe, e: (jax.nn.silu(xe @ wg[e]) * (xe @ wu[e])) @ wd[e] + bias[e]
+    x, wg, wu, wd, bias, experts, weights = map(np.asarray, (x, wg, wu, wd, bias, experts,
+                                                             weights))
+    silu = lambda a: a / (1 + np.exp(-a))
+    per = lambda xe, e: (silu(xe @ wg[e]) * (xe @ wu[e])) @ wd[e] + bias[e]
     want = [sum(weights[i, j] * per(x[i], experts[i, j]) for j in range(k)) for i in range(n)]
     np.testing.assert_allclose(y, np.stack(want), rtol=1e-4, atol=1e-4)
 
@@ -144,9 +156,11 @@ def loss_fn(model, probe):
     return loss
 
 
-@pytest.mark.parametrize("variant,E,k", [("moe", 4, 1), ("mode_integrated", 16, 3),
-                                         ("moe", 64, 4)])
-def test_model_equals_one_hot_that_never_drops(variant, E, k):
+MODELS = [("moe", 4, 1), ("mode_integrated", 16, 3), ("moe", 64, 4)]   # (variant, E, k)
+UNIT_MODELS = [("moe", 4, 1)]
+
+
+def check_model_equals_one_hot_that_never_drops(variant, E, k):
     """Logits, both auxiliary losses, every parameter's gradient, the routing statistics."""
     cfg = CFG.replace(variant=variant, moe_num_experts=E, moe_num_experts_per_tok=k,
                       moe_load_balance_loss_weight=1.0, moe_router_z_loss_weight=1.0)
@@ -168,54 +182,21 @@ def test_model_equals_one_hot_that_never_drops(variant, E, k):
     chex.assert_trees_all_close(sd, so, rtol=1e-5, atol=1e-6)
 
 
-def test_vmap_over_coefficient_reassignments_equals_one_hot():
-    """The audit's R reassignments as one vmapped program: cross-input derangements of the
-    recorded router probabilities, replayed through both dispatches."""
-    cfg = CFG.replace(variant="mode_integrated", moe_num_experts=6, moe_num_experts_per_tok=2)
-    onehot, dropless, params = pair(cfg)
-    _, coeffs = jax.jit(dropless.apply)(params, TOKENS)
-    keys = jax.random.split(jax.random.key(3), 3)
-    stack = jax.vmap(lambda kk: interventions.cross_input(coeffs, dropless.schema, kk))(keys)
-    assert not np.allclose(stack["router"][0], coeffs["router"])
-    replay = lambda m: jax.jit(jax.vmap(lambda c: m.apply(params, TOKENS, c)[0]))
-    got, want = replay(dropless)(stack), replay(onehot)(stack)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    one = jax.jit(lambda c: dropless.apply(params, TOKENS, c)[0])
-    np.testing.assert_allclose(got[1], one(jax.tree.map(lambda a: a[1], stack)),
-                               rtol=1e-5, atol=1e-5)
+@pytest.mark.parametrize("variant,E,k", UNIT_MODELS)
+def test_model_equals_one_hot_that_never_drops(variant, E, k):
+    check_model_equals_one_hot_that_never_drops(variant, E, k)
 
 
-@pytest.mark.parametrize("variant", ["moe", "mode_integrated"])
-def test_dropless_replay_is_bitwise_under_jit(variant):
+def check_dropless_replay_is_bitwise_under_jit(variant):
     _, model, params = pair(CFG.replace(variant=variant, moe_num_experts_per_tok=2))
     f = jax.jit(lambda c=None: model.apply(params, TOKENS, c))
     logits, coeffs = f()
     chex.assert_trees_all_equal(f(coeffs), (logits, coeffs))
 
 
-def test_staged_mode_causal_routing_equals_one_hot():
-    """Staged MoDE routed causally by its router: slots of tokens that did not enter go to
-    no expert; with buffers that cannot fill the one-hot form is the same function."""
-    cfg = mod.decode_config(ModelConfig(
-        family="mod", variant="mode_staged", d_model=D, n_heads=2, n_layers=2, d_ff=64,
-        scan_layers=False).replace(mod_capacity=0.25, moe_num_experts=4,
-                                   moe_num_experts_per_tok=2, moe_capacity_factor=0.0))
-    onehot, dropless, params = pair(cfg)
-    probe = jax.random.normal(jax.random.key(2), (B, T, cfg.vocab_size))
-    (go, (lo, _)), (gd, (ld, _)) = (jax.jit(jax.grad(loss_fn(m, probe), has_aux=True))(
-        params) for m in (onehot, dropless))
-    np.testing.assert_allclose(ld, lo, rtol=1e-5, atol=1e-5)
-    chex.assert_trees_all_close(gd, go, rtol=1e-4, atol=1e-5)
-    stats = lambda m: jax.jit(lambda p: m.module.apply({"params": p}, TOKENS, mutable=[
-        "mod_stats"])[1]["mod_stats"]["stats"][0])(params)
-    so, sd = stats(onehot), stats(dropless)
-    assert float(np.asarray(so["entered"]).mean()) < 1     # some slots are empty
-    chex.assert_trees_all_close({k: v for k, v in sd.items() if k.startswith("moe_")},
-                                {k: v for k, v in so.items() if k.startswith("moe_")},
-                                rtol=1e-5, atol=1e-6)
-    f = jax.jit(lambda c=None: dropless.apply(params, TOKENS, c))
-    logits, coeffs = f()
-    chex.assert_trees_all_equal(f(coeffs), (logits, coeffs))
+@pytest.mark.parametrize("variant", ["moe"])   # "mode_integrated": the integration tier
+def test_dropless_replay_is_bitwise_under_jit(variant):
+    check_dropless_replay_is_bitwise_under_jit(variant)
 
 
 def largest_array(compiled) -> int:

@@ -1,4 +1,5 @@
-"""The residual-gate family: causality, the coefficient contract, variants' definitions."""
+"""The residual-gate family: causality, the coefficient contract, variants' definitions.
+Replay in bfloat16 and with unrolled layers: tests/integration/models/test_gates_sweep.py."""
 import chex
 import jax
 import jax.numpy as jnp
@@ -42,10 +43,12 @@ def test_loss_is_next_token_prediction():
                                rtol=1e-5)
 
 
-@pytest.mark.parametrize("dtype, scan", [("float32", True), ("bfloat16", True),
-                                         ("float32", False)])
-@pytest.mark.parametrize("variant", GATED)
-def test_replay_is_bitwise(variant, dtype, scan, tiny_model):
+REPLAY = [("float32", True), ("bfloat16", True), ("float32", False)]   # (dtype, scan_layers)
+UNIT_REPLAY = [("float32", True)]     # the models test_causality compiled
+
+
+def check_replay_is_bitwise(tiny_model, variant, dtype, scan):
+    """Replaying the recorded gates gives the logits and gates bit for bit."""
     model, params, tokens, apply = tiny_model(variant, dtype=dtype, scan_layers=scan)
     logits, coeffs = apply(params, tokens)
     assert set(coeffs) == {"gate"}
@@ -56,6 +59,12 @@ def test_replay_is_bitwise(variant, dtype, scan, tiny_model):
     np.testing.assert_array_equal(np.asarray(replayed), np.asarray(logits), strict=True)
     np.testing.assert_array_equal(np.asarray(coeffs2["gate"]), np.asarray(coeffs["gate"]),
                                   strict=True)
+
+
+@pytest.mark.parametrize("dtype, scan", UNIT_REPLAY)
+@pytest.mark.parametrize("variant", GATED)
+def test_replay_is_bitwise(variant, dtype, scan, tiny_model):
+    check_replay_is_bitwise(tiny_model, variant, dtype, scan)
 
 
 def test_replay_ignores_the_controller(tiny_model):

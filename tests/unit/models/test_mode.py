@@ -1,5 +1,6 @@
 """Staged MoDE (MoD routing around an MoE block): bitwise replay of both routings, unselected
-tokens untouched, the k slots' MoE routing replayed verbatim, and the mode_tiny configs."""
+tokens untouched, the k slots' MoE routing replayed verbatim. The second causal capacity
+case and the mode_tiny configs' train step: tests/integration/models/test_mode_sweep.py."""
 
 import flax.linen as nn
 import jax
@@ -62,8 +63,11 @@ def test_unselected_tokens_bitwise_unchanged():
     assert coeffs["moe"].shape == (B, K, E) and {"load_balance", "router_z"} <= set(aux)
 
 
-@pytest.mark.parametrize("route,top_k,cf", [("router", 1, 1.0), ("router", 2, 0.5)])
-def test_causal_staged_mode_with_binding_expert_capacity(route, top_k, cf):
+CAUSAL = [("router", 1, 1.0), ("router", 2, 0.5)]    # (route, top_k, capacity factor)
+UNIT_CAUSAL = [("router", 2, 0.5)]
+
+
+def check_causal_staged_mode_with_binding_expert_capacity(route, top_k, cf):
     """A slot budget of 8 and expert buffers of ceil(cf * top_k * 8 / 4): the causal forward
     is causal at every split, tokens that did not enter take no expert slot, routes really
     drop (second choices queue in token order), and the KV-cache decoder equals it."""
@@ -96,6 +100,11 @@ def test_causal_staged_mode_with_binding_expert_capacity(route, top_k, cf):
                            cached)
 
 
+@pytest.mark.parametrize("route,top_k,cf", UNIT_CAUSAL)
+def test_causal_staged_mode_with_binding_expert_capacity(route, top_k, cf):
+    check_causal_staged_mode_with_binding_expert_capacity(route, top_k, cf)
+
+
 def test_causal_staged_mode_needs_position_priority():
     cfg = CFG.replace(mod_route="router", moe_num_experts_per_tok=2)
     with pytest.raises(ValueError, match="moe_priority='position'"):
@@ -106,26 +115,3 @@ def test_causal_staged_mode_needs_position_priority():
 def test_expert_choice_decoding_is_refused_clearly():
     with pytest.raises(NotImplementedError, match="expert_choice ranks the whole sequence"):
         decoding.init_cache(CFG.replace(moe_routing="expert_choice"), B, T)
-
-
-@pytest.mark.parametrize("variant", ["mode_staged", "mode_integrated"])
-def test_mode_tiny_configs_build_and_train_one_step(variant):
-    import optax
-
-    from configs import mode_tiny
-    c = mode_tiny.get_config(variant)
-    c.model.update(d_model=32, n_heads=2, d_ff=64, n_layers=2)
-    model = build(c.model.to_dict())
-    tokens = TOKENS[:, :16]
-    params = model.init(jax.random.key(4), tokens)
-
-    def loss(p):
-        logits, _, aux = model.apply(p, tokens, with_aux=True)
-        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(
-            logits[:, :-1], tokens[:, 1:])) + sum(aux.values())
-    value, grads = jax.jit(jax.value_and_grad(loss))(params)
-    assert np.isfinite(float(value))
-    assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
-    assert c.model.family == ("mod" if variant == "mode_staged" else "moe")
-    with pytest.raises(ValueError, match="unknown variant"):
-        mode_tiny.get_config("nope")

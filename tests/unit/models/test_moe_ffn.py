@@ -45,10 +45,11 @@ def test_every_dispatch_computes_the_same_function(kind_name, routed):
         valid=valid))(x) for d in moe_ffn.DISPATCHES}
     every = np.asarray(kind.dense(w, x.reshape(B * T, D))).reshape(B, T, E, D)
     want = np.zeros((B, T, D), np.float32)
-    for b, t, j in np.ndindex(B, T, K):
-        e = int(experts[b, t, j])
-        if e < E and valid[b, t]:
-            want[b, t] += float(weights[b, t, j]) * every[b, t, e]
+    experts_np, weights_np, valid_np = map(np.asarray, (experts, weights, valid))
+    for b, t, j in np.ndindex(B, T, K):      # numpy: no device dispatch per element
+        e = int(experts_np[b, t, j])
+        if e < E and valid_np[b, t]:
+            want[b, t] += float(weights_np[b, t, j]) * every[b, t, e]
     for name, (y, stats) in out.items():
         np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-6, err_msg=name)
         np.testing.assert_array_equal(stats["ffn_ran"], np.asarray(

@@ -1,6 +1,7 @@
 """One registry, one interface: every family, the classifier and the MUDDPythia port
 included, is built by ``models.build`` from a dict and offers init / apply / schema /
-logical_axes with the record/replay contract."""
+logical_axes with the record/replay contract. The unit tier checks the contract on one
+family (``UNIT``); tests/integration/models/test_registry_sweep.py on every other."""
 from __future__ import annotations
 
 import importlib
@@ -40,16 +41,25 @@ CASES = {
                          top_k=2, moe_intermediate_size=8, hc=2, hc_sinkhorn_iters=3),
                     TOKENS),
 }
+UNIT = ["gates"]
+MODELS = {}
+
+
+def model_for(family):
+    """One built model per family for this module's tests: ``init`` compiles once."""
+    if family not in MODELS:
+        MODELS[family] = build(CASES[family][0])
+    return MODELS[family]
 
 
 def test_every_family_has_a_case():
     assert set(CASES) == set(FAMILIES)
 
 
-@pytest.mark.parametrize("family", sorted(CASES))
-def test_build_init_apply_replay_axes(family):
-    cfg, x = CASES[family]
-    model = build(cfg)
+def check_build_init_apply_replay_axes(family):
+    """init, apply, the coefficients' schema, bitwise replay and the logical axes."""
+    x = CASES[family][1]
+    model = model_for(family)
     params = model.init(jax.random.key(0), x)
     apply = jax.jit(model.apply)
     logits, coeffs = apply(params, x)
@@ -67,12 +77,19 @@ def test_build_init_apply_replay_axes(family):
         assert len(spec) <= leaf.ndim
 
 
-@pytest.mark.parametrize("family", ["gates", "mod", "moe", "mudd", "gated_mlp"])
-def test_init_is_one_program_with_the_op_by_op_values(family):
+@pytest.mark.parametrize("family", UNIT)
+def test_build_init_apply_replay_axes(family):
+    check_build_init_apply_replay_axes(family)
+
+
+INIT_FAMILIES = ["gates", "mod", "moe", "mudd", "gated_mlp"]
+
+
+def check_init_is_one_program_with_the_op_by_op_values(family):
     """``init`` compiles the whole initialisation as one program, once per model and input
     shape; its parameters are bit for bit those of the Linen module initialised op by op."""
-    cfg, x = CASES[family]
-    model = build(cfg)
+    x = CASES[family][1]
+    model = model_for(family)
     params = model.init(jax.random.key(3), x)
     if family == "gated_mlp":
         want = model.module.init({"params": jax.random.key(3), "dropout": jax.random.key(3)}, x,
@@ -82,6 +99,11 @@ def test_init_is_one_program_with_the_op_by_op_values(family):
     chex.assert_trees_all_equal(params, want)
     model.init(jax.random.key(4), x)
     assert model._init._cache_size() == 1              # a second key is not a second program
+
+
+@pytest.mark.parametrize("family", UNIT)
+def test_init_is_one_program_with_the_op_by_op_values(family):
+    check_init_is_one_program_with_the_op_by_op_values(family)
 
 
 def test_build_takes_a_config_object_too():

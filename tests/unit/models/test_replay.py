@@ -2,8 +2,11 @@
 
 ``dynjax.coeffs.site`` selects the given or the computed coefficients by a flag that is data,
 so a forward traced once serves both modes (``chex.assert_max_traces``), and the replay of
-the recorded coefficients through it is bitwise the record.
+the recorded coefficients through it is bitwise the record. The unit tier checks FeatureGate's
+forward; every other family's is tests/integration/models/test_replay_sweep.py.
 """
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -26,7 +29,10 @@ LM = {"feature_gate": ("configs.tiny", "feature_gate", {}),
       "mudd": ("configs.mudd_tiny", "mudd", {})}
 
 
+@functools.lru_cache(maxsize=None)
 def _lm(name):
+    """(apply, schema, perturbed params, tokens), one per name for the module: its init and
+    the engine's forward compile once."""
     import importlib
     module, variant, overrides = LM[name]
     c = importlib.import_module(module).get_config(variant)
@@ -65,8 +71,12 @@ def _target(name):
     return {"dgate_mlp": _mlp, "muddpythia": _muddpythia}.get(name, lambda: _lm(name))()
 
 
-@pytest.mark.parametrize("name", list(LM) + ["dgate_mlp", "muddpythia"])
-def test_record_and_replay_are_one_program(name):
+TARGETS = list(LM) + ["dgate_mlp", "muddpythia"]
+UNIT = ["feature_gate"]
+
+
+def check_record_and_replay_are_one_program(name):
+    """One trace serves record and replay; the replay is bitwise the record."""
     apply, schema, params, x = _target(name)
     chex.clear_trace_counter()   # the counter is keyed by the lambda below, shared by the cases
     forward = jax.jit(chex.assert_max_traces(lambda p, x_, g: apply(p, x_, g), n=1))
@@ -76,6 +86,11 @@ def test_record_and_replay_are_one_program(name):
     replayed, again = forward(params, x, coeffs_lib.replaying(coeffs))   # no second trace
     np.testing.assert_array_equal(np.asarray(replayed), np.asarray(logits))
     chex.assert_trees_all_equal(again, coeffs)
+
+
+@pytest.mark.parametrize("name", UNIT)
+def test_record_and_replay_are_one_program(name):
+    check_record_and_replay_are_one_program(name)
 
 
 def test_site_selects_exactly():

@@ -1,0 +1,73 @@
+"""Dropless MoE dispatch against the one-hot form that never drops, beyond the unit tier's
+one case of each (tests/unit/models/test_dispatch.py holds the checks): every size and expert
+count, integrated MoDE, the audit's vmapped reassignments, and staged MoDE routed causally."""
+import chex
+import jax
+import numpy as np
+import pytest
+
+from dynjax.audit import interventions
+from dynjax.models import dispatch, mod
+from dynjax.models.transformer import ModelConfig
+from tests.unit.models.test_dispatch import (
+    B, CFG, D, MODELS, SIZES, T, TOKENS, UNIT_MODELS, UNIT_SIZES,
+    check_dropless_equals_every_expert_on_every_token,
+    check_dropless_replay_is_bitwise_under_jit, check_model_equals_one_hot_that_never_drops,
+    loss_fn, pair)
+
+
+@pytest.mark.parametrize("impl", dispatch.IMPLS)
+@pytest.mark.parametrize("E,k,block", [s for s in SIZES if s not in UNIT_SIZES])
+def test_dropless_equals_every_expert_on_every_token_sweep(impl, E, k, block):
+    check_dropless_equals_every_expert_on_every_token(impl, E, k, block)
+
+
+@pytest.mark.parametrize("variant,E,k", [m for m in MODELS if m not in UNIT_MODELS])
+def test_model_equals_one_hot_that_never_drops_sweep(variant, E, k):
+    check_model_equals_one_hot_that_never_drops(variant, E, k)
+
+
+def test_dropless_replay_is_bitwise_under_jit_integrated_mode():
+    check_dropless_replay_is_bitwise_under_jit("mode_integrated")
+
+
+def test_vmap_over_coefficient_reassignments_equals_one_hot():
+    """The audit's R reassignments as one vmapped program: cross-input derangements of the
+    recorded router probabilities, replayed through both dispatches."""
+    cfg = CFG.replace(variant="mode_integrated", moe_num_experts=6, moe_num_experts_per_tok=2)
+    onehot, dropless, params = pair(cfg)
+    _, coeffs = jax.jit(dropless.apply)(params, TOKENS)
+    keys = jax.random.split(jax.random.key(3), 3)
+    stack = jax.vmap(lambda kk: interventions.cross_input(coeffs, dropless.schema, kk))(keys)
+    assert not np.allclose(stack["router"][0], coeffs["router"])
+    replay = lambda m: jax.jit(jax.vmap(lambda c: m.apply(params, TOKENS, c)[0]))
+    got, want = replay(dropless)(stack), replay(onehot)(stack)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    one = jax.jit(lambda c: dropless.apply(params, TOKENS, c)[0])
+    np.testing.assert_allclose(got[1], one(jax.tree.map(lambda a: a[1], stack)),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_staged_mode_causal_routing_equals_one_hot():
+    """Staged MoDE routed causally by its router: slots of tokens that did not enter go to
+    no expert; with buffers that cannot fill the one-hot form is the same function."""
+    cfg = mod.decode_config(ModelConfig(
+        family="mod", variant="mode_staged", d_model=D, n_heads=2, n_layers=2, d_ff=64,
+        scan_layers=False).replace(mod_capacity=0.25, moe_num_experts=4,
+                                   moe_num_experts_per_tok=2, moe_capacity_factor=0.0))
+    onehot, dropless, params = pair(cfg)
+    probe = jax.random.normal(jax.random.key(2), (B, T, cfg.vocab_size))
+    (go, (lo, _)), (gd, (ld, _)) = (jax.jit(jax.grad(loss_fn(m, probe), has_aux=True))(
+        params) for m in (onehot, dropless))
+    np.testing.assert_allclose(ld, lo, rtol=1e-5, atol=1e-5)
+    chex.assert_trees_all_close(gd, go, rtol=1e-4, atol=1e-5)
+    stats = lambda m: jax.jit(lambda p: m.module.apply({"params": p}, TOKENS, mutable=[
+        "mod_stats"])[1]["mod_stats"]["stats"][0])(params)
+    so, sd = stats(onehot), stats(dropless)
+    assert float(np.asarray(so["entered"]).mean()) < 1     # some slots are empty
+    chex.assert_trees_all_close({k: v for k, v in sd.items() if k.startswith("moe_")},
+                                {k: v for k, v in so.items() if k.startswith("moe_")},
+                                rtol=1e-5, atol=1e-6)
+    f = jax.jit(lambda c=None: dropless.apply(params, TOKENS, c))
+    logits, coeffs = f()
+    chex.assert_trees_all_equal(f(coeffs), (logits, coeffs))
