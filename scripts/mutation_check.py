@@ -152,7 +152,8 @@ MUTANTS = (
            "the one Switch load-balance loss (moe, integrated MoDE, llm) is E * sum_e f_e P_e"),
     Mutant("mudd_mix_drops_the_last_source", "dynjax/models/muddpythia.py",
            "for s in range(1, len(sources)):", "for s in range(1, len(sources) - 1):",
-           ("tests/unit/loaders/test_muddpythia.py",), "MUDDPythia equals the official PyTorch code"),
+           ("tests/unit/loaders/test_muddpythia.py",
+            "tests/integration/loaders/test_muddpythia_bf16.py"), "MUDDPythia equals the official PyTorch code"),
     Mutant("reassigned_rows_of_the_wrong_window", "dynjax/audit/engine.py",
            "rows = self.programs.take(stack, r_idx, w_idx)",
            "rows = self.programs.take(stack, r_idx, (w_idx + 1) % W)",
@@ -686,7 +687,7 @@ MUTANTS = (
     Mutant("onehot_gelu_experts_skip_gelu", "dynjax/models/components/experts.py",
            'jnp.einsum("becf,efd->becd", jax.nn.gelu(h), w["wo"])',
            'jnp.einsum("becf,efd->becd", h, w["wo"])',
-           ("tests/unit/models/test_moe_ffn.py",),
+           ("tests/unit/models/test_moe_ffn.py", "tests/integration/models/test_moe_ffn_sweep.py"),
            "onehot, dropless and dense dispatch compute one function for every expert kind"),
     # dispatch (issue 27)
     Mutant("llm_dropless_drops_the_last_expert", "dynjax/models/moe_ffn.py",

@@ -250,9 +250,10 @@ def test_language_model_loss_alone_trains_the_router_not_the_predictor(model):
 
 def test_aux_losses_train_router_and_predictor_only_through_their_targets(model):
     m, params, tokens = model
-    _, _, aux = m.apply(params, tokens, with_aux=True)
+    _, _, aux = jax.jit(lambda p: m.apply(p, tokens, with_aux=True))(params)
     assert set(aux) == {"router_bce", "predictor_bce"}
-    grads = jax.grad(lambda p: m.apply(p, tokens, with_aux=True)[2]["predictor_bce"])(params)
+    grads = jax.jit(jax.grad(lambda p: m.apply(p, tokens, with_aux=True)[2]["predictor_bce"]))(
+        params)
     sub = grads["layers"]["layer_0"]
     assert np.abs(np.asarray(sub["sub_1"]["predictor"]["out"]["kernel"])).max() > 0
     assert all(np.all(np.asarray(g) == 0) for g in jax.tree.leaves(sub["sub_0"]))
