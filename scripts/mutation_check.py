@@ -177,7 +177,8 @@ MUTANTS = (
     Mutant("nll_scores_the_current_token", "dynjax/models/transformer.py",
            "tokens[:, 1:, None], axis=-1)[..., 0]", "tokens[:, :-1, None], axis=-1)[..., 0]",
            ("tests/unit/models/test_gates.py",
-            "tests/integration/models/test_gates_sweep.py"), "the loss is next-token prediction"),
+            "tests/integration/models/test_gates_sweep.py",
+            "tests/integration/models/test_gates_remat.py"), "the loss is next-token prediction"),
     # sampling (dynjax/decoding/sampling.py, decoding.stream)
     Mutant("nucleus_stops_short_of_p", "dynjax/decoding/sampling.py",
            "before = jnp.cumsum(probs, axis=-1) - probs", "before = jnp.cumsum(probs, axis=-1)",
