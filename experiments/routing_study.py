@@ -236,8 +236,8 @@ def report(out: pathlib.Path) -> dict:
 
     table, experts = {}, {}
     lines = ["# Routing study: token identity vs context, per layer\n",
-             "Intervals over seeds; an arm with one seed: that seed's intervals over "
-             "windows.\n",
+             "Intervals over seeds (two seeds: their range); an arm with one seed: that "
+             "seed's intervals over windows.\n",
              "| arm | layer | seeds | ΔNLL cross-input [CI] | ΔNLL token-identity [CI] | "
              "difference TI - CI [CI] | share TI recovers [CI] |", "|---|---|---|---|---|---|---|"]
     for arm in (a for a in arms() if study(a)["layers"]):
@@ -249,7 +249,14 @@ def report(out: pathlib.Path) -> dict:
         ti = np.array([f["layers"]["mean_delta"]["token_identity"] for f in files])
         rows = []
         for layer in range(ci.shape[1]):
-            if len(files) > 1:     # intervals over seeds
+            if len(files) == 2:    # two seeds: their range (a bootstrap over 2 is no interval)
+                row = {k: _seed_range(v) for k, v in (
+                    ("cross_input", ci[:, layer]), ("token_identity", ti[:, layer]),
+                    ("difference", ti[:, layer] - ci[:, layer]))}
+                row["share_recovered"] = {"estimate": float(1 - ti[:, layer].mean()
+                                                            / ci[:, layer].mean()),
+                                          "ci_low": None, "ci_high": None}
+            elif len(files) > 2:   # intervals over seeds
                 row = {"cross_input": stats.bootstrap_ci(ci[:, layer]),
                        "token_identity": stats.bootstrap_ci(ti[:, layer]),
                        "difference": stats.bootstrap_ci(ti[:, layer] - ci[:, layer]),
@@ -353,6 +360,12 @@ def plot_experts(data: dict):
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center",
                ncols=len(seeds[0]["reap_saliency"]))
     return fig
+
+
+def _seed_range(values) -> dict:
+    """Two seeds' mean with their range as the interval (``ci_method`` says so)."""
+    return {"estimate": float(np.mean(values)), "ci_low": float(np.min(values)),
+            "ci_high": float(np.max(values)), "ci_method": "range of the two seeds"}
 
 
 def whole_model(out: pathlib.Path) -> dict:

@@ -110,3 +110,20 @@ def test_one_seed_reports_its_own_intervals_over_windows(tmp_path):
                                       "ci_high": None}
     md = (tmp_path / "table.md").read_text()
     assert "| deepseek_sigmoid | 0 | 1 | 0.2000 [0.1900, 0.2100] |" in md and "nan" not in md
+
+
+def test_two_seeds_report_their_range_not_a_bootstrap(tmp_path):
+    """Two seeds: the interval is the two seeds' range (a bootstrap over two values is
+    no interval: it gave NaN), the share has none."""
+    for seed, (c, t) in enumerate(((0.3, 0.1), (0.5, 0.2))):
+        f = study.seed_file(tmp_path, "deepseek_sigmoid", seed)
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps({"seed": seed, "layers": {"mean_delta": {
+            "cross_input": [c], "token_identity": [t]}}}))
+    (row,) = study.report(tmp_path)["deepseek_sigmoid"]
+    assert row["seeds"] == 2
+    assert (row["cross_input"]["estimate"], row["cross_input"]["ci_low"],
+            row["cross_input"]["ci_high"]) == pytest.approx((0.4, 0.3, 0.5))
+    assert row["share_recovered"] == {"estimate": pytest.approx(1 - 0.15 / 0.4),
+                                      "ci_low": None, "ci_high": None}
+    assert "nan" not in (tmp_path / "table.md").read_text()
