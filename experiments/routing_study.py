@@ -51,7 +51,7 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from dynjax.figures import styled  # noqa: E402
+from dynjax.figures import save, styled  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SEEDS = (0, 1, 2)
@@ -229,8 +229,6 @@ def report(out: pathlib.Path) -> dict:
     """Combine the seeds' files: per arm and layer, ΔNLL(cross_input) and ΔNLL(token_identity)
     over seeds (seed-level CIs), their difference, the share token identity recovers; the
     Spearman correlations and pruning costs per seed."""
-    import numpy as np
-
     from dynjax.audit import stats
     from dynjax.jsonio import command_line, write_json_atomic, write_text_atomic
 
@@ -249,22 +247,19 @@ def report(out: pathlib.Path) -> dict:
         ti = np.array([f["layers"]["mean_delta"]["token_identity"] for f in files])
         rows = []
         for layer in range(ci.shape[1]):
-            if len(files) == 2:    # two seeds: their range (a bootstrap over 2 is no interval)
-                row = {k: _seed_range(v) for k, v in (
-                    ("cross_input", ci[:, layer]), ("token_identity", ti[:, layer]),
-                    ("difference", ti[:, layer] - ci[:, layer]))}
-                row["share_recovered"] = {"estimate": float(1 - ti[:, layer].mean()
-                                                            / ci[:, layer].mean()),
-                                          "ci_low": None, "ci_high": None}
-            elif len(files) > 2:   # intervals over seeds
+            if len(files) > 2:     # intervals over seeds
                 row = {"cross_input": stats.bootstrap_ci(ci[:, layer]),
                        "token_identity": stats.bootstrap_ci(ti[:, layer]),
                        "difference": stats.bootstrap_ci(ti[:, layer] - ci[:, layer]),
                        "share_recovered": stats.retention_ci(ti[:, layer], ci[:, layer])}
-            else:                  # one seed: its intervals over windows, no share interval
-                own = files[0]["layers"]["per_layer"][layer]
-                row = {k: own[k] for k in ("cross_input", "token_identity", "difference")}
-                row["share_recovered"] = {"estimate": float(1 - ti[0, layer] / ci[0, layer]),
+            else:   # one seed: its intervals over windows; two: their range (a bootstrap
+                #     over two values is no interval); the share without one
+                deltas = (("cross_input", ci[:, layer]), ("token_identity", ti[:, layer]),
+                          ("difference", ti[:, layer] - ci[:, layer]))
+                row = ({k: files[0]["layers"]["per_layer"][layer][k] for k, _ in deltas}
+                       if len(files) == 1 else {k: _seed_range(v) for k, v in deltas})
+                row["share_recovered"] = {"estimate": float(1 - ti[:, layer].mean()
+                                                            / ci[:, layer].mean()),
                                           "ci_low": None, "ci_high": None}
             row.update(layer=layer, seeds=len(files))
             rows.append(row)
@@ -288,7 +283,6 @@ def report(out: pathlib.Path) -> dict:
     write_json_atomic(out / "expert_importance.json", {"command": command_line(),
                                                        "arms": experts})
     write_text_atomic(out / "table.md", "\n".join(lines) + "\n")
-    from dynjax.figures import save
     if table:
         save(plot_layers({"arms": table}), out / "per_layer.png")
     if any("reap_saliency" in s for seeds in experts.values() for s in seeds):
@@ -372,8 +366,6 @@ def whole_model(out: pathlib.Path) -> dict:
     """Per arm with audited seeds: each condition's ΔNLL (the whole-model audit, every site
     at once) per seed and its mean, and test bits/byte per seed; ``_lines``: the markdown
     table (conditions as columns, an arm a row)."""
-    import numpy as np
-
     arms_out, conditions = {}, []
     for arm in arms():
         files = [f for f in (_read(seed_file(out, arm, s)) for s in SEEDS) if "audit" in f]
