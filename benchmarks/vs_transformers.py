@@ -47,6 +47,7 @@ except ImportError:
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks import hf_gemm_bound  # noqa: E402
 from dynjax.jsonio import command_line, publish_json  # noqa: E402
 
 COMMON = dict(vocab_size=8192, hidden_size=1024, num_hidden_layers=4, bos_token_id=None,
@@ -148,13 +149,19 @@ def compare(args, ckpt, model_type, dtype, contenders):
         proc.wait()
     tokens = args.batch_size * args.seq_len
     med = {c: statistics.median(t) for c, t in times.items()}
+    floor = hf_gemm_bound.bound(config(model_type), args.batch_size, args.seq_len,
+                                  dtype) if args.bound else None
     return {"model_type": model_type, "dtype": dtype, "config": config(model_type),
             "contenders": ready, "load_average_before": load_before,
             "load_average_after": os.getloadavg(), "timed_s": time.time() - t0,
             "seconds": times, "forward_s": med,
             "forward_tokens_per_s": {c: tokens / s for c, s in med.items()},
             "dynjax_over": {c: med[c] / med["dynjax"] for c in contenders if c != "dynjax"},
-            "goal_met_ge_2x_transformers": med["transformers"] / med["dynjax"] >= 2.0}
+            "goal_met_ge_2x_transformers": med["transformers"] / med["dynjax"] >= 2.0,
+            **({"matmul_floor": floor,
+                "forward_over_matmul_floor": {c: s / floor["bound_s"] for c, s in med.items()},
+                "goal_2x_over_matmul_floor": med["transformers"] / 2 / floor["bound_s"]}
+               if floor else {})}
 
 
 def main():
@@ -169,6 +176,9 @@ def main():
     ap.add_argument("--loop", action=argparse.BooleanOptionalAction, default=True,
                     help="also time transformers' loop over the experts")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile")
+    ap.add_argument("--bound", action=argparse.BooleanOptionalAction, default=True,
+                    help="time the forward's matmuls alone (benchmarks/hf_gemm_bound.py): "
+                         "the floor no contender can go under")
     ap.add_argument("--torch-device", default="cpu",
                     help="where transformers runs (cuda on a GPU machine: dynjax runs on JAX's "
                          "default device)")

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
 from dynjax.models import activation_sharding
+from dynjax.models import matmul
 
 IMPLS = ("blocks", "ragged")
 
@@ -295,17 +296,6 @@ def _over_blocks(first, count, step, carry, n_blocks: int):
     return jax.lax.fori_loop(whole * chunk, count, lambda j, c: step(first + j, 1, c), carry)
 
 
-def _mm(a, b):
-    """a @ b in the inputs' result dtype, the product taken in float32 where they are
-    narrower: the same rounding XLA:CPU gives a bfloat16 dot (float32 products, rounded
-    once), without its per-call conversion of the operands, which makes a bfloat16 dot
-    inside the expert loop ~2x slower than the float32 one."""
-    dt = jnp.result_type(a, b)
-    if jnp.finfo(dt).bits >= 32:
-        return a @ b
-    return jnp.dot(a, b, preferred_element_type=jnp.float32).astype(dt)
-
-
 def _block_loop(rows, w, group_sizes, block: int):
     """Every block of rows times its expert's matrix: a loop over the experts, each taking
     its matrix once (one copy of it; a slice per block would copy it once per block) and
@@ -319,7 +309,7 @@ def _block_loop(rows, w, group_sizes, block: int):
 
         def step(i, n, out):
             x = jax.lax.dynamic_slice_in_dim(blocks, i, n).reshape(n * block, -1)
-            return jax.lax.dynamic_update_slice_in_dim(out, _mm(x, we).reshape(n, block, -1),
+            return jax.lax.dynamic_update_slice_in_dim(out, matmul.mm(x, we).reshape(n, block, -1),
                                                        i, 0)
         return _over_blocks(firsts[e], counts[e], step, out, nb)
 

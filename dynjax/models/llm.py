@@ -24,6 +24,7 @@ import numpy as np
 from dynjax import coeffs as coeffs_lib
 from dynjax.coeffs import Axes
 from dynjax.models import moe_ffn as moe_ffn_lib
+from dynjax.models import matmul
 from dynjax.models import mod as mod_lib
 from dynjax.models.sections import ModConfig
 from dynjax.models.components import deltanet
@@ -493,7 +494,7 @@ def output_gate(cfg: Config, p, x, given):
     (None, {}) where the attention has no output gate."""
     if not cfg.attn_output_gate:
         return None, {}
-    computed = jax.nn.sigmoid(jnp.einsum("btd,dhk->bthk", x, p["gate"].astype(x.dtype)))
+    computed = jax.nn.sigmoid(matmul.einsum("btd,dhk->bthk", x, p["gate"].astype(x.dtype)))
     used = coeffs_lib.site({"attn_gate": computed.astype(F32)}, _pick(given, ("attn_gate",)))
     return used["attn_gate"], used
 
@@ -636,7 +637,7 @@ def sparse_attention(cfg: Config, p, x, q, k, v, positions: Positions, index, ke
     given, chosen = index
     used = {}
     if "indexer" in p:
-        q_res = rms_norm(x @ p["q_a"].astype(x.dtype), p["q_a_norm"], LATENT_NORM_EPS)
+        q_res = rms_norm(matmul.mm(x, p["q_a"].astype(x.dtype)), p["q_a_norm"], LATENT_NORM_EPS)
         iq, w = indexer_lib.query(p["indexer"], x, q_res, positions.cos, positions.sin,
                                   cfg.index_rope_interleave)
         ik, k_pos = keys or (index_keys(cfg, p, x, positions), positions.index)
@@ -644,7 +645,7 @@ def sparse_attention(cfg: Config, p, x, q, k, v, positions: Positions, index, ke
         visible = k_pos[:, None, :] <= positions.index[:, :, None]
         chosen = indexer_lib.select(used["indexer"], visible, cfg.index_topk)
     out = indexer_lib.attend_selected(q, k, v, chosen, ATTENTION[cfg.attention].scale(cfg))
-    return jnp.einsum("bthk,hkd->btd", out, p["o"].astype(cfg.compute_dtype)), used, chosen
+    return matmul.einsum("bthk,hkd->btd", out, p["o"].astype(cfg.compute_dtype)), used, chosen
 
 
 def attention_then_ffn(cfg: Config, p, h, positions: Positions, given, index=None,
@@ -811,7 +812,7 @@ def head(cfg: Config, params, x):
     """Float32 logits of the final-normed hidden states (the embedding when tied), soft-capped
     to (-cap, cap) by cap tanh(z / cap) where ``final_logit_softcap`` is set (Gemma)."""
     w = params["embed"].T if cfg.tie_word_embeddings else params["lm_head"]
-    logits = (x @ w.astype(x.dtype)).astype(F32)
+    logits = matmul.mm(x, w.astype(x.dtype)).astype(F32)
     if cfg.final_logit_softcap:
         cap = F32(cfg.final_logit_softcap)
         logits = jnp.tanh(logits / cap) * cap

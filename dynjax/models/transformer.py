@@ -16,6 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from dynjax.models import matmul
 from dynjax.models import sections
 from dynjax.models.activation_sharding import HEADS, HIDDEN, LOGITS, TOKENS, constrain
 from dynjax.models.sections import GateConfig, ModConfig, MoEConfig, MuddConfig
@@ -181,7 +182,7 @@ def _attend(q, k, v, q_pos, k_pos, row_stats, q0, scale=None):
     logits = jnp.where(visible, logits, MASK_VALUE)
     lse = jax.nn.logsumexp(logits, axis=-1)
     probs = jnp.exp(logits - lse[..., None])
-    out = jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+    out = matmul.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
     return out, lse, None if row_stats is None else row_stats(q0, logits, lse)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from dynjax.models import matmul
 from dynjax.models.components import norms, rotary
 from dynjax.models.transformer import MASK_VALUE, Positions, attention_scores, causal_attention
 
@@ -47,7 +48,7 @@ class Gqa:
         dt = cfg.compute_dtype
 
         def proj(name):
-            y = jnp.einsum("btd,dhk->bthk", x, p[name].astype(dt))
+            y = matmul.einsum("btd,dhk->bthk", x, p[name].astype(dt))
             return y + p[name + "_bias"].astype(dt) if cfg.qkv_bias else y
         q, k = proj("q"), proj("k")
         v = k if cfg.k_eq_v else proj("v")
@@ -133,13 +134,13 @@ class Mla:
         dt, eps, nope = cfg.compute_dtype, LATENT_NORM_EPS, cfg.qk_nope_head_dim
         w = lambda name: p[name].astype(dt)
         if cfg.q_lora_rank:
-            q = jnp.einsum("btr,rhk->bthk",
-                           norms.rms_norm(x @ w("q_a"), p["q_a_norm"], eps), w("q_b"))
+            q = matmul.einsum("btr,rhk->bthk", norms.rms_norm(
+                matmul.mm(x, w("q_a")), p["q_a_norm"], eps), w("q_b"))
         else:
-            q = jnp.einsum("btd,dhk->bthk", x, w("q"))
+            q = matmul.einsum("btd,dhk->bthk", x, w("q"))
         q = jnp.concatenate([q[..., :nope], rotary.apply(cfg, q[..., nope:], positions)], -1)
-        latent = x @ w("kv_a")
-        kv = jnp.einsum("btr,rhk->bthk", norms.rms_norm(
+        latent = matmul.mm(x, w("kv_a"))
+        kv = matmul.einsum("btr,rhk->bthk", norms.rms_norm(
             latent[..., :cfg.kv_lora_rank], p["kv_a_norm"], eps), w("kv_b"))
         k_rope = rotary.apply(cfg, latent[..., None, cfg.kv_lora_rank:], positions)
         k = jnp.concatenate([kv[..., :nope], jnp.broadcast_to(
@@ -158,7 +159,7 @@ class Mla:
         block = cfg.attn_block if q.shape[1] == k.shape[1] else 0
         out, _, _ = causal_attention(q, k, v, q_pos, k_pos, block, scale=Mla.scale(cfg))
         out = Gqa.gated(out, gate)
-        return jnp.einsum("bthk,hkd->btd", out, p["o"].astype(cfg.compute_dtype))
+        return matmul.einsum("bthk,hkd->btd", out, p["o"].astype(cfg.compute_dtype))
 
     @staticmethod
     def cache_shape(cfg):
@@ -183,7 +184,7 @@ def _sink_attend(q, k, v, q_pos, k_pos, sinks, window: int, scale=None):
         visible &= gap < window
     logits = jnp.where(visible[:, None], logits, MASK_VALUE)
     probs = jax.nn.softmax(logits, axis=-1) if sinks is None else sink_softmax(logits, sinks)
-    return jnp.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
+    return matmul.einsum("bhqk,bkhd->bqhd", probs.astype(v.dtype), v)
 
 
 def sink_attention(q, k, v, q_pos, k_pos, sinks, window: int = 0, block: int = 0,

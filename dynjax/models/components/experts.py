@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from dynjax.models import dispatch
+from dynjax.models import matmul
 
 
 def mlp_rows(path, d, width, experts=0):
@@ -33,8 +34,8 @@ ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": gelu_tanh}   # Config.hidden_ac
 def swiglu(p, x, dt, act: str = "silu"):
     """down(act(x gate) * (x up)), act silu (or ``act``, Gemma's gelu_tanh): every dense MLP
     and the shared experts."""
-    h = ACTIVATIONS[act](x @ p["gate"].astype(dt)) * (x @ p["up"].astype(dt))
-    return h @ p["down"].astype(dt)
+    h = ACTIVATIONS[act](matmul.mm(x, p["gate"].astype(dt))) * matmul.mm(x, p["up"].astype(dt))
+    return matmul.mm(h, p["down"].astype(dt))
 
 
 class Gelu:
