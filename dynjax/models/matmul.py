@@ -6,7 +6,7 @@ runs natively (YNNPACK): 2-3x faster on AVX-512. Rounding that float32 result to
 once is the rounding a bfloat16 dot has; only the order of the float32 sums differs, so an
 entry can differ from XLA's bfloat16 dot in its last bit, equally accurate. Float32
 operands are untouched.
-Depth: docs/performance.md#bfloat16-products
+Depth: docs/performance.md#performance ("bfloat16 products")
 """
 import jax.numpy as jnp
 
