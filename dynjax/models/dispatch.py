@@ -18,7 +18,6 @@ import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
 from dynjax.models import activation_sharding
-from dynjax.models import matmul
 
 IMPLS = ("blocks", "ragged")
 
@@ -296,26 +295,41 @@ def _over_blocks(first, count, step, carry, n_blocks: int):
     return jax.lax.fori_loop(whole * chunk, count, lambda j, c: step(first + j, 1, c), carry)
 
 
+def _take(a, i, n: int):
+    """``a[i:i + n]`` along the first axis. A 16-bit float array is sliced as its bits: a dot
+    reading a bfloat16 array through a dynamic slice makes XLA:CPU widen the whole array to
+    float32 on every call (and the dot then runs in float32); through the bits it does not."""
+    if jnp.finfo(a.dtype).bits >= 32:
+        return jax.lax.dynamic_slice_in_dim(a, i, n)
+    bits = jax.lax.bitcast_convert_type(a, jnp.uint16)
+    return jax.lax.bitcast_convert_type(jax.lax.dynamic_slice_in_dim(bits, i, n), a.dtype)
+
+
 def _block_loop(rows, w, group_sizes, block: int):
     """Every block of rows times its expert's matrix: a loop over the experts, each taking
     its matrix once (one copy of it; a slice per block would copy it once per block) and
-    looping over its own blocks, so unused blocks are neither computed nor read."""
+    looping over its own blocks, so unused blocks are neither computed nor read. Narrow
+    (bfloat16) operands are multiplied natively into a float32 buffer rounded once at the
+    end (:mod:`dynjax.models.matmul`'s rounding)."""
     nb = rows.shape[0] // block
     blocks = rows.reshape(nb, block, rows.shape[-1])
     firsts, counts = _block_ranges(group_sizes, block)
+    dt = jnp.result_type(rows, w)
+    narrow = jnp.finfo(dt).bits < 32
+    acc = jnp.float32 if narrow else dt
 
     def per_expert(e, out):
-        we = w[e]
+        we = _take(w, e, 1)[0] if narrow else w[e]
 
         def step(i, n, out):
-            x = jax.lax.dynamic_slice_in_dim(blocks, i, n).reshape(n * block, -1)
-            return jax.lax.dynamic_update_slice_in_dim(out, matmul.mm(x, we).reshape(n, block, -1),
-                                                       i, 0)
+            x = _take(blocks, i, n).reshape(n * block, -1)
+            y = jnp.matmul(x, we, preferred_element_type=acc) if narrow else x @ we
+            return jax.lax.dynamic_update_slice_in_dim(out, y.reshape(n, block, -1), i, 0)
         return _over_blocks(firsts[e], counts[e], step, out, nb)
 
     out = jax.lax.fori_loop(0, counts.shape[0], per_expert, _zeros_varying_like(
-        (nb, block, w.shape[-1]), jnp.result_type(rows, w), rows, w, group_sizes))
-    return out.reshape(rows.shape[0], w.shape[-1])
+        (nb, block, w.shape[-1]), acc, rows, w, group_sizes))
+    return out.reshape(rows.shape[0], w.shape[-1]).astype(dt)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))

@@ -266,3 +266,17 @@ def test_bfloat16_grouped_matmul_rounds_float32_products_once():
     assert got.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(got[:used], np.float32),
                                np.asarray(want[:used], np.float32), rtol=2 ** -7, atol=0)
+
+
+def test_bfloat16_expert_stack_is_not_widened_in_the_compiled_loop():
+    """The grouped matmul reads a bfloat16 expert stack as it is: no float32 copy of the
+    whole (E, a, b) stack in the compiled program (XLA:CPU makes one, every call, when the
+    loop's dot reads the stack through a dynamic slice of its bfloat16 values)."""
+    E, d, f = 8, 64, 32
+    experts = jax.random.randint(jax.random.key(4), (128,), 0, E)
+    _, _, groups = dispatch.layout(experts, E, block=8, impl="blocks")
+    rows = jnp.zeros((groups.rows, d), jnp.bfloat16)
+    w = jnp.zeros((E, d, f), jnp.bfloat16)
+    text = jax.jit(lambda r, w: dispatch.grouped_matmul(r, w, groups)).lower(
+        rows, w).compile().as_text()
+    assert f"bf16[{E},{d},{f}]" in text and f"f32[{E},{d},{f}]" not in text
