@@ -310,9 +310,9 @@ def _block_loop(rows, w, group_sizes, block: int):
     its matrix once (one copy of it; a slice per block would copy it once per block) and
     looping over its own blocks, so unused blocks are neither computed nor read. Narrow
     (bfloat16) operands are multiplied natively into a float32 buffer rounded once at the
-    end (:mod:`dynjax.models.matmul`'s rounding)."""
+    end (:mod:`dynjax.models.matmul`'s rounding). Rows stay (M, width): slices at row
+    offsets, no (blocks, block, width) view for XLA to convert back and forth."""
     nb = rows.shape[0] // block
-    blocks = rows.reshape(nb, block, rows.shape[-1])
     firsts, counts = _block_ranges(group_sizes, block)
     dt = jnp.result_type(rows, w)
     narrow = jnp.finfo(dt).bits < 32
@@ -322,14 +322,14 @@ def _block_loop(rows, w, group_sizes, block: int):
         we = _take(w, e, 1)[0] if narrow else w[e]
 
         def step(i, n, out):
-            x = _take(blocks, i, n).reshape(n * block, -1)
+            x = _take(rows, i * block, n * block)
             y = jnp.matmul(x, we, preferred_element_type=acc) if narrow else x @ we
-            return jax.lax.dynamic_update_slice_in_dim(out, y.reshape(n, block, -1), i, 0)
+            return jax.lax.dynamic_update_slice_in_dim(out, y, i * block, 0)
         return _over_blocks(firsts[e], counts[e], step, out, nb)
 
     out = jax.lax.fori_loop(0, counts.shape[0], per_expert, _zeros_varying_like(
-        (nb, block, w.shape[-1]), acc, rows, w, group_sizes))
-    return out.reshape(rows.shape[0], w.shape[-1]).astype(dt)
+        (rows.shape[0], w.shape[-1]), acc, rows, w, group_sizes))
+    return out.astype(dt)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
