@@ -112,7 +112,7 @@ def case(args, E, k, n_tokens):
                                  "train_temp_bytes": temp_bytes(train)}
         timers[f"{name}/forward"] = lambda f=fwd: f(params, x)
         timers[f"{name}/train"] = lambda f=train: f(params, x)
-    for label, t in paired_times(timers, args.repeats).items():
+    for label, t in paired_times(timers, args.repeats, args.settle).items():
         name, prog = label.split("/")
         out["dispatch"][name][f"{prog}_median_s"] = t["median_s"]
         out["dispatch"][name][f"{prog}_min_s"] = t["min_s"]
@@ -155,6 +155,8 @@ def main(argv=None):
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--d-ff", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--settle", type=int, default=0,
+                    help="untimed calls before each timed one (calls in a row, as training makes)")
     ap.add_argument("--dispatches", nargs="+", default=[*DISPATCHES, "dense_gemm"],
                     choices=[*DISPATCHES, "dense_gemm"], help="dropless is always run")
     ap.add_argument("--max-onehot-elems", type=float, default=2.5e8)
@@ -167,7 +169,7 @@ def main(argv=None):
     result = {"command": command_line(), "runtime": describe(),
               "backend": jax.default_backend(), "grouped_matmul": dispatch.default_impl(),
               "layer": {"d_model": args.d_model, "d_ff": args.d_ff, "seq_len": args.seq_len,
-                        "dtype": "float32", "repeats": args.repeats},
+                        "dtype": "float32", "repeats": args.repeats, "settle": args.settle},
               "dispatches": args.dispatches, "cases": cases, "memory_growth": growth,
               "goal": "gemm_fraction (dense_gemm seconds / dropless seconds, same FLOPs) "
                       ">= 0.7 at >= 16k tokens"}

@@ -20,17 +20,21 @@ import jax.numpy as jnp
 from dynjax import decoding
 
 
-def paired_times(timers: dict, repeats: int) -> dict:
+def paired_times(timers: dict, repeats: int, settle: int = 0) -> dict:
     """Seconds of each zero-argument function in ``timers`` (name -> fn), measured in
     ``repeats`` interleaved rounds after one warm-up call each: name -> {"median_s",
     "min_s", "repeats", "times_s"} (``times_s``: each round's seconds, in order). The minimum
     is the better estimate of a call's own cost where other processes add delays (a shared
-    CPU); the median is what a user waits, typically."""
+    CPU); the median is what a user waits, typically. ``settle`` untimed calls precede each
+    timed one: a memory-heavy program right after another one's turn can run 2-3x slower on
+    a VM, which calls in a row (a training loop, an audit) do not pay."""
     for fn in timers.values():
         jax.block_until_ready(fn())  # warm-up (compiles)
     times = {name: [] for name in timers}
     for _ in range(repeats):
         for name, fn in timers.items():
+            for _ in range(settle):
+                jax.block_until_ready(fn())
             t0 = time.perf_counter()
             jax.block_until_ready(fn())
             times[name].append(time.perf_counter() - t0)

@@ -310,8 +310,7 @@ def _block_loop(rows, w, group_sizes, block: int):
     its matrix once (one copy of it; a slice per block would copy it once per block) and
     looping over its own blocks, so unused blocks are neither computed nor read. Narrow
     (bfloat16) operands are multiplied natively into a float32 buffer rounded once at the
-    end (:mod:`dynjax.models.matmul`'s rounding). Rows stay (M, width): slices at row
-    offsets, no (blocks, block, width) view for XLA to convert back and forth."""
+    end (:mod:`dynjax.models.matmul`'s rounding)."""
     nb = rows.shape[0] // block
     firsts, counts = _block_ranges(group_sizes, block)
     dt = jnp.result_type(rows, w)
