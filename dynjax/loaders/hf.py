@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 import numpy as np
 
+from dynjax import runtime
 from dynjax.data import text as text_data
 from dynjax.errors import CheckpointError, ConfigError
 from dynjax.loaders import archs, hub, tensors
@@ -144,7 +145,9 @@ def load(path: str, dtype=None, strict: bool = True, mesh=None, preset: str = "d
             raise ConfigError(f"preset={preset!r}; choose one of {sorted(sharding.PRESETS)}")
         rules = sharding.PRESETS[preset] if isinstance(preset, str) else preset
         shardings = sharding.param_shardings(model.logical_axes(), mesh, rules)
-    return model, params_from_tensors(cfg, Tensors(path, hf), strict, shardings)
+    with runtime.ordinary_pages():   # huge pages here cost 5x in kernel time (runtime.py)
+        params = params_from_tensors(cfg, Tensors(path, hf), strict, shardings)
+    return model, params
 
 
 # --------------------------------------------------------------------------------------------

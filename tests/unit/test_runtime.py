@@ -3,16 +3,18 @@ under the allocator setting before JAX starts (dynjax/runtime.py; the mechanism'
 tests/integration/test_perf.py), and each benchmark's JSON records the settings it ran under."""
 import ast
 import pathlib
+import sys
 
 import pytest
 
+from dynjax import runtime
 from tests.conftest import ROOT
 
 ROOT_P = pathlib.Path(ROOT)
 PROGRAMS = sorted([*ROOT_P.glob("*.py"), *ROOT_P.glob("benchmarks/*.py"), *ROOT_P.glob("scripts/*.py"),
                    *ROOT_P.glob("experiments/*.py")])
 LIBRARY_FILES = {"benchmarks/common.py", "benchmarks/__init__.py", "experiments/__init__.py",
-                 "benchmarks/cpu_limit.py", "benchmarks/user_path.py",
+                 "benchmarks/cpu_limit.py", "benchmarks/user_path.py", "benchmarks/hf_gemm_bound.py",
                  "scripts/mutation_check.py"}   # imported helpers; the mutation check runs pytest
 
 
@@ -50,3 +52,35 @@ def test_every_program_starts_under_the_runtime_setting(path):
 def test_every_benchmark_json_records_its_runtime(path):
     text = path.read_text()
     assert text.count('"command": command_line()') == text.count('"runtime": describe()')
+
+
+def _thp_disabled() -> int:
+    import ctypes
+    return ctypes.CDLL(None).prctl(runtime.PR_GET_THP_DISABLE, 0, 0, 0, 0)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+def test_ordinary_pages_turns_huge_pages_off_and_back():
+    before = _thp_disabled()
+    with runtime.ordinary_pages():
+        assert _thp_disabled() == 1
+    assert _thp_disabled() == before
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+def test_a_checkpoint_is_read_in_ordinary_pages(tmp_path, monkeypatch):
+    """hf.load reads and places every tensor with huge pages off (10-20 s of kernel time
+    for a 2 GB load with them; docs/hf.md), and turns them back on for what follows."""
+    from benchmarks import hf_load
+    from dynjax.loaders import hf
+
+    shape = {**hf_load.SHAPES["llama"], "vocab_size": 256, "hidden_size": 64,
+             "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "head_dim": 16}
+    hf_load.make(str(tmp_path), 0.001, shape)
+    seen, read = [], hf.Tensors._raw
+    monkeypatch.setattr(hf.Tensors, "_raw", lambda self, *a, **k: (
+        seen.append(_thp_disabled()), read(self, *a, **k))[1])
+    before = _thp_disabled()
+    hf.load(str(tmp_path))
+    assert seen and set(seen) == {1} and _thp_disabled() == before
