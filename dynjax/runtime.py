@@ -68,7 +68,7 @@ def ordinary_pages():
     (Linux ``prctl(PR_SET_THP_DISABLE)``, restored after; elsewhere nothing). A checkpoint
     load fills gigabytes of fresh memory beside a page cache holding its files, and the
     huge pages ``setup`` asks for then make the kernel compact memory at each fault: a
-    2 GB bfloat16 load spent 10-20 s in the kernel against 2-3 s in ordinary pages."""
+    2 GB bfloat16 load took 10-20 s, nearly all in the kernel, against 3-4 s in ordinary pages."""
     libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
     before = libc.prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) if libc is not None else -1
     if before < 0 or libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0:
