@@ -10,13 +10,13 @@ to win, and a goal below it is out of reach on this CPU. Used by ``vs_transforme
 from __future__ import annotations
 
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 
+from benchmarks import vs_pytorch
 from dynjax.models import matmul
 
 
@@ -42,16 +42,9 @@ def flops(lhs, rhs) -> float:
 
 
 def _seconds(fn, min_s: float = 0.2, rounds: int = 3) -> float:
-    """Median over ``rounds`` of the mean time of calls filling ``min_s``."""
-    fn()
-    out = []
-    for _ in range(rounds):
-        n, t0 = 0, time.perf_counter()
-        while (time.perf_counter() - t0) < min_s or n == 0:
-            fn()
-            n += 1
-        out.append((time.perf_counter() - t0) / n)
-    return statistics.median(out)
+    """Median over ``rounds`` of vs_pytorch's ``timed``: the mean of calls filling ``min_s``
+    after an untimed one."""
+    return statistics.median(vs_pytorch.timed(fn, 1, min_s) for _ in range(rounds))
 
 
 def _timer(framework: str, lhs, rhs, dtype: str):

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
 from dynjax.models import activation_sharding
+from dynjax.models import matmul
 
 IMPLS = ("blocks", "ragged")
 
@@ -299,7 +300,7 @@ def _take(a, i, n: int):
     """``a[i:i + n]`` along the first axis. A 16-bit float array is sliced as its bits: a dot
     reading a bfloat16 array through a dynamic slice makes XLA:CPU widen the whole array to
     float32 on every call (and the dot then runs in float32); through the bits it does not."""
-    if jnp.finfo(a.dtype).bits >= 32:
+    if not matmul.narrow(a.dtype):
         return jax.lax.dynamic_slice_in_dim(a, i, n)
     bits = jax.lax.bitcast_convert_type(a, jnp.uint16)
     return jax.lax.bitcast_convert_type(jax.lax.dynamic_slice_in_dim(bits, i, n), a.dtype)
@@ -314,7 +315,7 @@ def _block_loop(rows, w, group_sizes, block: int):
     nb = rows.shape[0] // block
     firsts, counts = _block_ranges(group_sizes, block)
     dt = jnp.result_type(rows, w)
-    narrow = jnp.finfo(dt).bits < 32
+    narrow = matmul.narrow(dt)
     acc = jnp.float32 if narrow else dt
 
     def per_expert(e, out):

@@ -11,11 +11,16 @@ Depth: docs/performance.md#performance ("bfloat16 products")
 import jax.numpy as jnp
 
 
+def narrow(dtype) -> bool:
+    """Whether a float dtype is narrower than float32 (its products are summed in float32)."""
+    return jnp.finfo(dtype).bits < 32
+
+
 def einsum(eq: str, a, b):
     """``jnp.einsum(eq, a, b)`` in the operands' result dtype, the products summed in float32
     where that dtype is narrower."""
     dt = jnp.result_type(a, b)
-    if jnp.finfo(dt).bits >= 32:
+    if not narrow(dt):
         return jnp.einsum(eq, a, b)
     return jnp.einsum(eq, a, b, preferred_element_type=jnp.float32).astype(dt)
 
@@ -23,6 +28,6 @@ def einsum(eq: str, a, b):
 def mm(a, b):
     """``a @ b`` (a (..., k), b (k, n)) as :func:`einsum` takes it."""
     dt = jnp.result_type(a, b)
-    if jnp.finfo(dt).bits >= 32:
+    if not narrow(dt):
         return a @ b
     return jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(dt)
