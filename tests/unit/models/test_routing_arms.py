@@ -92,9 +92,17 @@ def test_every_arm_has_the_dense_models_active_parameters_within_one_percent():
     dense = llm.param_count(build(dict(routing_study.model("attn_gate"),
                                        attn_output_gate=False, intermediate_size=512)).cfg)
     assert dense["active"] == 1116288
+    large = llm.param_count(build(dict(routing_study.model("softmax_topk_large"), moe_layers=(),
+                                       num_experts=0, top_k=0)).cfg)
+    assert large["active"] == 8528128    # 8 layers, d = 256, intermediate 1024
+    assert routing_study.ARMS[-2:] == ("softmax_topk_large", "deepseek_sigmoid_large")
     for arm in routing_study.ARMS:
+        want = large if arm.endswith("_large") else dense
         active = llm.param_count(build(routing_study.model(arm)).cfg)["active"]
-        assert abs(active / dense["active"] - 1) < 0.01, (arm, active)
+        assert abs(active / want["active"] - 1) < 0.01, (arm, active)
+    c = routing_study.get_config("deepseek_sigmoid_large")
+    assert (c.model.n_layers, c.model.hidden_size, c.model.moe_layers, c.train.steps,
+            c.train.lr) == (8, 256, tuple(range(8)), 1500, 1e-3)
 
 
 def test_each_arm_gets_its_conditions_and_analyses(tmp_path):
@@ -107,7 +115,8 @@ def test_each_arm_gets_its_conditions_and_analyses(tmp_path):
     assert (hash_["layers"], hash_["experts"], hash_["hf"]) == (True, False, False)
     assert routing_study.study("deepseek_sigmoid")["conditions"] == \
         routing_study.ROUTING_CONDITIONS
-    items = [i for i in study.work(tmp_path, tmp_path, seeds=(0,)) if i[1] != "softmax_topk"]
+    items = [i for i in study.work(tmp_path, tmp_path, seeds=(0,))
+             if i[1] in routing_study.TINY_ARMS[1:]]
     assert items == [("train", "deepseek_sigmoid", 0), ("audit", "deepseek_sigmoid", 0),
                      ("layers", "deepseek_sigmoid", 0), ("experts", "deepseek_sigmoid", 0),
                      ("train", "hash", 0), ("audit", "hash", 0), ("layers", "hash", 0),
