@@ -5,9 +5,8 @@ and the two learned routers again at its larger size (``ARM_large``).
     python experiments/routing_study.py --runs=runs/routing_study      # every arm, 3 seeds
 
 Arms (``ARMS``): ``softmax_topk`` (OLMoE-style), ``deepseek_sigmoid`` (DeepSeek-V3-style,
-auxiliary-loss-free bias), ``hash`` (the static control), ``attn_gate`` and ``mhc`` (dense);
-each has the dense model's active parameters per token within 0.8%; ``softmax_topk_large`` and
-``deepseek_sigmoid_large``. Tiny arms: test 2.17-2.22 bits/byte; results/routing_study/README.md.
+aux-loss-free bias), ``hash`` (static control), ``attn_gate``, ``mhc`` (dense), each with the
+dense model's active parameters within 0.8%; ``softmax_topk_large``, ``deepseek_sigmoid_large``.
 Depth: results/routing_study/README.md#the-arms-dynjaxconfigsrouting_studypy
 """
 import ml_collections
