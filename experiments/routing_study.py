@@ -277,8 +277,9 @@ def report(out: pathlib.Path) -> dict:
                         (_read(seed_file(out, arm, s)) for s in SEEDS) if "experts" in f]
     whole = whole_model(out)
     lines += ["", "# Whole model, per arm (all coefficient sites at once)\n",
-              "ΔNLL nats/token, mean over seeds (one seed: its 95% CI over windows); "
-              "test bits/byte per seed.\n", *whole.pop("_lines")]
+              "ΔNLL nats/token, mean over seeds; three seeds: a bootstrap 95% CI over the "
+              "seeds (coarse: three values); one seed: its CI over windows; test bits/byte "
+              "per seed.\n", *whole.pop("_lines")]
     write_json_atomic(out / "arms.json", {"command": command_line(), "arms": whole})
     write_json_atomic(out / "per_layer.json", {"command": command_line(), "arms": table})
     write_json_atomic(out / "expert_importance.json", {"command": command_line(),
@@ -363,10 +364,23 @@ def _seed_range(values) -> dict:
             "ci_high": float(np.max(values)), "ci_method": "range of the two seeds"}
 
 
+def _over_seeds(values):
+    """Three or more seeds: the seeds as checkpoints (bootstrap CI of their mean, the exact
+    sign-flip p with its floor); two: their range; one: None (its windows' CI is beside it)."""
+    from dynjax.audit import stats
+    if len(values) >= 3:
+        return stats.summarize_checkpoints(values)
+    return _seed_range(values) if len(values) == 2 else None
+
+
 def whole_model(out: pathlib.Path) -> dict:
     """Per arm with audited seeds: each condition's ΔNLL (the whole-model audit, every site
-    at once) per seed and its mean, and test bits/byte per seed; ``_lines``: the markdown
-    table (conditions as columns, an arm a row)."""
+    at once) per seed, its mean and its interval over seeds (:func:`_over_seeds`), the share
+    of the structure's effect a static profile keeps (``1 - static_profile /
+    structure_removed``, per seed and, with three seeds, with its paired CI), and test
+    bits/byte per seed; ``_lines``: the markdown table (conditions as columns, an arm a row)."""
+    from dynjax.audit import stats
+
     arms_out, conditions = {}, []
     for arm in arms():
         files = [f for f in (_read(seed_file(out, arm, s)) for s in SEEDS) if "audit" in f]
@@ -375,26 +389,42 @@ def whole_model(out: pathlib.Path) -> dict:
         pooled = [f["audit"]["pooled"] for f in files]
         names = [c for c in pooled[0] if c != "correct"]
         conditions += [c for c in names if c not in conditions]
+        per_seed = {c: [p[c]["estimate"] for p in pooled] for c in names}
         arms_out[arm] = {"seeds": [f["seed"] for f in files],
                          "test_bpb": [f["test_bpb"] for f in files],
-                         "conditions": {c: {"per_seed": [p[c]["estimate"] for p in pooled],
-                                            "mean": float(np.mean([p[c]["estimate"]
-                                                                   for p in pooled])),
+                         "conditions": {c: {"per_seed": v, "mean": float(np.mean(v)),
                                             "ci_one_seed": [pooled[0][c]["ci_low"],
                                                             pooled[0][c]["ci_high"]]
-                                            if len(pooled) == 1 else None}
-                                        for c in names}}
+                                            if len(pooled) == 1 else None,
+                                            "over_seeds": _over_seeds(v)}
+                                        for c, v in per_seed.items()}}
+        if {"static_profile", "structure_removed"} <= set(names):
+            s, r = np.array(per_seed["static_profile"]), np.array(per_seed["structure_removed"])
+            arms_out[arm]["static_keeps"] = {
+                "definition": "1 - static_profile / structure_removed (ΔNLL, whole model)",
+                "per_seed": list(1 - s / r),
+                "over_seeds": stats.retention_ci(s, r) if len(s) >= 3 else None}
     lines = ["| arm | seeds | test bits/byte | " + " | ".join(conditions) + " |",
              "|---|---|---|" + "---|" * len(conditions)]
     for arm, a in arms_out.items():
         cells = []
         for c in conditions:
             v = a["conditions"].get(c)
+            ci = (v["ci_one_seed"] or ([v["over_seeds"]["ci_low"], v["over_seeds"]["ci_high"]]
+                                       if len(a["seeds"]) >= 3 else None)) if v else None
             cells.append("—" if v is None else f"{v['mean']:.3f}" + (
-                f" [{v['ci_one_seed'][0]:.3f}, {v['ci_one_seed'][1]:.3f}]"
-                if v["ci_one_seed"] else ""))
+                f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""))
         bpb = " / ".join(f"{b:.4f}" for b in a["test_bpb"])
         lines.append(f"| {arm} | {len(a['seeds'])} | {bpb} | " + " | ".join(cells) + " |")
+    keeps = [(arm, a["static_keeps"]) for arm, a in arms_out.items() if "static_keeps" in a]
+    if keeps:
+        lines += ["", "Share of the structure's effect a static profile keeps "
+                  "(1 - static_profile / structure_removed), per seed; three seeds: the paired "
+                  "bootstrap CI over seeds.", ""]
+        for arm, k in keeps:
+            o = k["over_seeds"]
+            lines.append(f"- {arm}: " + " / ".join(f"{x:.3f}" for x in k["per_seed"]) + (
+                f"; {o['estimate']:.3f} [{o['ci_low']:.3f}, {o['ci_high']:.3f}]" if o else ""))
     arms_out["_lines"] = lines
     return arms_out
 

@@ -94,6 +94,28 @@ def test_the_report_compares_the_arms_whole_model_audits(tmp_path):
     assert "| softmax_topk | 2 | 2.0000 / 3.0000 | 2.500 | 0.200 |" in md
 
 
+def test_three_seeds_give_whole_model_intervals_over_seeds_and_the_static_share(tmp_path):
+    """Three audited seeds: each condition's interval is over the seeds (a checkpoint-level
+    bootstrap with the sign-flip p and its floor, 0.25 for three), and the share a static
+    profile keeps is 1 - static_profile / structure_removed per seed, with a paired CI."""
+    for seed, (s, r) in enumerate(((0.2, 0.4), (0.3, 0.5), (0.1, 0.4))):
+        f = study.seed_file(tmp_path, "attn_gate", seed)
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps({"seed": seed, "test_bpb": 2.0, "audit": _audit(
+            {"cross_input": 1.0 + seed, "static_profile": s, "structure_removed": r})}))
+    study.report(tmp_path)
+    got = json.loads((tmp_path / "arms.json").read_text())["arms"]["attn_gate"]
+    ci = got["conditions"]["cross_input"]["over_seeds"]
+    assert ci["estimate"] == pytest.approx(2.0) and ci["p_floor"] == pytest.approx(0.25)
+    assert 1.0 <= ci["ci_low"] < 2.0 < ci["ci_high"] <= 3.0
+    keeps = got["static_keeps"]
+    assert keeps["per_seed"] == pytest.approx([0.5, 0.4, 0.75])
+    assert keeps["over_seeds"]["estimate"] == pytest.approx(1 - 0.2 / (1.3 / 3))
+    md = (tmp_path / "table.md").read_text()
+    assert f"| attn_gate | 3 | 2.0000 / 2.0000 / 2.0000 | 2.000 [{ci['ci_low']:.3f}, " in md
+    assert "- attn_gate: 0.500 / 0.400 / 0.750; 0.538 [" in md
+
+
 def test_one_seed_reports_its_own_intervals_over_windows(tmp_path):
     """An arm with one seed has no interval over seeds: its rows carry that seed's own
     intervals over windows (never NaN), and the share has no interval."""
