@@ -10,8 +10,8 @@
 The arms are configs/routing_study.py's (``ARMS``; ``--arms`` picks some), three seeds
 each, at the FCA sweep's tiny size (4 layers, d = 128, ``embedded_large``, batch 32 x 128,
 1500 steps), then the learned routers at its larger size (``softmax_topk_large``,
-``deepseek_sigmoid_large``: 8 layers, d = 256, the same 1500 steps). For each trained seed, in order, what ``routing_study.study(arm)`` gives the
-arm:
+``deepseek_sigmoid_large``: 8 layers, d = 256, the same 1500 steps). For each trained seed,
+in order, what ``routing_study.study(arm)`` gives the arm:
 
 1. ``audit``: audit.py's protocol (configs/audit_tiny.py; 256 calibration and 256
    evaluation windows, R = 10) into RUNS/audit/ARM_sSEED with the arm's conditions: the
