@@ -253,7 +253,7 @@ def test_dropless_is_the_default_and_has_no_tokens_by_experts_intermediate():
     import dataclasses
 
     from dynjax.models import dispatch, llm
-    from tests.unit.models.test_dispatch import largest_array
+    from tests.integration.models.test_dispatch_sweep import largest_array
 
     cfg = dataclasses.replace(loaded("qwen2_moe")[0].cfg, num_experts=32, top_k=2,
                               moe_intermediate_size=64, attn_block=32)

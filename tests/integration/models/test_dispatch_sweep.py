@@ -1,19 +1,22 @@
-"""Dropless MoE dispatch against the one-hot form that never drops, beyond the unit tier's
-one case of each (tests/unit/models/test_dispatch.py holds the checks): every size and expert
-count, integrated MoDE, the audit's vmapped reassignments, and staged MoDE routed causally."""
+"""Dropless MoE dispatch beyond the unit tier (tests/unit/models/test_dispatch.py holds the
+layer checks): every size and expert count, whole models against the one-hot form that never
+drops, integrated MoDE, the ragged-dot path under vmap and grad, the compiled train step's
+largest array, the audit's vmapped reassignments, and staged MoDE routed causally."""
 import chex
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from dynjax.audit import interventions
-from dynjax.models import dispatch, mod
+from dynjax.models import dispatch, mod, moe
 from dynjax.models.transformer import ModelConfig
 from tests.unit.models.test_dispatch import (
-    B, CFG, D, MODELS, SIZES, T, TOKENS, UNIT_MODELS, UNIT_SIZES,
+    B, CFG, D, MODELS, SIZES, T, TOKENS, UNIT_SIZES,
     check_dropless_equals_every_expert_on_every_token,
     check_dropless_replay_is_bitwise_under_jit, check_model_equals_one_hot_that_never_drops,
-    loss_fn, pair)
+    loss_fn, matmul_fn, pair, routing)
 
 
 @pytest.mark.parametrize("impl", dispatch.IMPLS)
@@ -22,8 +25,8 @@ def test_dropless_equals_every_expert_on_every_token_sweep(impl, E, k, block):
     check_dropless_equals_every_expert_on_every_token(impl, E, k, block)
 
 
-@pytest.mark.parametrize("variant,E,k", [m for m in MODELS if m not in UNIT_MODELS])
-def test_model_equals_one_hot_that_never_drops_sweep(variant, E, k):
+@pytest.mark.parametrize("variant,E,k", MODELS)
+def test_model_equals_one_hot_that_never_drops(variant, E, k):
     check_model_equals_one_hot_that_never_drops(variant, E, k)
 
 
@@ -71,3 +74,49 @@ def test_staged_mode_causal_routing_equals_one_hot():
     f = jax.jit(lambda c=None: dropless.apply(params, TOKENS, c))
     logits, coeffs = f()
     chex.assert_trees_all_equal(f(coeffs), (logits, coeffs))
+
+
+def test_ragged_dot_path_equals_blocks_path_under_vmap_and_grad():
+    """The accelerator path (``ragged_dot``, its own vjp and batching rule) called
+    explicitly on CPU: values, gradients, and vmap over routings with unbatched weights."""
+    n, d, f, E, k, R = 32, 8, 16, 6, 2, 3
+    x = jax.random.normal(jax.random.key(4), (n, d))
+    w = jax.random.normal(jax.random.key(5), (E, d, f))
+    experts, weights = jax.vmap(lambda kk: routing(kk, n, k, E))(
+        jax.random.split(jax.random.key(6), R))
+    fwd = {impl: jax.jit(jax.vmap(matmul_fn(w, impl), (None, 0, 0))) for impl in dispatch.IMPLS}
+    np.testing.assert_allclose(fwd["ragged"](x, experts, weights),
+                               fwd["blocks"](x, experts, weights), rtol=1e-5, atol=1e-5)
+    grads = {impl: jax.jit(jax.vmap(jax.grad(
+        lambda w, e, g, i=impl: jnp.sum(matmul_fn(w, i)(x, e, g) ** 2)), (None, 0, 0)))(
+        w, experts, weights) for impl in dispatch.IMPLS}
+    np.testing.assert_allclose(grads["ragged"], grads["blocks"], rtol=1e-4, atol=1e-4)
+
+
+def largest_array(compiled) -> int:
+    """Elements of the largest array any instruction of a compiled program produces."""
+    import re
+    sizes = [int(np.prod([int(v) for v in dims.split(",") if v]))
+             for dims in re.findall(r"\b(?:f32|bf16|s32|pred|f16)\[([\d,]*)\]",
+                                    compiled.as_text())]
+    return max(sizes)
+
+
+def test_no_tokens_by_experts_by_capacity_tensor_in_the_compiled_train_step():
+    """One MoE FFN where tokens x experts x capacity dwarfs every legitimate array: the
+    one-hot program holds such a tensor, the dropless one nothing near it, and its
+    temporaries are a small fraction of the one-hot ones."""
+    n_tok, E, k, d = 256, 16, 2, 8
+    cfg = CFG.replace(d_model=d, d_ff=d, moe_num_experts=E, moe_num_experts_per_tok=k)
+    x = jax.random.normal(jax.random.key(4), (1, n_tok, d))
+    params = nn.meta.unbox(moe.MoeFfn(cfg).init(jax.random.key(5), x))
+    programs = {}
+    for name in ("onehot", "dropless"):
+        ffn = moe.MoeFfn(cfg.replace(moe_dispatch=name))
+        step = jax.grad(lambda p: jnp.sum(ffn.apply(p, x)[0] ** 2))
+        programs[name] = jax.jit(step).lower(params).compile()
+    assert largest_array(programs["onehot"]) >= n_tok * E * n_tok
+    sorted_rows = dispatch.n_rows(n_tok * k, E, dispatch.default_block(n_tok * k, E)) * d
+    assert largest_array(programs["dropless"]) <= sorted_rows < n_tok * E * n_tok // 64
+    temp = {n: c.memory_analysis().temp_size_in_bytes for n, c in programs.items()}
+    assert temp["dropless"] * 20 < temp["onehot"], temp

@@ -1,5 +1,6 @@
-"""Staged MoDE beyond the unit tier (tests/unit/models/test_mode.py): the other causal
-expert-capacity case, and a train step of each mode_tiny config."""
+"""Staged MoDE beyond the unit tier (tests/unit/models/test_mode.py): the causal route
+with binding expert capacity against the KV-cache decoder, and a train step of each mode_tiny
+config."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,11 +8,11 @@ import pytest
 
 from dynjax.models import build
 from tests.unit.models.test_mode import (
-    CAUSAL, TOKENS, UNIT_CAUSAL, check_causal_staged_mode_with_binding_expert_capacity)
+    CAUSAL, TOKENS, check_causal_staged_mode_with_binding_expert_capacity)
 
 
-@pytest.mark.parametrize("route,top_k,cf", [c for c in CAUSAL if c not in UNIT_CAUSAL])
-def test_causal_staged_mode_with_binding_expert_capacity_sweep(route, top_k, cf):
+@pytest.mark.parametrize("route,top_k,cf", CAUSAL)
+def test_causal_staged_mode_with_binding_expert_capacity(route, top_k, cf):
     check_causal_staged_mode_with_binding_expert_capacity(route, top_k, cf)
 
 

@@ -150,7 +150,7 @@ def assert_causal_at_every_split(logits_fn, tokens, atol=1e-6):
                                    atol=atol, err_msg=f"split at {s}")
 
 
-ROUTES, UNIT_ROUTES = ["router", "predictor"], ["router"]
+ROUTES = ["router", "predictor"]
 
 
 def check_causal_routing_is_causal_at_every_split_and_kv_cache_matches_it(model, route):
@@ -185,38 +185,14 @@ def check_causal_routing_is_causal_at_every_split_and_kv_cache_matches_it(model,
         decoding.cached_forward(cfg, params, tokens, "maybe")
 
 
-@pytest.mark.parametrize("route", UNIT_ROUTES)
-def test_causal_routing_is_causal_at_every_split_and_kv_cache_matches_it(model, route):
-    check_causal_routing_is_causal_at_every_split_and_kv_cache_matches_it(model, route)
-
-
-def test_slot_budget_admits_the_first_askers_and_the_rest_skip(model):
-    """mod_decode_slots=N: the first N tokens that ask enter, later askers skip the block
-    (the documented fallback); decoding and the sequence form agree, whatever the length."""
-    _, params, tokens = model
-    N = 3
-    cfg = mod.decode_config(CFG, "router").replace(mod_decode_slots=N)
-    stats = routing.routing_stats(build(cfg), params, tokens)
-    free = routing.routing_stats(build(mod.decode_config(CFG, "router")), params, tokens)
-    asked = np.asarray(free["entered"])[0]             # unlimited: every asker enters
-    entered, overflow = np.asarray(stats["entered"])[0], np.asarray(stats["overflow"])[0]
-    for b in range(B):
-        askers = np.flatnonzero(asked[b])
-        assert len(askers) > N                         # the budget binds in this example
-        np.testing.assert_array_equal(np.flatnonzero(entered[b]), askers[:N])
-        np.testing.assert_array_equal(np.flatnonzero(overflow[b]), askers[N:])
-    logits = jax.jit(lambda t: build(cfg).apply(params, t)[0])(tokens)
-    for max_len in (T, 3 * T):
-        cached, info = jax.jit(
-            lambda t: decoding.cached_forward(cfg, params, t, max_len=max_len))(tokens)
-        ent = info["entered"]
-        np.testing.assert_allclose(cached, logits, atol=1e-4, rtol=1e-4)
-        np.testing.assert_array_equal(ent, stats["entered"])
-    sparse = decoding.cache_bytes(decoding.init_cache(cfg, B, 64))
-    dense = decoding.cache_bytes(decoding.init_cache(cfg.replace(variant="dense"), B, 64))
-    assert sparse == dense * (64 + N) / (2 * 64)       # one dense and one MoD block of two
-    with pytest.raises(ValueError, match="mod_decode_slots=-1"):
-        build(CFG.replace(mod_decode_slots=-1))
+def test_causal_route_is_causal_at_every_split_and_top_k_is_not(model):
+    """The inner loop's guard; the KV-cache decoder's agreement with it, for both causal
+    routes, is tests/integration/models/test_mod_sweep.py's."""
+    m, params, tokens = model
+    causal = build(mod.decode_config(CFG, "router"))
+    assert_causal_at_every_split(jax.jit(lambda t: causal.apply(params, t)[0]), tokens)
+    with pytest.raises(AssertionError):
+        assert_causal_at_every_split(jax.jit(lambda t: m.apply(params, t)[0]), tokens)
 
 
 def test_routing_report_counts_precision_and_recall(model):
@@ -257,27 +233,6 @@ def test_aux_losses_train_router_and_predictor_only_through_their_targets(model)
     sub = grads["layers"]["layer_0"]
     assert np.abs(np.asarray(sub["sub_1"]["predictor"]["out"]["kernel"])).max() > 0
     assert all(np.all(np.asarray(g) == 0) for g in jax.tree.leaves(sub["sub_0"]))
-
-
-def test_evaluation_reports_every_rule_with_a_causal_headline(model):
-    """eval.json's figures: top-k labelled non-causal, the headline a causal rule, and the
-    KV-cache decoder agreeing with the causal forward on the same windows."""
-    from dynjax.train.evaluation import Evaluator
-    _, params, tokens = model
-    ev = Evaluator(CFG)
-    out = ev(params, np.asarray(tokens), batch_size=2)
-    assert out["route"] == "predictor" and out["causal"] is True
-    assert {r: v["causal"] for r, v in out["routes"].items()} == {
-        "topk": False, "router": True, "predictor": True}
-    assert out["bpb"] == out["routes"]["predictor"]["bpb"]
-    assert "topk" in ev.describe(out) and "(non-causal)" in ev.describe(out)
-    assert Evaluator(CFG.replace(mod_predictor_weight=0.0)).headline == "router"
-    with pytest.raises(ValueError, match="eval.route='sideways'"):
-        Evaluator(CFG, "sideways")
-    agree = ev.decode_agreement(params, np.asarray(tokens), batch_size=2)
-    for rule in ("router", "predictor"):
-        assert agree[rule]["max_abs_logit_diff"] < 1e-4
-        assert agree[rule]["forward_bpb"] == pytest.approx(out["routes"][rule]["bpb"], abs=1e-5)
 
 
 def block_runs(cfg, params, tokens, branch):

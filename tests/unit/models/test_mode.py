@@ -64,7 +64,6 @@ def test_unselected_tokens_bitwise_unchanged():
 
 
 CAUSAL = [("router", 1, 1.0), ("router", 2, 0.5)]    # (route, top_k, capacity factor)
-UNIT_CAUSAL = [("router", 2, 0.5)]
 
 
 def check_causal_staged_mode_with_binding_expert_capacity(route, top_k, cf):
@@ -98,11 +97,6 @@ def check_causal_staged_mode_with_binding_expert_capacity(route, top_k, cf):
         for k, a in flat])
     assert not np.allclose(jax.jit(lambda p: decoding.cached_forward(cfg, p, TOKENS)[0])(zeroed),
                            cached)
-
-
-@pytest.mark.parametrize("route,top_k,cf", UNIT_CAUSAL)
-def test_causal_staged_mode_with_binding_expert_capacity(route, top_k, cf):
-    check_causal_staged_mode_with_binding_expert_capacity(route, top_k, cf)
 
 
 def test_causal_staged_mode_needs_position_priority():

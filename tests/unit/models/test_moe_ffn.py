@@ -99,8 +99,3 @@ def check_each_family_gives_the_same_logits_under_every_dispatch(family):
     for d in ("onehot", "dense"):
         np.testing.assert_allclose(logits[d], logits["dropless"], rtol=1e-5, atol=1e-5,
                                    err_msg=d)
-
-
-@pytest.mark.parametrize("family", ("llm",))    # "moe": the integration tier
-def test_each_family_gives_the_same_logits_under_every_dispatch(family):
-    check_each_family_gives_the_same_logits_under_every_dispatch(family)
