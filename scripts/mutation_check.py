@@ -1163,7 +1163,8 @@ MUTANTS = (
            '    style.dot_ci(ax, [r.get("label") or _label(n) for n, r in rows], est, lo, hi)\n'
            '    dnll_axis(ax, "x", f"ΔNLL vs Correct (nats, {level:.0%} CI)\\nunit of inference: "\n'
            '                       f"{results[\'unit\']}")\n',
-           ("tests/unit/test_figures.py::test_every_figure_holds_its_data_and_reads[main/delta_nll.png]",),
+           ("tests/integration/test_results_regenerate.py::"
+            "test_every_figure_holds_its_data_and_reads[main/delta_nll.png]",),
            "every ΔNLL whisker lies inside the axes (symlog autoscale clipped GlobalMean's)"),
     Mutant("audit_writes_the_absolute_run_dir", "dynjax/audit/report.py",
            "        clean = portable(to_jsonable(results))", "        clean = to_jsonable(results)",

@@ -1,5 +1,6 @@
-"""Figures a paper can use (issues 33, 49): every plot under results/ re-rendered from its
-JSON (scripts/figures.py, the one regeneration command) with axis labels, a colorbar label,
+"""Figures a paper can use (issues 33, 49), the checks and their own tests (every plot under
+results/ re-rendered from its JSON by scripts/figures.py, the one regeneration command, and
+checked: tests/integration/test_results_regenerate.py): axis labels, a colorbar label,
 the model's block numbers, the run's name (not a path) in titles, one ΔNLL scale, a sentence
 for an empty panel, no two text boxes overlapping, every artist's data inside its axes (no
 whisker clipped at the edge), titles no smaller than tick labels, and SVG and PDF twins that
@@ -102,15 +103,6 @@ def assert_titles_not_smaller_than_ticks(fig, name):
         assert ax.title.get_fontsize() >= max(ticks, default=0), (name, ax.get_title())
 
 
-@pytest.mark.parametrize("png,draw", ALL, ids=[str(p.relative_to(ROOT / "results"))
-                                               for p, _ in ALL])
-def test_every_figure_holds_its_data_and_reads(png, draw):
-    """Each figure scripts/figures.py draws: data inside the axes, no text overlap or text cut
-    off at the edge, titles at least as large as tick labels."""
-    fig = draw()
-    assert_data_inside(fig, png.name)
-    assert_no_overlap(fig, png.name)
-    assert_titles_not_smaller_than_ticks(fig, png.name)
 
 
 def test_the_extent_check_fails_on_a_clipped_whisker():

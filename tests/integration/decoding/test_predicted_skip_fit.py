@@ -1,11 +1,11 @@
 """The post-hoc skip predictor's fit (dynjax.measure.skip_predictors) learns its target, and
-the skip FLOPs follow the slots (the unit tier's predicted-skip decoding:
-tests/unit/decoding/test_predicted_skip.py, whose model this shares)."""
+the skip FLOPs follow the slots (predicted-skip decoding: test_predicted_skip.py beside this
+file, whose model this shares)."""
 import jax
 import numpy as np
 
 from dynjax.measure import skip_predictors as ps
-from tests.unit.decoding.test_predicted_skip import CFG, T, fg  # noqa: F401 (a fixture)
+from tests.integration.decoding.test_predicted_skip import CFG, T, fg  # noqa: F401 (a fixture)
 
 
 def test_fit_predictor_learns_its_target_and_flops_follow_the_slots(fg):

@@ -4,11 +4,21 @@ generate."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from dynjax import decoding
 from dynjax.decoding.sampling import Sampling
 from dynjax.models import build
-from tests.unit.decoding.test_sampling import tiny_lm  # noqa: F401 (a fixture)
+from tests.conftest import tiny_config
+
+
+@pytest.fixture(scope="module")
+def tiny_lm():
+    cfg = build(tiny_config("feature_gate", n_layers=2).model.to_dict()).cfg
+    tokens = jax.random.randint(jax.random.key(3), (2, 6), 0, 256)
+    params = build(cfg).init(jax.random.key(1), tokens)
+    params = jax.tree.map(lambda a: a + 0.3 * jax.random.normal(jax.random.key(2), a.shape), params)
+    return cfg, params, tokens
 
 
 def test_greedy_generate_is_the_argmax_continuation(tiny_lm):

@@ -53,16 +53,11 @@ def test_bad_options_are_refused():
             Sampling(**bad)
 
 
-@pytest.fixture(scope="module")
-def tiny_lm():
+def test_sampling_without_a_key_is_refused():
+    """By generate and stream alike, before anything runs (abstract parameters suffice)."""
     cfg = build(tiny_config("feature_gate", n_layers=2).model.to_dict()).cfg
-    tokens = jax.random.randint(jax.random.key(3), (2, 6), 0, 256)
-    params = build(cfg).init(jax.random.key(1), tokens)
-    params = jax.tree.map(lambda a: a + 0.3 * jax.random.normal(jax.random.key(2), a.shape), params)
-    return cfg, params, tokens
-
-
-def test_sampling_without_a_key_is_refused(tiny_lm):
-    cfg, params, prompt = tiny_lm
-    with pytest.raises(ValueError, match="needs a PRNG key"):
-        decoding.generate(cfg, params, prompt, 2, Sampling(1.0))
+    prompt = jnp.zeros((2, 6), jnp.int32)
+    params = jax.eval_shape(build(cfg).init, jax.random.key(1), prompt)
+    for run in (decoding.generate, lambda *args: next(decoding.stream(*args))):
+        with pytest.raises(ValueError, match="needs a PRNG key"):
+            run(cfg, params, prompt, 2, Sampling(1.0))
