@@ -43,7 +43,8 @@ class Mutant:
     breaks: str     # the promise this edit breaks
 
 
-AUDIT_TESTS = ("tests/unit/audit/test_audit_interventions.py",)
+AUDIT_TESTS = ("tests/unit/audit/test_audit_interventions.py",
+               "tests/integration/audit/test_audit_interventions_compiled.py")
 STATS_TESTS = ("tests/unit/audit/test_audit_stats.py",)
 FAULTS = "tests/integration/train/test_faults.py::"
 FORMATS = "tests/unit/loaders/test_hf_formats.py::"

@@ -113,12 +113,12 @@ def test_losses_at_init():
     assert aux["load_balance"] >= 0.01 * 0.999 and aux["router_z"] > 0
 
 
-@pytest.mark.parametrize("variant,routing", [("moe", "token_choice"),
-                                             ("moe", "expert_choice"),
-                                             ("mode_integrated", "token_choice")])
-def test_bitwise_replay_under_jit(variant, routing):
-    cfg = CFG.replace(variant=variant, moe_routing=routing,
-                              moe_num_experts_per_tok=2)
+REPLAY = [("moe", "token_choice"), ("moe", "expert_choice"), ("mode_integrated", "token_choice")]
+UNIT_REPLAY = REPLAY[:2]    # integrated MoDE: tests/integration/models/test_moe_sweep.py
+
+
+def check_bitwise_replay_under_jit(variant, routing):
+    cfg = CFG.replace(variant=variant, moe_routing=routing, moe_num_experts_per_tok=2)
     m = build(cfg)
     tokens = jax.random.randint(jax.random.key(4), (B, T), 0, 256)
     params = m.init(jax.random.key(5), tokens)
@@ -126,6 +126,11 @@ def test_bitwise_replay_under_jit(variant, routing):
     logits, coeffs = f(tokens)
     assert coeffs["router"].shape == (cfg.n_layers, B, T, moe.n_routes(cfg))
     np.testing.assert_array_equal(f(tokens, coeffs)[0], logits)
+
+
+@pytest.mark.parametrize("variant,routing", UNIT_REPLAY)
+def test_bitwise_replay_under_jit(variant, routing):
+    check_bitwise_replay_under_jit(variant, routing)
 
 
 def test_config_errors():
