@@ -353,8 +353,13 @@ def plot_experts(data: dict):
         ax.set_title(f"{arm}\nSpearman ρ by layer (seed 0)\n{rho}")
         ax.set_xlabel("REAP saliency")
         ax.set_ylabel("ΔNLL removing the expert")
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center",
-               ncols=len(seeds[0]["reap_saliency"]))
+    handles = {}     # every layer of every arm (the larger size has twice the tiny's)
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    labels = sorted(handles, key=lambda label: int(label.split()[-1]))
+    fig.legend([handles[label] for label in labels], labels, loc="outside lower center",
+               ncols=len(labels))
     return fig
 
 

@@ -149,3 +149,17 @@ def test_two_seeds_report_their_range_not_a_bootstrap(tmp_path):
     assert row["share_recovered"] == {"estimate": pytest.approx(1 - 0.15 / 0.4),
                                       "ci_low": None, "ci_high": None}
     assert "nan" not in (tmp_path / "table.md").read_text()
+
+
+def test_the_expert_figure_names_every_layer_of_every_arm():
+    """A legend read off the first panel alone named the tiny arms' 4 layers, leaving the
+    larger size's layers 4-7 unnamed."""
+    seed = lambda layers: {"seed": 0, "spearman": [{"rho": 0.5}] * layers,
+                           "reap_saliency": [[1.0, 2.0]] * layers,
+                           "causal_delta_nll": [[0.1, 0.2]] * layers,
+                           "causal_ci_low": [[0.05, 0.1]] * layers,
+                           "causal_ci_high": [[0.15, 0.3]] * layers}
+    fig = study.plot_experts({"arms": {"softmax_topk": [seed(4)],
+                                       "softmax_topk_large": [seed(8)]}})
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+        f"layer {i}" for i in range(8)]
