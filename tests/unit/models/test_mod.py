@@ -153,21 +153,28 @@ def assert_causal_at_every_split(logits_fn, tokens, atol=1e-6):
 ROUTES = ["router", "predictor"]
 
 
-def check_causal_routing_is_causal_at_every_split_and_kv_cache_matches_it(model, route):
-    """The causal route is causal at every split (top-k is not), and the KV-cache decoder,
-    a longer cache and the masked branch all equal it."""
+def check_causal_at_every_split_and_top_k_is_not(model, route):
+    """The causal ``route`` is causal at every split; the training route (top-k) fails the
+    same check. Returns the route's config, model and jitted forward."""
     m, params, tokens = model
     cfg = mod.decode_config(CFG, route)
     dm = build(cfg)
     full = jax.jit(lambda t: dm.apply(params, t)[0])
     assert_causal_at_every_split(full, tokens)
+    with pytest.raises(AssertionError):
+        assert_causal_at_every_split(jax.jit(lambda t: m.apply(params, t)[0]), tokens)
+    return cfg, dm, full
+
+
+def check_causal_routing_is_causal_at_every_split_and_kv_cache_matches_it(model, route):
+    """The causal route is causal at every split (top-k is not), and the KV-cache decoder,
+    a longer cache and the masked branch all equal it."""
+    _, params, tokens = model
+    cfg, dm, full = check_causal_at_every_split_and_top_k_is_not(model, route)
     stats = routing.routing_stats(dm, params, tokens)
     entered = np.asarray(stats["entered"])
     assert 0 < entered.mean() < 1                      # a real mix, no slot budget binding
     assert not np.asarray(stats["overflow"]).any()
-    # Top-k is not causal: the same check fails for the training route.
-    with pytest.raises(AssertionError):
-        assert_causal_at_every_split(jax.jit(lambda t: m.apply(params, t)[0]), tokens)
     logits = full(tokens)
     cached, info_c = jax.jit(lambda t: decoding.cached_forward(cfg, params, t))(tokens)
     entered_c = info_c["entered"]
@@ -188,11 +195,7 @@ def check_causal_routing_is_causal_at_every_split_and_kv_cache_matches_it(model,
 def test_causal_route_is_causal_at_every_split_and_top_k_is_not(model):
     """The inner loop's guard; the KV-cache decoder's agreement with it, for both causal
     routes, is tests/integration/models/test_mod_sweep.py's."""
-    m, params, tokens = model
-    causal = build(mod.decode_config(CFG, "router"))
-    assert_causal_at_every_split(jax.jit(lambda t: causal.apply(params, t)[0]), tokens)
-    with pytest.raises(AssertionError):
-        assert_causal_at_every_split(jax.jit(lambda t: m.apply(params, t)[0]), tokens)
+    check_causal_at_every_split_and_top_k_is_not(model, "router")
 
 
 def test_routing_report_counts_precision_and_recall(model):
