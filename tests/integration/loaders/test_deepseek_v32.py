@@ -21,7 +21,8 @@ from dynjax.audit import interventions
 from dynjax.loaders import hf
 from dynjax.models import llm
 from dynjax.models.components import indexer
-from tests.conftest import assert_cache_decoding_equals_forward
+from tests.conftest import (assert_cache_decoding_equals_forward,
+                            assert_parity_figure_reproduces)
 
 DATA = pathlib.Path(__file__).parents[3] / "tests" / "data" / "hf"
 ARCHS = ("deepseek_v32", "glm_moe_dsa")
@@ -46,7 +47,7 @@ def test_logits_equal_transformers(arch):
     assert float(np.std(ref["logits"])) > 0.1
     row = json.loads((DATA.parents[2] / "results" / "hf_parity.json").read_text())[
         "architectures"][arch]      # make_deepseek_v4_reference.py --check wrote it
-    assert f"{row['max_abs_logit_diff']:.3g}" == f"{err:.3g}"
+    assert_parity_figure_reproduces(row, err)
     assert row["top_k_sets_equal"] and row["indexer_selections_equal"]
 
 
