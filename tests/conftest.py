@@ -69,21 +69,26 @@ def assert_cache_decoding_equals_forward(cfg, params, ids, logits, prefill_len=9
     return cache
 
 
-def assert_parity_figure_reproduces(row, measured, ulps=32):
+def assert_parity_figure_reproduces(arch, measured, ulps=32):
     """``measured`` (a max |dlogit| against transformers, computed here) is the figure
-    results/hf_parity.json's ``row`` records, up to float32 noise. The figure is bit for
-    bit on the CPU that recorded it; on another one XLA's kernels sum in another order
-    (AVX-512 against AVX2), our logits move by a few ulps of the largest logit, and so does
-    a figure that is itself noise (deepseek_v4_fp4: 3.58e-6 recorded on an AMD EPYC, 6.62e-6
-    on an Intel Xeon, 13 ulps of 3.52). ``ulps`` of ``row['max_abs_logit']`` is the slack."""
+    results/hf_parity.json records for ``arch``, up to float32 noise; returns that row. The
+    figure is bit for bit on the CPU that recorded it; on another one XLA's kernels sum in
+    another order, our logits move by a few ulps of the largest logit, and so does a figure
+    that is itself noise (deepseek_v4_fp4: 3.58e-6 recorded on an AMD EPYC, 6.62e-6 on an
+    Intel Xeon, 13 ulps of 3.52). ``ulps`` of the row's ``max_abs_logit`` is the slack."""
+    import json
+
     import numpy as np
 
+    with open(os.path.join(ROOT, "results", "hf_parity.json")) as f:
+        row = json.load(f)["architectures"][arch]
     slack = ulps * float(np.spacing(np.float32(row["max_abs_logit"])))
     recorded = row["max_abs_logit_diff"]
     assert abs(recorded - measured) <= slack, (
-        f"results/hf_parity.json records max |dlogit| {recorded:.3g}, this code measures "
-        f"{measured:.3g} (more than {ulps} ulps of the largest logit apart): rerun the "
-        f"file's checked_by command")
+        f"results/hf_parity.json records max |dlogit| {recorded:.3g} for {arch}, this code "
+        f"measures {measured:.3g} (more than {ulps} ulps of the largest logit apart): rerun "
+        f"the row's checked_by command")
+    return row
 
 
 def cpu_devices_env(n_devices):

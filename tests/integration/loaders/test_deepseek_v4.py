@@ -219,19 +219,12 @@ def test_fp4_experts_dequantise_to_the_unpacked_model():
     ids = jnp.asarray(ref["input_ids"])
     err = float(np.abs(np.asarray(logits) - ref["logits"]).max())
     assert err <= 1e-5, f"max |dlogit| {err:.3g}"
-    assert_parity_figure_reproduces(parity_row("deepseek_v4_fp4"), err)
+    assert_parity_figure_reproduces("deepseek_v4_fp4", err)
     experts, _ = v4.route(model.cfg, params["layers"][1]["moe"], coeffs["router"][0], ids)
     np.testing.assert_array_equal(np.sort(experts, -1), np.sort(ref["experts"][1], -1))
     down = np.asarray(params["layers"][1]["moe"]["experts"]["down"])
     assert len(np.unique(down)) > 10 and np.all(np.isin(np.abs(down / np.exp2(np.floor(
         np.log2(np.abs(down) + (down == 0))))), [0, 1, 1.5]))   # e2m1 mantissas times 2^e
-
-
-def parity_row(name):
-    """The fixture's row of results/hf_parity.json (make_deepseek_v4_reference.py --check)."""
-    import json
-    path = pathlib.Path(__file__).parents[3] / "results" / "hf_parity.json"
-    return json.loads(path.read_text())["architectures"][name]
 
 
 def test_logits_equal_transformers():
@@ -240,8 +233,7 @@ def test_logits_equal_transformers():
     _, _, ref, _, logits, _ = port()
     err = float(np.abs(np.asarray(logits) - ref["logits"]).max())
     assert err <= 1e-4, f"max |dlogit| {err:.3g}"
-    row = parity_row("deepseek_v4")
-    assert_parity_figure_reproduces(row, err)
+    row = assert_parity_figure_reproduces("deepseek_v4", err)
     assert row["top_k_sets_equal"] and row["indexer_selections_equal"]
     assert float(np.std(ref["logits"])) > 0.1      # the reference is not flat
 
