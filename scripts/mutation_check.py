@@ -11,7 +11,8 @@ copied once (``git ls-files``, so uncommitted edits come along), each mutant is 
 copy, its tests run with the copy first on the import path (``-x``: the first failure kills
 it), and the file is restored. A mutant the tests pass is a *survivor*: a promise no test
 protects. Before any mutant, the unmutated copy must pass every listed file, so a survivor
-cannot be a broken baseline. Exits 1 if any mutant survived.
+cannot be a broken baseline. Exits 1 if any mutant survived. ``--jobs=N`` checks N mutants at
+a time, each in its own copy (the baseline runs on N pytest-xdist workers).
 
 A mutant whose text no longer occurs exactly once in its file is reported ``stale`` (the
 code moved): update the list rather than the library.
@@ -27,7 +28,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -1529,20 +1532,22 @@ def copy_tree(dest: pathlib.Path) -> None:
             shutil.copy2(src, dest / rel)
 
 
-def run_tests(tree: pathlib.Path, tests, timeout: float) -> tuple[bool, str, float]:
+def run_tests(tree: pathlib.Path, tests, timeout: float, cache: pathlib.Path,
+              workers: int = 1) -> tuple[bool, str, float]:
     """(passed, first failing test or reason, seconds) for ``tests`` run in ``tree``.
 
-    Every run shares one XLA compilation cache (in the copy, as scripts/test.sh does for the
-    suite): a mutant recompiles only the programs its edit changes (the cache is keyed by
-    the compiled program), the rest load from the baseline's compilations."""
+    Every run shares one XLA compilation cache (``cache``, as scripts/test.sh does for the
+    suite; its key leaves out source locations, so every copy shares it): a mutant
+    recompiles only the programs its edit changes, the rest load from the baseline's."""
     env = dict(os.environ, PYTHONPATH=str(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                DYNJAX_DATA=os.environ.get("DYNJAX_DATA", str(ROOT / ".data")),
-               JAX_COMPILATION_CACHE_DIR=os.environ.get("JAX_COMPILATION_CACHE_DIR",
-                                                        str(tree / ".xla-cache")),
+               JAX_COMPILATION_CACHE_DIR=os.environ.get("JAX_COMPILATION_CACHE_DIR", str(cache)),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
     env.pop("JAX_COMPILATION_CACHE_MAX_SIZE", None)   # no eviction scans (scripts/test.sh)
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
+    if workers > 1:
+        cmd[4:4] = ["-n", str(workers), "--dist", "loadfile"]
     t0 = time.monotonic()
     try:
         r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True,
@@ -1564,6 +1569,23 @@ def apply(tree: pathlib.Path, m: Mutant) -> str | None:
     return text
 
 
+def check_one(m: Mutant, tree: pathlib.Path, timeout: float, cache: pathlib.Path) -> dict:
+    """``m``'s result: applied to ``tree``, its tests run, the file restored."""
+    original = apply(tree, m)
+    if original is None:
+        print(f"{m.name}: stale (its text is not in {m.path} exactly once)", file=sys.stderr)
+        return dict(name=m.name, path=m.path, status="stale", tests=m.tests, breaks=m.breaks)
+    try:
+        passed, why, secs = run_tests(tree, m.tests, timeout, cache)
+    finally:
+        (tree / m.path).write_text(original)
+    status = "survived" if passed else "killed"
+    print(f"{m.name}: {status}{'' if passed else ' by ' + why} ({secs:.0f} s)",
+          file=sys.stderr, flush=True)
+    return dict(name=m.name, path=m.path, status=status, tests=m.tests, breaks=m.breaks,
+                caught_by=None if passed else why, seconds=round(secs, 1))
+
+
 def main(argv=None):
     from dynjax.jsonio import command_line, publish_json
 
@@ -1573,6 +1595,8 @@ def main(argv=None):
     p.add_argument("--list", action="store_true", help="list the mutants and exit")
     p.add_argument("--timeout", type=float, default=900, help="seconds per pytest call")
     p.add_argument("--out", default=None, help="also write the JSON here")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="mutants checked at a time, each in its own copy of the tree")
     args = p.parse_args(argv)
     parts = [s for s in args.only.split(",") if s]
     chosen = [m for m in MUTANTS if not parts or any(s in m.name for s in parts)]
@@ -1582,34 +1606,32 @@ def main(argv=None):
         for m in chosen:
             print(f"{m.name:40s} {m.path}  ->  {' '.join(m.tests)}\n{'':40s} breaks: {m.breaks}")
         return 0
-    results = []
+    jobs = max(1, min(args.jobs, len(chosen)))
     with tempfile.TemporaryDirectory(prefix="dynjax-mutants-") as tmp:
-        tree = pathlib.Path(tmp)
-        copy_tree(tree)
+        trees = [pathlib.Path(tmp) / f"copy{i}" for i in range(jobs)]
+        for tree in trees:
+            copy_tree(tree)
+        cache = pathlib.Path(tmp) / "xla-cache"
         files = sorted({t.split("::")[0] for m in chosen for t in m.tests})
-        ok, why, secs = run_tests(tree, files, args.timeout * len(files))
+        ok, why, secs = run_tests(trees[0], files, args.timeout * len(files), cache, jobs)
         if not ok:
             raise SystemExit(f"mutation_check.py: the unmutated tests fail ({why}); fix them "
                              "first, a survivor means nothing otherwise")
         print(f"baseline: {len(files)} test files pass ({secs:.0f} s)", file=sys.stderr)
-        for m in chosen:
-            original = apply(tree, m)
-            if original is None:
-                results.append(dict(name=m.name, path=m.path, status="stale", tests=m.tests,
-                                    breaks=m.breaks))
-                print(f"{m.name}: stale (its text is not in {m.path} exactly once)",
-                      file=sys.stderr)
-                continue
+        free = list(trees)
+        lock = threading.Lock()
+
+        def check(m: Mutant) -> dict:
+            with lock:
+                tree = free.pop()
             try:
-                passed, why, secs = run_tests(tree, m.tests, args.timeout)
+                return check_one(m, tree, args.timeout, cache)
             finally:
-                (tree / m.path).write_text(original)
-            status = "survived" if passed else "killed"
-            results.append(dict(name=m.name, path=m.path, status=status, tests=m.tests,
-                                breaks=m.breaks, caught_by=None if passed else why,
-                                seconds=round(secs, 1)))
-            print(f"{m.name}: {status}{'' if passed else ' by ' + why} ({secs:.0f} s)",
-                  file=sys.stderr)
+                with lock:
+                    free.append(tree)
+
+        with ThreadPoolExecutor(jobs) as pool:
+            results = list(pool.map(check, chosen))
     counts = {s: sum(r["status"] == s for r in results) for s in ("killed", "survived", "stale")}
     publish_json({"command": command_line(), "counts": counts, "mutants": results}, args.out)
     return 1 if counts["survived"] or counts["stale"] else 0
