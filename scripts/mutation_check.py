@@ -1587,7 +1587,7 @@ def check_one(m: Mutant, tree: pathlib.Path, timeout: float, cache: pathlib.Path
 
 
 def main(argv=None):
-    from dynjax.jsonio import command_line, publish_json
+    from dynjax.jsonio import publish_json, write_json_atomic
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1618,23 +1618,37 @@ def main(argv=None):
             raise SystemExit(f"mutation_check.py: the unmutated tests fail ({why}); fix them "
                              "first, a survivor means nothing otherwise")
         print(f"baseline: {len(files)} test files pass ({secs:.0f} s)", file=sys.stderr)
-        free = list(trees)
+        free, done = list(trees), {}
         lock = threading.Lock()
 
         def check(m: Mutant) -> dict:
             with lock:
                 tree = free.pop()
             try:
-                return check_one(m, tree, args.timeout, cache)
+                result = check_one(m, tree, args.timeout, cache)
             finally:
                 with lock:
                     free.append(tree)
+            with lock:   # --out is rewritten (atomically) as each mutant ends: a stopped
+                done[m.name] = result   # check leaves a record of what it finished
+                if args.out:
+                    write_json_atomic(args.out, record(done, len(chosen)))
+            return result
 
         with ThreadPoolExecutor(jobs) as pool:
             results = list(pool.map(check, chosen))
+    out = record({r["name"]: r for r in results}, len(chosen))
+    publish_json(out, args.out)
+    return 1 if out["counts"]["survived"] or out["counts"]["stale"] else 0
+
+
+def record(done: dict, chosen: int) -> dict:
+    """The check's JSON: counts, the mutants finished so far, and how many were chosen."""
+    from dynjax.jsonio import command_line
+    results = list(done.values())
     counts = {s: sum(r["status"] == s for r in results) for s in ("killed", "survived", "stale")}
-    publish_json({"command": command_line(), "counts": counts, "mutants": results}, args.out)
-    return 1 if counts["survived"] or counts["stale"] else 0
+    return {"command": command_line(), "counts": counts, "finished": f"{len(results)} of {chosen}",
+            "mutants": results}
 
 
 if __name__ == "__main__":
