@@ -5,12 +5,37 @@ import sys
 from typing import NamedTuple
 
 import fsspec
+import numpy as np
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)  # so tests can import tests.conftest (configs/ is installed too)
+
+
+def normal(seed, shape, scale=1.0):
+    """A float32 test input drawn by NumPy: ``jax.random`` compiles a program for every shape
+    (about 0.1 s each here; a fifth of the unit tier's compilation was random draws)."""
+    import jax.numpy as jnp
+    return jnp.asarray(scale * np.random.default_rng(seed).standard_normal(shape, np.float32))
+
+
+def uniform(seed, shape, low=0.0, high=1.0):
+    """A float32 test input, uniform in [low, high), drawn by NumPy (see :func:`normal`)."""
+    import jax.numpy as jnp
+    return jnp.asarray(np.random.default_rng(seed).uniform(low, high, shape).astype(np.float32))
+
+
+def perturbed(params, seed, scale):
+    """``params`` with scale x N(0, 1) added to every leaf, in NumPy (see :func:`normal`), so
+    that no controller sits at its (often constant) initial output."""
+    import jax
+    import jax.numpy as jnp
+    leaves, tree = jax.tree.flatten(params)
+    rng = np.random.default_rng(seed)
+    return tree.unflatten([jnp.asarray(np.asarray(x, np.float32) + scale * rng.standard_normal(
+        x.shape, np.float32), x.dtype) for x in leaves])
 
 
 def tiny_config(variant="feature_gate", **model_overrides):

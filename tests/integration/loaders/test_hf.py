@@ -19,6 +19,7 @@ from dynjax.loaders import hf
 from dynjax.models import build
 from dynjax.parallel import sharding
 from dynjax.train.memory_plan import per_device_bytes, tree_bytes
+from tests.conftest import normal
 
 DATA = pathlib.Path(__file__).parents[3] / "tests" / "data" / "hf"
 ARCHS = ("llama", "qwen2", "mistral", "qwen3", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe",
@@ -281,7 +282,7 @@ def test_dropless_equals_dense_in_gradients_and_vmapped_replay(arch):
     audit's form: one program over reassignments)."""
     model, params, ref, _, (_, coeffs) = loaded(arch)
     cfg, ids = model.cfg, ref["input_ids"]
-    probe = jax.random.normal(jax.random.key(0), (*ids.shape, cfg.vocab_size))
+    probe = normal(0, (*ids.shape, cfg.vocab_size))
     stack = jax.tree.map(lambda a: jnp.stack([a[:, ::-1], jnp.roll(a, 3, axis=2)]), coeffs)
     out = {}
     for name in ("dropless", "dense"):

@@ -12,6 +12,7 @@ import pytest
 from dynjax.audit import interventions
 from dynjax.models import dispatch, mod, moe
 from dynjax.models.transformer import ModelConfig
+from tests.conftest import normal
 from tests.unit.models.test_dispatch import (
     B, CFG, D, MODELS, SIZES, T, TOKENS, UNIT_SIZES,
     check_dropless_equals_every_expert_on_every_token,
@@ -59,7 +60,7 @@ def test_staged_mode_causal_routing_equals_one_hot():
         scan_layers=False).replace(mod_capacity=0.25, moe_num_experts=4,
                                    moe_num_experts_per_tok=2, moe_capacity_factor=0.0))
     onehot, dropless, params = pair(cfg)
-    probe = jax.random.normal(jax.random.key(2), (B, T, cfg.vocab_size))
+    probe = normal(2, (B, T, cfg.vocab_size))
     (go, (lo, _)), (gd, (ld, _)) = (jax.jit(jax.grad(loss_fn(m, probe), has_aux=True))(
         params) for m in (onehot, dropless))
     np.testing.assert_allclose(ld, lo, rtol=1e-5, atol=1e-5)
@@ -80,8 +81,7 @@ def test_ragged_dot_path_equals_blocks_path_under_vmap_and_grad():
     """The accelerator path (``ragged_dot``, its own vjp and batching rule) called
     explicitly on CPU: values, gradients, and vmap over routings with unbatched weights."""
     n, d, f, E, k, R = 32, 8, 16, 6, 2, 3
-    x = jax.random.normal(jax.random.key(4), (n, d))
-    w = jax.random.normal(jax.random.key(5), (E, d, f))
+    x, w = normal(4, (n, d)), normal(5, (E, d, f))
     experts, weights = jax.vmap(lambda kk: routing(kk, n, k, E))(
         jax.random.split(jax.random.key(6), R))
     fwd = {impl: jax.jit(jax.vmap(matmul_fn(w, impl), (None, 0, 0))) for impl in dispatch.IMPLS}
@@ -108,7 +108,7 @@ def test_no_tokens_by_experts_by_capacity_tensor_in_the_compiled_train_step():
     temporaries are a small fraction of the one-hot ones."""
     n_tok, E, k, d = 256, 16, 2, 8
     cfg = CFG.replace(d_model=d, d_ff=d, moe_num_experts=E, moe_num_experts_per_tok=k)
-    x = jax.random.normal(jax.random.key(4), (1, n_tok, d))
+    x = normal(4, (1, n_tok, d))
     params = nn.meta.unbox(moe.MoeFfn(cfg).init(jax.random.key(5), x))
     programs = {}
     for name in ("onehot", "dropless"):

@@ -8,6 +8,7 @@ import pytest
 from dynjax.measure import execution, macs
 from dynjax.measure.lm_execution import compiled_cost
 from dynjax.models.gated_mlp import GatedMLP, MLPConfig, structured_forward
+from tests.conftest import normal
 
 SETTINGS = {"tau": 1.0, "theta": 0.5, "gates_open": False}
 
@@ -19,7 +20,7 @@ def test_structured_panel_counts_open_blocks_and_both_programs():
     cfg = MLPConfig(in_dim=24, hidden=(32, 32), n_classes=5, variant="structured",
                     block_size=8, keep_fraction=0.5, gate_hidden=4)
     model = GatedMLP(cfg)
-    x = jax.random.normal(jax.random.key(1), (8, 24))
+    x = normal(1, (8, 24))
     params = model.init(jax.random.key(0), x)
     ex = execution.classifier_execution_panel(model, params, x, SETTINGS, (1,), repeats=1)
     assert ex["open_units_per_example"] == [16.0, 16.0] and ex["executed_fraction"] == 0.5

@@ -8,6 +8,7 @@ import pytest
 from dynjax.audit import families, interventions
 from dynjax.errors import AuditError
 from dynjax.coeffs import Axes
+from tests.conftest import uniform
 
 
 def test_family_conditions_leave_the_other_families_as_recorded():
@@ -17,8 +18,7 @@ def test_family_conditions_leave_the_other_families_as_recorded():
     schema = {"router": Axes(("layer", "example", "token", "expert")),
               "attn_gate": Axes(("layer", "example", "token", "head", "unit"))}
     key = jax.random.key(0)
-    coeffs = {"router": jax.random.uniform(key, (2, 4, 8, 3)),
-              "attn_gate": jax.random.uniform(jax.random.fold_in(key, 1), (2, 4, 8, 2, 5))}
+    coeffs = {"router": uniform(0, (2, 4, 8, 3)), "attn_gate": uniform(1, (2, 4, 8, 2, 5))}
     assert families.of_schema(schema) == {"router": ("router",), "attn_gate": ("attn_gate",)}
     assert families.of_schema(schema, {"all": ("router", "attn_gate")}) == \
         {"all": ("router", "attn_gate")}

@@ -15,6 +15,7 @@ import pytest
 
 from dynjax import coeffs as coeffs_lib
 from dynjax.models.components import deltanet
+from tests.conftest import normal, uniform
 
 REFERENCE = pathlib.Path(__file__).parents[3] / "tests" / "data" / "deltanet_layer.npz"
 DIMS = deltanet.Dims(hidden_size=32, key_heads=2, value_heads=4, key_dim=8, value_dim=6,
@@ -39,12 +40,11 @@ def mix(dims, p, x, given=None, state=None):
 
 def rule_inputs(T, seed=0, B=2, H=3, dk=5, dv=4):
     """Normalised q, k, v, log decays spanning near 1 to near 0, beta in (0, 1), a state."""
-    ks = jax.random.split(jax.random.key(seed), 6)
-    q, k = (deltanet.l2_normalize(jax.random.normal(kk, (B, T, H, dk))) for kk in ks[:2])
-    v = jax.random.normal(ks[2], (B, T, H, dv))
-    g = -jnp.exp(jax.random.uniform(ks[3], (B, T, H), minval=-4.0, maxval=1.0))
-    beta = jax.random.uniform(ks[4], (B, T, H))
-    state = jax.random.normal(ks[5], (B, H, dk, dv))
+    q, k = (deltanet.l2_normalize(normal(10 * seed + i, (B, T, H, dk))) for i in (0, 1))
+    v = normal(10 * seed + 2, (B, T, H, dv))
+    g = -jnp.exp(uniform(10 * seed + 3, (B, T, H), -4.0, 1.0))
+    beta = uniform(10 * seed + 4, (B, T, H))
+    state = normal(10 * seed + 5, (B, H, dk, dv))
     return q, k, v, g, beta, state
 
 

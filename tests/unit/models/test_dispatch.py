@@ -11,6 +11,7 @@ import pytest
 
 from dynjax.models import build, dispatch, moe
 from dynjax.models.transformer import ModelConfig
+from tests.conftest import normal
 
 B, T, D = 2, 16, 32
 CFG = ModelConfig(family="moe", variant="moe", d_model=D, n_heads=2, n_layers=1, d_ff=64,
@@ -51,8 +52,7 @@ UNIT_SIZES = [(5, 2, 8)]
 def check_dropless_equals_every_expert_on_every_token(impl, E, k, block):
     """Values and the gradients of rows, experts and weights against the dense reference."""
     n, d, f = 24, 8, 16
-    x = jax.random.normal(jax.random.key(1), (n, d))
-    w = jax.random.normal(jax.random.key(2), (E, d, f))
+    x, w = normal(1, (n, d)), normal(2, (E, d, f))
     experts, weights = routing(jax.random.key(3), n, k, E)
     run = jax.jit(lambda x, w, e, g: dispatch.dropless(
         x, e, g, E, lambda r, gr: dispatch.grouped_matmul(r, w, gr), block=block, impl=impl))
@@ -87,12 +87,9 @@ def test_layout_sorts_by_expert_pads_to_blocks_and_skips_unrouted_pairs():
 def test_expert_bias_and_swiglu_experts():
     """What the Hugging Face ports build from the API: SwiGLU experts with biases."""
     n, d, f, E, k = 20, 8, 12, 4, 2
-    keys = jax.random.split(jax.random.key(7), 6)
-    x = jax.random.normal(keys[0], (n, d))
-    wg, wu = (jax.random.normal(kk, (E, d, f)) for kk in keys[1:3])
-    wd = jax.random.normal(keys[3], (E, f, d))
-    bias = jax.random.normal(keys[4], (E, d))
-    experts, weights = routing(keys[5], n, k, E, nowhere=False)
+    x, wg, wu, wd, bias = (normal(70 + i, shape) for i, shape in enumerate(
+        [(n, d), (E, d, f), (E, d, f), (E, f, d), (E, d)]))
+    experts, weights = routing(jax.random.key(7), n, k, E, nowhere=False)
 
     def expert_fn(rows, g):
         gm = lambda w: dispatch.grouped_matmul(rows, w, g)
@@ -110,8 +107,7 @@ def test_expert_bias_and_swiglu_experts():
 
 def test_one_program_for_every_routing():
     n, E = 16, 4
-    x = jax.random.normal(jax.random.key(8), (n, 8))
-    w = jax.random.normal(jax.random.key(9), (E, 8, 8))
+    x, w = normal(8, (n, 8)), normal(9, (E, 8, 8))
 
     @jax.jit
     @chex.assert_max_traces(n=1)
@@ -146,7 +142,7 @@ def check_model_equals_one_hot_that_never_drops(variant, E, k):
     cfg = CFG.replace(variant=variant, moe_num_experts=E, moe_num_experts_per_tok=k,
                       moe_load_balance_loss_weight=1.0, moe_router_z_loss_weight=1.0)
     onehot, dropless, params = pair(cfg)
-    probe = jax.random.normal(jax.random.key(2), (B, T, cfg.vocab_size))
+    probe = normal(2, (B, T, cfg.vocab_size))
     out = {name: jax.jit(jax.value_and_grad(loss_fn(m, probe), has_aux=True))(params)
            for name, m in (("onehot", onehot), ("dropless", dropless))}
     (_, (lo, ao)), go = out["onehot"]
@@ -203,8 +199,7 @@ def test_bfloat16_grouped_matmul_rounds_float32_products_once():
     E, d, f = 4, 512, 8
     experts = jax.random.randint(jax.random.key(4), (64,), 0, E)
     _, _, groups = dispatch.layout(experts, E, block=8, impl="blocks")
-    rows = jax.random.normal(jax.random.key(5), (groups.rows, d)).astype(jnp.bfloat16)
-    w = jax.random.normal(jax.random.key(6), (E, d, f)).astype(jnp.bfloat16)
+    rows, w = normal(5, (groups.rows, d)).astype(jnp.bfloat16), normal(6, (E, d, f)).astype(jnp.bfloat16)
     got = jax.jit(lambda r, w: dispatch.grouped_matmul(r, w, groups))(rows, w)
     want = jnp.einsum("ma,mab->mb", rows.astype(jnp.float32),
                       w.astype(jnp.float32)[groups.row_expert],

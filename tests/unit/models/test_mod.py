@@ -15,6 +15,7 @@ from dynjax.decoding.cache import CachedBlock
 from dynjax.measure import routing
 from dynjax.models import build, mod
 from dynjax.models.transformer import Block, ModelConfig, next_token_nll, token_positions
+from tests.conftest import normal
 
 B, T, D = 2, 16, 32
 CFG = ModelConfig(family="mod", variant="mod", d_model=D, n_heads=2, n_layers=2, d_ff=64,
@@ -26,7 +27,7 @@ K = 4  # floor(0.25 * 16)
 def layer():
     """One MoD layer (raw router weight), its params, an input h and positions."""
     cfg = CFG.replace(mod_router_weight="raw")
-    h = jax.random.normal(jax.random.key(0), (B, T, D))
+    h = normal(0, (B, T, D))
     pos = token_positions(cfg, jnp.broadcast_to(jnp.arange(T), (B, T)))
     module = mod.ModLayer(cfg, True)
     params = nn.meta.unbox(module.init(jax.random.key(1), h, pos, None))

@@ -14,6 +14,7 @@ from dynjax.measure import routing
 from dynjax.models import build, mod
 from tests.unit.models.test_mod import assert_causal_at_every_split
 from dynjax.models.transformer import ModelConfig, token_positions
+from tests.conftest import normal
 
 B, T, D, E = 2, 16, 32, 4
 K = 4  # floor(0.25 * 16)
@@ -42,7 +43,7 @@ def test_record_replay_bitwise_with_both_routings():
 
 
 def test_unselected_tokens_bitwise_unchanged():
-    h = jax.random.normal(jax.random.key(2), (B, T, D))
+    h = normal(2, (B, T, D))
     pos = token_positions(CFG, jnp.broadcast_to(jnp.arange(T), (B, T)))
     layer = mod.ModLayer(CFG, True)
     params = nn.meta.unbox(layer.init(jax.random.key(3), h, pos, None))
@@ -51,7 +52,7 @@ def test_unselected_tokens_bitwise_unchanged():
     scores = np.full((B, T), -5.0, np.float32)
     for b in range(B):
         scores[b, sel[b]] = 1.0 + 0.1 * np.arange(K)
-    moe = jax.nn.softmax(jax.random.normal(jax.random.key(4), (B, K, E)), axis=-1)
+    moe = jax.nn.softmax(normal(4, (B, K, E)), axis=-1)
     run = jax.jit(lambda s: layer.apply(params, h, pos, replaying({"router": s, "moe": moe})))
     out, (coeffs, aux, stats) = run(jnp.asarray(scores))
     out, hn = np.asarray(out), np.asarray(h)

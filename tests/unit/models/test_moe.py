@@ -9,6 +9,7 @@ import pytest
 from dynjax.coeffs import replaying
 from dynjax.models import build, moe
 from dynjax.models.transformer import ModelConfig
+from tests.conftest import normal
 
 B, T, D, E = 2, 16, 32, 4
 CFG = ModelConfig(family="moe", variant="moe", d_model=D, n_heads=2, n_layers=2, d_ff=64,
@@ -16,7 +17,7 @@ CFG = ModelConfig(family="moe", variant="moe", d_model=D, n_heads=2, n_layers=2,
 
 
 def ffn(cfg):
-    x = jax.random.normal(jax.random.key(0), (B, T, D))
+    x = normal(0, (B, T, D))
     module = moe.MoeFfn(cfg)
     params = nn.meta.unbox(module.init(jax.random.key(1), x))
     return jax.jit(lambda probs: module.apply(params, x, replaying(probs))), x

@@ -14,22 +14,22 @@ import pytest
 from dynjax.models import build, llm, moe, moe_ffn
 from dynjax.models.components.experts import EXPERTS
 from dynjax.models.transformer import ModelConfig
+from tests.conftest import normal
 
 B, T, D, F, E, K = 2, 8, 8, 16, 4, 2
 
 
-def _weights(kind_name, key):
+def _weights(kind_name, seed):
     kind = EXPERTS[kind_name](llm.Config(swiglu_limit=0.5))
     rows = kind.rows(("w",), D, F, E)
-    keys = jax.random.split(key, len(rows))
-    return kind, {path[-1]: 0.3 * jax.random.normal(k, shape)
-                  for (path, shape, _), k in zip(rows, keys)}
+    return kind, {path[-1]: normal(seed + i, shape, 0.3)
+                  for i, (path, shape, _) in enumerate(rows)}
 
 
 @pytest.fixture(scope="module")
 def routed():
-    x = jax.random.normal(jax.random.key(0), (B, T, D))
-    probs = jax.nn.softmax(jax.random.normal(jax.random.key(1), (B, T, E + 1)), -1)
+    x = normal(0, (B, T, D))
+    probs = jax.nn.softmax(normal(1, (B, T, E + 1)), -1)
     weights, experts = jax.lax.top_k(probs, K)     # route E is a no-op expert
     return x, probs, experts, weights
 
@@ -39,7 +39,7 @@ def test_every_dispatch_computes_the_same_function(kind_name, routed):
     """onehot with room for every token, dropless and dense agree, the no-op route and
     invalid tokens computing nothing, and each route's output is its MLP's, weighted."""
     x, probs, experts, weights = routed
-    kind, w = _weights(kind_name, jax.random.key(2))
+    kind, w = _weights(kind_name, 20)
     valid = jnp.arange(T)[None, :] < jnp.asarray([[T], [T - 3]])
     out = {d: jax.jit(lambda x, d=d: moe_ffn.moe_ffn(
         x, probs, experts, weights, w, kind=kind, num_experts=E, dispatch=d, capacity=T,

@@ -19,7 +19,7 @@ from dynjax.audit.engine import Engine
 from dynjax.models import build
 from dynjax.models.gated_mlp import GatedMLP, MLPConfig
 from dynjax.models.transformer import next_token_nll
-from tests.conftest import tiny_config
+from tests.conftest import normal, perturbed, tiny_config
 
 LM = {"feature_gate": ("configs.tiny", "feature_gate", {}),
       "layer_static": ("configs.tiny", "layer_static", {}),
@@ -40,18 +40,14 @@ def _lm(name):
     model = build(c.model.to_dict())
     tokens = jax.random.randint(jax.random.key(0), (2, 16), 0, 256)
     params = model.init(jax.random.key(1), tokens)
-    # perturb every parameter, so no controller sits at its (often constant) initial output
-    leaves, tree = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.key(2), len(leaves))
-    params = tree.unflatten([x + 0.1 * jax.random.normal(k, x.shape, x.dtype)
-                             for x, k in zip(leaves, keys)])
+    params = perturbed(params, 2, 0.1)
     return model.apply, model.schema, params, tokens
 
 
 def _mlp():
     model = GatedMLP(MLPConfig(in_dim=12, hidden=(16, 16), n_classes=3, variant="dgate",
                                gate_bias_init=0.0))
-    x = jax.random.normal(jax.random.key(1), (8, 12))
+    x = normal(1, (8, 12))
     return model.apply, model.schema, model.init(jax.random.key(0), x), x
 
 

@@ -14,6 +14,7 @@ import pytest
 from dynjax.configs import routing_study
 from dynjax.models import build, llm
 from dynjax.models.components import routers
+from tests.conftest import normal
 from experiments import routing_study as study
 
 B, T = 2, 12
@@ -140,7 +141,7 @@ def test_every_router_has_the_documented_namespace_and_a_distribution(name):
     r = routers.ROUTERS[name]
     for attr in ("rows", "scores", "select", "float32_params", "distribution"):
         assert hasattr(r, attr), (name, attr)
-    scores = jax.nn.sigmoid(jax.random.normal(jax.random.key(1), (3, 8)))
+    scores = jax.nn.sigmoid(normal(1, (3, 8)))
     if name in ("softmax_topk", "normed_softmax_topk"):
         scores = jax.nn.softmax(scores, axis=-1)
     dist = r.distribution(None, scores)
