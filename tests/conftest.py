@@ -15,8 +15,8 @@ if ROOT not in sys.path:
 
 
 def normal(seed, shape, scale=1.0):
-    """A float32 test input drawn by NumPy: ``jax.random`` compiles a program for every shape
-    (about 0.1 s each here; a fifth of the unit tier's compilation was random draws)."""
+    """A float32 test input drawn by NumPy: ``jax.random`` compiles a program for every new
+    shape (random draws were a fifth of the unit tier's compile time, mostly model inits)."""
     import jax.numpy as jnp
     return jnp.asarray(scale * np.random.default_rng(seed).standard_normal(shape, np.float32))
 
