@@ -1545,9 +1545,8 @@ def run_tests(tree: pathlib.Path, tests, timeout: float, cache: pathlib.Path,
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
     env.pop("JAX_COMPILATION_CACHE_MAX_SIZE", None)   # no eviction scans (scripts/test.sh)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
-    if workers > 1:
-        cmd[4:4] = ["-n", str(workers), "--dist", "loadfile"]
+    xdist = ["-n", str(workers), "--dist", "loadfile"] if workers > 1 else []
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *xdist, *tests]
     t0 = time.monotonic()
     try:
         r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True,

@@ -199,7 +199,8 @@ def test_bfloat16_grouped_matmul_rounds_float32_products_once():
     E, d, f = 4, 512, 8
     experts = jax.random.randint(jax.random.key(4), (64,), 0, E)
     _, _, groups = dispatch.layout(experts, E, block=8, impl="blocks")
-    rows, w = normal(5, (groups.rows, d)).astype(jnp.bfloat16), normal(6, (E, d, f)).astype(jnp.bfloat16)
+    rows = normal(5, (groups.rows, d)).astype(jnp.bfloat16)
+    w = normal(6, (E, d, f)).astype(jnp.bfloat16)
     got = jax.jit(lambda r, w: dispatch.grouped_matmul(r, w, groups))(rows, w)
     want = jnp.einsum("ma,mab->mb", rows.astype(jnp.float32),
                       w.astype(jnp.float32)[groups.row_expert],
