@@ -19,6 +19,7 @@ import pytest
 from dynjax.models import build, gates, mudd, transformer
 from dynjax.models.transformer import ModelConfig, causal_attention
 from dynjax.train.lm import make_train_step
+from tests.conftest import perturbed
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 B, T = 2, 32
@@ -41,14 +42,10 @@ def cfg_of(family, variant, **kw):
 
 
 def init(model):
-    """Parameters with every leaf perturbed: FeatureGate's controller starts at zero, which
-    would make its gates independent of the features under test."""
-    params = model.init(jax.random.key(0), tokens())
-    leaves, tree = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.key(1), len(leaves))
-    perturb = jax.jit(lambda leaves, keys: [p + 0.3 * jax.random.normal(k, p.shape)
-                                            for p, k in zip(leaves, keys)])
-    return jax.tree.unflatten(tree, perturb(leaves, list(keys)))
+    """Parameters with every leaf perturbed (NumPy's noise: no program to compile):
+    FeatureGate's controller starts at zero, which would make its gates independent of the
+    features under test."""
+    return perturbed(model.init(jax.random.key(0), tokens()), seed=1, scale=0.3)
 
 
 def train(cfg, params, steps=2):

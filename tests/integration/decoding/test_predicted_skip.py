@@ -14,6 +14,7 @@ import pytest
 from dynjax.decoding import predicted_skip
 from dynjax.models import build, mod
 from dynjax.models.transformer import ModelConfig
+from tests.conftest import perturbed
 
 B, T = 2, 12
 CFG = ModelConfig(family="gates", variant="feature_gate", d_model=32, n_heads=2, n_layers=2,
@@ -43,7 +44,7 @@ def predictors(n_layers, bias=0.0, seed=3):
 @pytest.fixture(scope="module")
 def fg():
     model = build(CFG)
-    return model, jax.jit(lambda: noisy(model.init(jax.random.key(1), TOKENS), 2))()
+    return model, perturbed(model.init(jax.random.key(1), TOKENS), seed=2, scale=0.3)
 
 
 def test_everything_predicted_is_the_plain_forward_and_nothing_removes_every_update(fg):
@@ -64,7 +65,7 @@ def test_everything_predicted_is_the_plain_forward_and_nothing_removes_every_upd
 def test_a_block_runs_on_exactly_the_predicted_tokens_up_to_its_slots():
     cfg = CFG.replace(n_layers=1)
     model = build(cfg)
-    params = jax.jit(lambda: noisy(model.init(jax.random.key(1), TOKENS), 2))()
+    params = perturbed(model.init(jax.random.key(1), TOKENS), seed=2, scale=0.3)
     pred = predictors(1)
     emb = params["embed"]["embedding"][TOKENS]
     want = np.asarray(mod.Predictor(8).apply({"params": jax.tree.map(lambda a: a[0], pred)},

@@ -9,7 +9,7 @@ import pytest
 from dynjax import decoding
 from dynjax.decoding.sampling import Sampling
 from dynjax.models import build
-from tests.conftest import tiny_config
+from tests.conftest import perturbed, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +17,7 @@ def tiny_lm():
     cfg = build(tiny_config("feature_gate", n_layers=2).model.to_dict()).cfg
     tokens = jax.random.randint(jax.random.key(3), (2, 6), 0, 256)
     params = build(cfg).init(jax.random.key(1), tokens)
-    params = jax.tree.map(lambda a: a + 0.3 * jax.random.normal(jax.random.key(2), a.shape), params)
+    params = perturbed(params, seed=2, scale=0.3)
     return cfg, params, tokens
 
 

@@ -15,6 +15,7 @@ from dynjax import decoding
 from dynjax.measure import lm_execution, routing
 from dynjax.models import build
 from dynjax.models.transformer import ModelConfig
+from tests.conftest import perturbed
 
 B, T, P = 2, 12, 5
 BASE = dict(d_model=32, n_heads=2, n_layers=2, d_ff=64, scan_layers=False)
@@ -41,14 +42,9 @@ TOKENS = jax.random.randint(jax.random.key(0), (B, T), 0, 256)
 
 def perturbed_params(model):
     """Initial parameters plus noise: the zero-initialised controllers (FeatureGate's, MUDD's
-    DA) then vary with the input, as trained ones do."""
-    def make():
-        params = model.init(jax.random.key(1), TOKENS)
-        leaves, tree = jax.tree.flatten(params)
-        keys = jax.random.split(jax.random.key(2), len(leaves))
-        return jax.tree.unflatten(tree, [a + 0.3 * jax.random.normal(k, a.shape, a.dtype)
-                                         for a, k in zip(leaves, keys)])
-    return jax.jit(make)()
+    DA) then vary with the input, as trained ones do. The noise is NumPy's and the init op by
+    op: one jitted init-and-perturb per case compiled a program per case (~5 s each)."""
+    return perturbed(model.init(jax.random.key(1), TOKENS), seed=2, scale=0.3)
 
 
 def run_everything(cfg, fwd, params):
