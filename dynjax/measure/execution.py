@@ -107,6 +107,22 @@ def classifier_execution_panel(model, params, x, settings: dict, batches=(1, 8),
     return out
 
 
+def _forward_timers(programs: dict, windows, batches) -> tuple[dict, dict]:
+    """Timers of each forward (name -> (fn(params, tokens), params)) at every batch size, and
+    XLA's flops of each on one window. The one-window program is compiled once and both
+    counted and timed: counting and timing through separate jits compiled it twice."""
+    one = jnp.asarray(windows[:1])
+    timers, flops = {}, {}
+    for name, (fn, p) in programs.items():
+        jitted = jax.jit(fn)
+        single = jitted.lower(p, one).compile()
+        flops[name] = lm_execution.cost_of(single)["flops"]
+        for b in batches:
+            run, tokens = (single, one) if b == 1 else (jitted, jnp.asarray(windows[:b]))
+            timers[f"{name}/forward_b{b}"] = lambda run=run, p=p, t=tokens: run(p, t)
+    return timers, flops
+
+
 def muddpythia_execution_panel(cfg, params, windows, batches=(1, 8), repeats: int = 5) -> dict:
     """MUDDPythia runs every block for every token (no skipping); its forward's FLOPs
     (compiled, and analytic from ``muddpythia.memory_time_estimate``) and latency, timed in
@@ -114,15 +130,9 @@ def muddpythia_execution_panel(cfg, params, windows, batches=(1, 8), repeats: in
     T = windows.shape[1]
     programs = {"model": lambda p, t: muddpythia.apply(cfg, p, t)[0],
                 "static": lambda p, t: muddpythia.apply_static_mixing(cfg, p, t)[0]}
-    one = jnp.asarray(windows[:1])
-    compiled = {k: lm_execution.compiled_cost(f, params, one)["flops"] for k, f in programs.items()}
+    timers, compiled = _forward_timers({k: (f, params) for k, f in programs.items()}, windows,
+                                       batches)
     est = muddpythia.memory_time_estimate(cfg, 1, T, 1)
-    timers = {}
-    for name, f in programs.items():
-        jitted = jax.jit(f)
-        for b in batches:
-            tokens = jnp.asarray(windows[:b])
-            timers[f"{name}/forward_b{b}"] = lambda f=jitted, t=tokens: f(params, t)
     times = latency.paired_times(timers, repeats)
     return {"kind": "mixing", "executed_blocks_per_token": float(cfg.n_layer),
             "n_layers": cfg.n_layer, "executed_fraction": 1.0,
@@ -289,16 +299,9 @@ def moe_execution_panel(cfg, params, windows, batches=(1, 8), repeats: int = 5) 
     count, twin_count = port.module.param_count(cfg), port.module.param_count(twin_cfg)
     analytic = {"model": port.flops(cfg, T, count["active"]),
                 "dense": port.flops(twin_cfg, T, twin_count["active"])}
-    one = jnp.asarray(windows[:1])
     forward = lambda m: (lambda p, t: m.apply(p, t)[0])
-    compiled = {"model": lm_execution.compiled_cost(forward(model), params, one)["flops"],
-                "dense": lm_execution.compiled_cost(forward(twin), twin_params, one)["flops"]}
-    timers = {}
-    for who, (m, p) in {"model": (model, params), "dense": (twin, twin_params)}.items():
-        f = jax.jit(forward(m))
-        for b in batches:
-            tokens = jnp.asarray(windows[:b])
-            timers[f"{who}/forward_b{b}"] = lambda f=f, p=p, t=tokens: f(p, t)
+    timers, compiled = _forward_timers({"model": (forward(model), params),
+                                        "dense": (forward(twin), twin_params)}, windows, batches)
     times = latency.paired_times(timers, repeats)
     rows = _latency_rows(times, "model", "dense", batches, lambda b: (b * T, "tokens"))
     for b in batches:

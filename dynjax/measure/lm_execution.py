@@ -54,7 +54,13 @@ def execution_summary(counts: np.ndarray, n_layers: int) -> dict:
 def compiled_cost(fn, *args) -> dict:
     """XLA's cost analysis of ``jax.jit(fn)`` compiled for ``args``: flops and bytes
     accessed. A scan/while body is counted once: pass an unrolled program."""
-    cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+    return cost_of(jax.jit(fn).lower(*args).compile())
+
+
+def cost_of(compiled) -> dict:
+    """Flops and bytes accessed of a compiled program (``jax.jit(f).lower(...).compile()``,
+    which can then also be run: one compilation for counting and timing)."""
+    cost = compiled.cost_analysis()
     if isinstance(cost, (list, tuple)):  # older jax: one dict per computation
         cost = cost[0]
     return {"flops": float(cost.get("flops", float("nan"))),
