@@ -282,18 +282,22 @@ def tokens_per_expert(chosen, E: int):
     return counts / counts.sum(axis=1, keepdims=True)
 
 
-def moe_execution_panel(cfg, params, windows, batches=(1, 8), repeats: int = 5) -> dict:
+def moe_execution_panel(cfg, params, windows, batches=(1, 8), repeats: int = 5,
+                        coeffs=None) -> dict:
     """A production MoE's execution: tokens per expert per layer (load balance) on
     ``windows``; active and total parameters; FLOPs per token against the dense model of the
     same total parameters (analytic, and XLA's count of both compiled forwards: what this
     port really executes); measured forward time of both, timed in turns, beside the
-    time the analytic FLOP ratio predicts. The family's pieces: ``MOE_PORTS``."""
+    time the analytic FLOP ratio predicts. The family's pieces: ``MOE_PORTS``. ``coeffs``:
+    the forward's coefficients on ``windows`` if the caller recorded them (else one more
+    compiled forward)."""
     port = MOE_PORTS[family_of(cfg)]
     model, twin_cfg = build(cfg), port.dense_twin(cfg)
     twin = build(twin_cfg)
     twin_params = port.module.init(twin_cfg, jax.random.key(0))
     T = windows.shape[1]
-    _, coeffs = jax.jit(model.apply)(params, jnp.asarray(windows))
+    if coeffs is None:   # the scorecard passes the ones it recorded on these windows
+        _, coeffs = jax.jit(model.apply)(params, jnp.asarray(windows))
     share = tokens_per_expert(port.chosen(cfg, params, coeffs, jnp.asarray(windows)),
                               cfg.num_experts)
     count, twin_count = port.module.param_count(cfg), port.module.param_count(twin_cfg)

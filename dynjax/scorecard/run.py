@@ -36,13 +36,14 @@ def score(path: str, config, out_dir, log=print, kind: str | None = None) -> dic
         data_cfg.seq_len = audit["meta"]["windows"]["seq_len"]
     _, ev, _ = target.windows(data_cfg, 0, target.execution_windows(config))
     ev = target.task.prepare(ev)
+    coeffs = None
     if audit is not None:
         _, coeffs = jax.jit(target.apply_fn)(params, target.task.inputs(ev))
         card["variation"] = variation(audit, coeffs, target.model.cfg, target.schema,
                                       target.family)
         card["dependence"] = dependence(audit)
     log(f"{path}: timing against {target.baseline}")
-    card["execution"] = target.execution(params, ev, config)
+    card["execution"] = target.execution(params, ev, config, coeffs)
     card["verdicts"] = verdicts(card, config.thresholds)
     card["thresholds"] = config.thresholds.to_dict()
     return card

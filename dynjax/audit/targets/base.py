@@ -174,6 +174,7 @@ class Target:
     def card_extra(self) -> dict:
         return {}
 
-    def execution(self, params, windows, config) -> dict:
-        """The execution panel (:mod:`dynjax.measure.execution`) against ``baseline``."""
+    def execution(self, params, windows, config, coeffs=None) -> dict:
+        """The execution panel (:mod:`dynjax.measure.execution`) against ``baseline``;
+        ``coeffs``: the forward's coefficients on ``windows`` where the caller has them."""
         raise NotImplementedError

@@ -119,6 +119,6 @@ class HfDir(Target):
                 "calibration_split": "validation", "evaluation_split": "test", "notes": []}
         return w["calibration"], w["evaluation"], info
 
-    def execution(self, params, ev, config) -> dict:
+    def execution(self, params, ev, config, coeffs=None) -> dict:
         return moe_execution_panel(self.cfg, params, ev, tuple(config.latency_batches),
-                                   int(config.latency_repeats))
+                                   int(config.latency_repeats), coeffs)

@@ -107,7 +107,7 @@ class MuddPythiaDir(Target):
         src.update(tokenizer="tokenizer.json" if tokenizer is not None else "bytes", notes=notes)
         return calib, ev, src
 
-    def execution(self, params, ev, config) -> dict:
+    def execution(self, params, ev, config, coeffs=None) -> dict:
         return muddpythia_execution_panel(self.cfg, params, ev,
                                           tuple(config.latency_batches),
                                           int(config.latency_repeats))

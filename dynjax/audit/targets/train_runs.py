@@ -118,7 +118,7 @@ class LmRun(_TrainRun):
                                           int(self.config.data.seq_len), f"checkpoint {self.path}")
         return windows.text_run_windows(data_cfg, self.config, seq_len, n_calib, n_eval)
 
-    def execution(self, params, ev, config) -> dict:
+    def execution(self, params, ev, config, coeffs=None) -> dict:
         return execution_panel(self.model.cfg, params, ev, tuple(config.latency_batches),
                                int(config.latency_repeats))
 
@@ -176,7 +176,7 @@ class ClassifierRun(_TrainRun):
     def card_extra(self) -> dict:
         return {"gate_settings": self.gate_settings}
 
-    def execution(self, params, ev, config) -> dict:
+    def execution(self, params, ev, config, coeffs=None) -> dict:
         return classifier_execution_panel(
             self.model, params, ev["x"], self.gate_settings, tuple(config.latency_batches),
             int(config.classifier_latency_repeats))
