@@ -183,7 +183,7 @@ MUTANTS = (
            ("tests/unit/models/test_gates.py",
             "tests/integration/models/test_gates_sweep.py",
             "tests/integration/models/test_gates_remat.py"), "the loss is next-token prediction"),
-    Mutant("panel_counts_and_times_one_program", "dynjax/measure/execution.py",
+    Mutant("panel_counts_and_times_one_program", "dynjax/measure/latency.py",
            "single = jitted.lower(p, one).compile()",
            "single = jax.jit(next(iter(programs.values()))[0]).lower(p, one).compile()",
            ("tests/integration/audit/test_audit_run.py::test_muddpythia_scorecard_reuses_the_audit",),
@@ -1200,6 +1200,12 @@ MUTANTS = (
            ("tests/integration/scorecard/test_scorecard_structured.py::"
             "test_structured_panel_counts_open_blocks_and_both_programs",),
            "the execution panel records each timing round's model/baseline ratio"),
+    Mutant("classifier_twin_is_the_model", "dynjax/measure/mlp_execution.py",
+           '"dense": (forward_fns(twin, {})["model"], twin_params)}',
+           '"dense": (forward_fns(cfg, settings)["model"], params)}',
+           ("tests/integration/scorecard/test_scorecard_structured.py::"
+            "test_structured_panel_counts_open_blocks_and_both_programs",),
+           "a classifier's execution panel counts and times the dense MLP of its widths"),
     # --- The routing study's arms in the llm family (issue 48) ---
     Mutant("arms_bias_update_sign_flipped", "dynjax/models/components/routers.py",
            "return bias + F32(rate) * jnp.sign(jnp.mean(load) - load)",

@@ -88,9 +88,9 @@ def classifier_execution_panel(model, params, x, settings: dict, batches=(1, 8),
     cfg = model.cfg
     units = mlp_execution.open_units(model, params, jnp.asarray(x), settings)
     analytic = mlp_execution.analytic_flops(cfg, units)
-    compiled = mlp_execution.compiled_flops(cfg, params, settings)
-    times = latency.paired_times(mlp_execution.timers(cfg, params, x, settings, batches),
-                                 repeats)
+    timers, compiled = latency.compiled_forward_timers(
+        mlp_execution.programs(cfg, params, x, settings), x, batches)
+    times = latency.paired_times(timers, repeats)
 
     def program(name):
         return {"flops_ratio_compiled": compiled[name] / compiled["dense"],
@@ -107,31 +107,14 @@ def classifier_execution_panel(model, params, x, settings: dict, batches=(1, 8),
     return out
 
 
-def _forward_timers(programs: dict, windows, batches) -> tuple[dict, dict]:
-    """Timers of each forward (name -> (fn(params, tokens), params)) at every batch size, and
-    XLA's flops of each on one window. The one-window program is compiled once and both
-    counted and timed: counting and timing through separate jits compiled it twice."""
-    one = jnp.asarray(windows[:1])
-    timers, flops = {}, {}
-    for name, (fn, p) in programs.items():
-        jitted = jax.jit(fn)
-        single = jitted.lower(p, one).compile()
-        flops[name] = lm_execution.cost_of(single)["flops"]
-        for b in batches:
-            run, tokens = (single, one) if b == 1 else (jitted, jnp.asarray(windows[:b]))
-            timers[f"{name}/forward_b{b}"] = lambda run=run, p=p, t=tokens: run(p, t)
-    return timers, flops
-
-
 def muddpythia_execution_panel(cfg, params, windows, batches=(1, 8), repeats: int = 5) -> dict:
     """MUDDPythia runs every block for every token (no skipping); its forward's FLOPs
     (compiled, and analytic from ``muddpythia.memory_time_estimate``) and latency, timed in
     turns, against ``muddpythia.apply_static_mixing``: the same weights, no DA MLP."""
     T = windows.shape[1]
-    programs = {"model": lambda p, t: muddpythia.apply(cfg, p, t)[0],
-                "static": lambda p, t: muddpythia.apply_static_mixing(cfg, p, t)[0]}
-    timers, compiled = _forward_timers({k: (f, params) for k, f in programs.items()}, windows,
-                                       batches)
+    programs = {"model": (lambda p, t: muddpythia.apply(cfg, p, t)[0], params),
+                "static": (lambda p, t: muddpythia.apply_static_mixing(cfg, p, t)[0], params)}
+    timers, compiled = latency.compiled_forward_timers(programs, windows, batches)
     est = muddpythia.memory_time_estimate(cfg, 1, T, 1)
     times = latency.paired_times(timers, repeats)
     return {"kind": "mixing", "executed_blocks_per_token": float(cfg.n_layer),
@@ -304,8 +287,9 @@ def moe_execution_panel(cfg, params, windows, batches=(1, 8), repeats: int = 5,
     analytic = {"model": port.flops(cfg, T, count["active"]),
                 "dense": port.flops(twin_cfg, T, twin_count["active"])}
     forward = lambda m: (lambda p, t: m.apply(p, t)[0])
-    timers, compiled = _forward_timers({"model": (forward(model), params),
-                                        "dense": (forward(twin), twin_params)}, windows, batches)
+    timers, compiled = latency.compiled_forward_timers(
+        {"model": (forward(model), params), "dense": (forward(twin), twin_params)}, windows,
+        batches)
     times = latency.paired_times(timers, repeats)
     rows = _latency_rows(times, "model", "dense", batches, lambda b: (b * T, "tokens"))
     for b in batches:

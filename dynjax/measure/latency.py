@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from dynjax import decoding
+from dynjax.measure.lm_execution import cost_of
 
 
 def paired_times(timers: dict, repeats: int, settle: int = 0) -> dict:
@@ -81,6 +82,23 @@ def decode_timer(cfg, params, batch: int, max_len: int, pos: int | None = None,
         logits, carry["cache"] = step(params, carry["cache"], tok, t)
         return logits
     return one
+
+
+def compiled_forward_timers(programs: dict, inputs, batches) -> tuple[dict, dict]:
+    """Timers ``{name}/forward_b{b}`` of each forward (name -> (fn(params, x), params)) on
+    the first b rows of ``inputs``, and XLA's flops of each on one row. The one-row program
+    is compiled once, then counted and timed: a count and a timer jitted apart compile it
+    twice."""
+    one = jnp.asarray(inputs[:1])
+    timers, flops = {}, {}
+    for name, (fn, p) in programs.items():
+        jitted = jax.jit(fn)
+        single = jitted.lower(p, one).compile()
+        flops[name] = cost_of(single)["flops"]
+        for b in batches:
+            run, x = (single, one) if b == 1 else (jitted, jnp.asarray(inputs[:b]))
+            timers[f"{name}/forward_b{b}"] = lambda run=run, p=p, x=x: run(p, x)
+    return timers, flops
 
 
 def load_average() -> list:

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from dynjax.measure import macs
-from dynjax.measure.lm_execution import compiled_cost
 from dynjax.models import FAMILIES
 from dynjax.models.gated_mlp import GatedMLP, MLPConfig, structured_forward
 
@@ -66,30 +64,11 @@ def forward_fns(cfg: MLPConfig, settings: dict) -> dict:
     return out
 
 
-def compiled_flops(cfg: MLPConfig, params, settings: dict, batch: int = 1) -> dict:
-    """XLA's FLOPs of each program (model, structured where it exists, and the dense twin
-    as "dense") on ``batch`` examples, divided by ``batch``: per example."""
-    x = jnp.zeros((batch, cfg.in_dim), jnp.float32)
-    twin = dense_twin(cfg)
-    twin_params = jax.eval_shape(GatedMLP(twin).init, jax.random.key(0), x)
-    out = {name: compiled_cost(fn, params, x)["flops"] / batch
-           for name, fn in forward_fns(cfg, settings).items()}
-    out["dense"] = compiled_cost(forward_fns(twin, {})["model"], twin_params, x)["flops"] / batch
-    return out
-
-
-def timers(cfg: MLPConfig, params, x, settings: dict, batches=(1, 8)) -> dict:
-    """Zero-argument timers ``{program}/forward_b{b}`` of every program, the dense twin
-    (random weights: its cost does not depend on their values) included, on the first b
-    rows of ``x``; pass them to :func:`dynjax.measure.latency.paired_medians`."""
+def programs(cfg: MLPConfig, params, x, settings: dict) -> dict:
+    """name -> (f(params, x) -> logits, its params) of every program (model, structured where
+    it exists) and of the dense twin as "dense" (random weights: its cost does not depend on
+    their values); time and count them with :func:`dynjax.measure.latency.compiled_forward_timers`."""
     twin = dense_twin(cfg)
     twin_params = GatedMLP(twin).init(jax.random.key(0), jnp.asarray(x[:1]))
-    programs = {**{k: (f, params) for k, f in forward_fns(cfg, settings).items()},
-                "dense": (forward_fns(twin, {})["model"], twin_params)}
-    out = {}
-    for name, (fn, p) in programs.items():
-        jitted = jax.jit(fn)
-        for b in batches:
-            xb = jnp.asarray(np.asarray(x)[:b])
-            out[f"{name}/forward_b{b}"] = (lambda f=jitted, p=p, xb=xb: f(p, xb))
-    return out
+    return {**{k: (f, params) for k, f in forward_fns(cfg, settings).items()},
+            "dense": (forward_fns(twin, {})["model"], twin_params)}
