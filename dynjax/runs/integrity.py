@@ -1,4 +1,5 @@
-"""Is a checkpoint what was saved, and is it finite? Per-array digests, computed on device.
+"""Is a checkpoint what was saved, and is it finite? Per-array digests, computed where the
+array lives (NumPy for arrays in host memory, a jitted program for the others).
 
 Each save records every array's digest in orbax's step metadata (committed with the
 checkpoint); every restore recomputes and compares, so a flipped bit orbax reads without
@@ -21,6 +22,7 @@ METADATA = "_CHECKPOINT_METADATA"      # orbax's step metadata file
 UNVERIFIED = ("it has no readable digests (a save cut off before they were recorded, or a "
               "damaged _CHECKPOINT_METADATA), so a changed bit would go unnoticed")
 _MIX = np.uint32(2654435761)   # Knuth's multiplicative constant (odd)
+_CHUNK = 1 << 22               # words NumPy sums at a time
 
 
 def _words(x) -> jax.Array:
@@ -53,11 +55,45 @@ def _digests(tree):
     return jax.tree.map(_leaf_digest, tree)
 
 
+def _in_host_memory(x) -> bool:
+    """Whether NumPy can read ``x`` where it is: a NumPy array, or a JAX array held whole by
+    this process on CPU devices (at most 32-bit words: JAX's own 64-bit types stay on the
+    device path)."""
+    if isinstance(x, np.ndarray):
+        return x.dtype.itemsize <= 4
+    return (isinstance(x, jax.Array) and x.is_fully_addressable
+            and all(d.platform == "cpu" for d in x.devices())
+            and (jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) or x.dtype.itemsize <= 4))
+
+
+def _host_digest(x) -> tuple:
+    """:func:`_leaf_digest` in NumPy, bit for bit (uint32 arithmetic wraps the same way)."""
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
+    x = np.ravel(np.asarray(x))
+    w = x.view(np.uint8 if x.dtype == np.bool_ else {1: np.uint8, 2: np.uint16,
+                                                    4: np.uint32}[x.dtype.itemsize])
+    s1 = s2 = 0
+    for start in range(0, w.size, _CHUNK):   # temporaries of one chunk, not of the array
+        part = w[start:start + _CHUNK].astype(np.uint32)
+        weights = np.arange(start, start + part.size, dtype=np.uint32) * _MIX + np.uint32(1)
+        s1 = (s1 + int(np.sum(part, dtype=np.uint32))) % 2**32
+        s2 = (s2 + int(np.sum(part * weights, dtype=np.uint32))) % 2**32
+    finite = bool(np.all(np.isfinite(x))) if jnp.issubdtype(x.dtype, jnp.inexact) else True
+    return s1, s2, finite
+
+
 def digest(tree) -> tuple[dict[str, str], list[str]]:
-    """``({array path: 16 hex digits}, [paths of arrays with a non-finite entry])``."""
+    """``({array path: 16 hex digits}, [paths of arrays with a non-finite entry])``. Arrays
+    already in host memory (every array on the CPU backend) are summed by NumPy where they
+    lie; the others by one jitted program, on their devices."""
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    host = [_in_host_memory(x) for _, x in flat]
+    elsewhere = [x for (_, x), h in zip(flat, host) if not h]
+    on_device = iter(jax.device_get(_digests(elsewhere)) if elsewhere else ())
     sums, bad = {}, []
-    for path, (s1, s2, finite) in jax.tree_util.tree_flatten_with_path(
-            jax.device_get(_digests(tree)))[0]:
+    for (path, x), h in zip(flat, host):
+        s1, s2, finite = _host_digest(x) if h else next(on_device)
         key = jax.tree_util.keystr(path)
         sums[key] = f"{int(s1):08x}{int(s2):08x}"
         if not finite:
