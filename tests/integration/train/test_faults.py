@@ -213,8 +213,10 @@ def test_a_flipped_bit_is_caught_set_aside_and_retrained(base, tmp_path, capsys)
         f.write('{"step": 8, "loss": 2.7')                        # torn: no newline
     loop.train(tiny_config(), str(run), progress=False)
     err = capsys.readouterr().err
-    assert f"warning: checkpoint step 6 of {run} cannot be restored (checksum mismatch in " \
-        in err and "resumed from step 3" in err
+    # resume sets it aside (its reason: the digests, or TensorStore itself when a flip lands
+    # in a block it decodes: the file layout varies with the order of orbax's writes)
+    assert f"warning: checkpoint step 6 of {run} cannot be restored (" in err \
+        and "resumed from step 3" in err
     assert f"warning: dropped the torn last line of {run / 'metrics.jsonl'}" in err
     assert (run / "unrestorable_checkpoints" / "6").is_dir()
     chex.assert_trees_all_equal(_params(run), _params(base[0]))
