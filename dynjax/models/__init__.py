@@ -19,9 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from dynjax import coeffs as coeffs_lib
+from dynjax import runtime
 from dynjax.models import deepseek_v4, gated_mlp, gates, llm, mod, moe, mudd, muddpythia
 from dynjax.models.components.routers import ROUTERS
 from dynjax.models.transformer import ModelConfig
+
+runtime.unroll_threefry_on_cpu()   # every init draws its parameters through it
 
 
 @dataclasses.dataclass(frozen=True)

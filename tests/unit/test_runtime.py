@@ -84,3 +84,36 @@ def test_a_checkpoint_is_read_in_ordinary_pages(tmp_path, monkeypatch):
     before = _thp_disabled()
     hf.load(str(tmp_path))
     assert seen and set(seen) == {1} and _thp_disabled() == before
+
+
+def test_random_bits_are_jaxs_own_through_the_unrolled_hash():
+    """dynjax.models lowers threefry unrolled on the CPU: no rolled loop in a draw's program,
+    and every draw (bits, normals, truncated normals, splits; odd and empty shapes) is bit
+    for bit what JAX's own CPU lowering gives."""
+    import chex
+    import jax
+    from jax._src.interpreters import mlir
+    from jax._src.random import threefry2x32
+
+    import dynjax.models  # noqa: F401  (applies it)
+
+    def draws():
+        key = jax.random.key(7)
+        return jax.jit(lambda k: {
+            "bits": jax.random.bits(k, (3, 37)), "normal": jax.random.normal(k, (1001,)),
+            "truncated": jax.random.truncated_normal(k, -2.0, 2.0, (5, 7)),
+            "split": jax.random.key_data(jax.random.split(k, 5)),
+            "empty": jax.random.uniform(k, (0, 3)), "scalar": jax.random.normal(k, ())})(key)
+
+    text = jax.jit(lambda k: jax.random.bits(k, (4,))).lower(jax.random.key(0)).as_text()
+    assert "stablehlo.while" not in text
+    unrolled = draws()
+    mlir.register_lowering(threefry2x32.threefry2x32_p,
+                           threefry2x32._threefry2x32_cpu_lowering_rule, platform="cpu")
+    try:
+        assert "stablehlo.while" in jax.jit(lambda k: jax.random.bits(k, (4,))).lower(
+            jax.random.key(0)).as_text()
+        rolled = draws()
+    finally:
+        runtime.unroll_threefry_on_cpu()
+    chex.assert_trees_all_equal(unrolled, rolled)
