@@ -144,9 +144,14 @@ def test_reap_reads_the_inputs_the_experts_get(monkeypatch):
         return moe_ffn(cfg, p, x, *args, **kwargs)
     monkeypatch.setattr(llm, "moe_ffn", recording)
     tokens = jnp.asarray(ref["input_ids"])
-    model.apply(params, tokens, coeffs)      # the recorded scores, as REAP replays them
-    forward = list(seen)
-    ours = expert_importance._llm_moe_inputs(model.cfg, params, tokens, coeffs)
+
+    def forward_inputs(p, t, c):   # the recorded scores, as REAP replays them; one program
+        seen.clear()
+        model.apply(p, t, c)
+        return list(seen)
+    forward = jax.jit(forward_inputs)(params, tokens, coeffs)
+    ours = jax.jit(lambda p, t, c: expert_importance._llm_moe_inputs(model.cfg, p, t, c))(
+        params, tokens, coeffs)
     assert len(forward) == len(ours) == 2
     for x, y in zip(forward, ours):
         np.testing.assert_allclose(y, x, atol=1e-6, rtol=0)
