@@ -29,17 +29,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = r"""
 import importlib, json, resource, sys, time
 import jax, flax.linen as nn, numpy as np
+from dynjax import runtime
 from dynjax.models import build
-from jax._src.interpreters import mlir
-from jax._src.random import threefry2x32
 module, arg, *unscanned = sys.argv[1].split(":")
 c = importlib.import_module(f"dynjax.configs.{module}").get_config(arg)
 c.model.scan_layers = not unscanned
 model = build(c.model.to_dict())
 tokens = np.zeros((1, c.data.seq_len), np.int32)
 if sys.argv[2] == "compiled_rolled":   # JAX's own CPU lowering, as before dynjax.models' change
-    mlir.register_lowering(threefry2x32.threefry2x32_p,
-                           threefry2x32._threefry2x32_cpu_lowering_rule, platform="cpu")
+    assert runtime.unroll_threefry_on_cpu(unroll=False)
 cpu = lambda: sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
 t0, c0 = time.perf_counter(), cpu()
 if sys.argv[2].startswith("compiled"):
@@ -54,14 +52,10 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "cpu_seconds": cpu() - c0
 DRAW = r"""
 import json, sys, time
 import jax
-import dynjax.models  # noqa: F401  (the unrolled lowering)
-from jax._src.interpreters import mlir
-from jax._src.random import threefry2x32
+from dynjax import runtime
 out = {}
 for name in ("unrolled", "rolled"):
-    if name == "rolled":
-        mlir.register_lowering(threefry2x32.threefry2x32_p,
-                               threefry2x32._threefry2x32_cpu_lowering_rule, platform="cpu")
+    assert runtime.unroll_threefry_on_cpu(unroll=name == "unrolled")
     draw = jax.jit(lambda k: jax.random.normal(k, (4096, 4096)))
     draw(jax.random.key(0)).block_until_ready()
     times = []

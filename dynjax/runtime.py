@@ -61,19 +61,22 @@ def setup(module_name: str):
     os.execve(sys.executable, [sys.executable] + sys.orig_argv[1:], env)
 
 
-def unroll_threefry_on_cpu() -> bool:
+def unroll_threefry_on_cpu(unroll: bool = True) -> bool:
     """Lower JAX's threefry2x32 hash on the CPU unrolled, as JAX does on every other platform
-    (on the CPU it emits a rolled loop of the five rounds). The hash is integer arithmetic,
-    so every random bit is the same; XLA:CPU draws 4096 x 4096 normals 3.6x faster, and a
+    (on the CPU it emits a rolled loop of the five rounds); ``unroll=False`` puts JAX's rolled
+    loop back (what a test or benchmark compares with). The hash is integer arithmetic, so
+    every random bit is the same; XLA:CPU draws 4096 x 4096 normals 3.6x faster, and a
     shipped tiny model's first init compiles in 0.5-1.0x the CPU time (results/init_time.json).
     Uses JAX's private lowering table: where that has moved, nothing changes (returns False)."""
     try:
         from jax._src.interpreters import mlir
         from jax._src.random import threefry2x32
-        primitive, unrolled = threefry2x32.threefry2x32_p, threefry2x32._threefry2x32_lowering_rule
+        rule = (threefry2x32._threefry2x32_lowering_rule if unroll
+                else threefry2x32._threefry2x32_cpu_lowering_rule)
+        primitive = threefry2x32.threefry2x32_p
     except (ImportError, AttributeError):
         return False
-    mlir.register_lowering(primitive, unrolled, platform="cpu")
+    mlir.register_lowering(primitive, rule, platform="cpu")
     return True
 
 
